@@ -1,0 +1,114 @@
+"""Command line: `python -m playground generate | convert`.
+
+    python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
+    python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
+    python -m playground convert --out ./smollm2-135m-instruct  # the embedded target as safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from playground.errors import PlaygroundError
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    prompt: str
+    system: str | None
+    template: str
+    drafter: str
+    k: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+    seed: int
+    dtype: str
+    target: str | None
+    json: bool
+
+
+def _add_generate(sub) -> None:
+    from playground.chat import TEMPLATES
+    from playground.request import DEFAULT_MAX_TOKENS
+
+    p = sub.add_parser("generate", help="stream one answer with speculative decoding")
+    p.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
+    p.add_argument("--system", default=None, help="system prompt (default: the model's own)")
+    p.add_argument("--template", default="model", choices=list(TEMPLATES), help="prompt format")
+    p.add_argument("--drafter", default="eagle3.1", help="eagle3 | eagle3.1 | none | a checkpoint folder")
+    p.add_argument("--k", type=int, default=5, help="draft tokens per step (1..10)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="float32 is bit-exact greedy; bfloat16 is faster where supported, not bit-exact")
+    p.add_argument("--target", default=None, help="a local transformers Llama-family folder (default: embedded SmolLM2)")
+    p.add_argument("--json", action="store_true", help="JSON lines: one per verify step, then a summary")
+
+
+def generate(args: GenerateArgs) -> int:
+    from playground.engines.reference import ReferenceEngine
+    from playground.request import GenerationRequest
+    from playground.stats import summarize
+    from playground import terminal
+
+    request = GenerationRequest(prompt=args.prompt, system=args.system, template=args.template,
+                                drafter=args.drafter, k=args.k, temperature=args.temperature,
+                                top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed).validate()
+    engine = ReferenceEngine.load(args.target, args.dtype)
+    info = engine.drafter_info(request.drafter)
+    if info.variant != "none" and not info.trained:
+        print(f"note: {info.name} is a randomly initialised drafter ({info.source}); "
+              "no trained checkpoint is shipped, so few drafts will be accepted", file=sys.stderr)
+    if args.json:
+        events = []
+        for event in engine.generate(request):
+            events.append(event)
+            print(json.dumps(event.to_json()), flush=True)
+        print(json.dumps({"summary": summarize(events).to_json()}), flush=True)
+    else:
+        color = sys.stdout.isatty()
+        print(terminal.legend(color), file=sys.stderr)
+        events = terminal.stream(engine.generate(request), sys.stdout, color)
+        print(terminal.render_summary(summarize(events)), file=sys.stderr)
+    return 0
+
+
+def convert(out: Path) -> int:
+    from playground.target import _load_gguf, write_safetensors_folder
+
+    model, tokenizer = _load_gguf()
+    write_safetensors_folder(model, tokenizer, out)
+    print(f"wrote {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m playground", description="EAGLE 3.1 playground")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    p = sub.add_parser("convert", help="write the embedded target as a safetensors folder (vLLM serves it)")
+    p.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        if args.command == "generate":
+            fields = {k: v for k, v in vars(args).items() if k != "command"}
+            return generate(GenerateArgs(**fields))
+        return convert(args.out)
+    except PlaygroundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,259 @@
+"""The EAGLE-3 draft network with the two EAGLE 3.1 switches, and its vLLM checkpoint I/O.
+
+Follows SafeAILab/EAGLE `cnets.py` and vLLM `model_executor/models/llama_eagle3.py`:
+one decoder layer ("midlayer") whose attention takes [embed(token), hidden] (2H wide), fed at
+the first draft step by fc(target features) and at later steps by its own output state.
+
+EAGLE 3.1 adds two config switches, both off by default (an EAGLE 3 checkpoint is unchanged):
+  fc_norm      one RMSNorm per fused target layer, applied to each chunk before fc
+  norm_output  feed back norm(h_pre), the state lm_head sees, instead of the raw residual h_pre
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from playground.errors import PlaygroundError
+from playground.rope import apply_rope
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
+
+# attend(q [B, heads, T, hd], k [B, kv, T, hd], v [B, kv, T, hd]) -> [B, heads, T, hd]
+AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...]
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    fc_norm: bool = False       # EAGLE 3.1
+    norm_output: bool = False   # EAGLE 3.1
+
+    @property
+    def variant(self) -> str:
+        if self.fc_norm and self.norm_output:
+            return "eagle3.1"
+        if not self.fc_norm and not self.norm_output:
+            return "eagle3"
+        return f"eagle3 (fc_norm={self.fc_norm}, norm_output={self.norm_output})"
+
+    @classmethod
+    def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: tuple[int, ...],
+                   eagle31: bool) -> "DrafterConfig":
+        """The drafter layer mirrors one target layer (EAGLE's convention)."""
+        tc = target_config
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        rope = getattr(tc, "rope_parameters", None) or {}
+        return cls(hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+                   num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+                   head_dim=head_dim, vocab_size=tc.vocab_size, draft_vocab_size=draft_vocab_size,
+                   target_hidden_size=tc.hidden_size, aux_layer_ids=tuple(aux_layer_ids),
+                   rms_norm_eps=tc.rms_norm_eps,
+                   rope_theta=float(rope.get("rope_theta", getattr(tc, "rope_theta", 10000.0))),
+                   max_position_embeddings=tc.max_position_embeddings,
+                   fc_norm=eagle31, norm_output=eagle31)
+
+    def to_vllm_json(self) -> dict:
+        """config.json as vLLM's Eagle3LlamaForCausalLM reads it."""
+        out = {
+            "architectures": [ARCHITECTURE],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)},
+        }
+        for f in fields(self):
+            if f.name != "aux_layer_ids":
+                out[f.name] = getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_vllm_json(cls, data: dict) -> "DrafterConfig":
+        if not set(data.get("architectures", [])) & set(ACCEPTED_ARCHITECTURES):
+            raise PlaygroundError(f"not an EAGLE-3 draft config: architectures={data.get('architectures')}")
+        aux = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if aux is None:
+            raise PlaygroundError("draft config lacks eagle_config.eagle_aux_hidden_state_layer_ids")
+        hidden = data["hidden_size"]
+        kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data and f.name != "aux_layer_ids"}
+        kwargs.setdefault("head_dim", hidden // data["num_attention_heads"])
+        kwargs.setdefault("target_hidden_size", hidden)
+        kwargs.setdefault("draft_vocab_size", data["vocab_size"])
+        return cls(aux_layer_ids=tuple(aux), **kwargs)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm (normalise in float32, scale in the weight's dtype)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        B, T, _ = x.shape  # x: [B, T, 2H]
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, k, cos, sin)  # cos/sin [T, hd] broadcast over batch and heads
+        out = attend(q, k, v)  # [B, heads, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    """vLLM's LlamaDecoderLayer for EAGLE-3: attention over cat(norm(embed), norm(hidden))."""
+
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DrafterAttention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = DrafterMLP(c)
+
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attend: AttendFn) -> torch.Tensor:
+        residual = hidden
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        h = residual + self.self_attn(x, cos, sin, attend)
+        return h + self.mlp(self.post_attention_layernorm(h))  # h_pre
+
+
+class Eagle3Drafter(nn.Module):
+    """Weights and forward pieces only; the drafting loop lives in engines/proposers.py."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        c = self.config = config
+        n_aux = len(c.aux_layer_ids)
+        self.fc = nn.Linear(n_aux * c.target_hidden_size, c.hidden_size, bias=False)
+        self.fc_norm = (nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in range(n_aux))
+                        if c.fc_norm else None)
+        self.midlayer = DrafterLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
+        # a plain attribute, not a buffer: .to(bfloat16) must not round the frequencies
+        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [.., n_aux * Ht] -> the first step's hidden input [.., H]."""
+        if self.fc_norm is not None:
+            chunks = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([norm(x) for norm, x in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(features)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [*positions.shape, head_dim] (Llama convention, matching the target's)."""
+        freqs = positions.float()[..., None] * self.inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+             attend: AttendFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step: hidden, embeds [B, T, H], positions [T] -> (normed output, state fed back next)."""
+        cos, sin = self.rope(positions, hidden.dtype)
+        h_pre = self.midlayer(hidden, embeds, cos, sin, attend)
+        normed = self.norm(h_pre)
+        return normed, (normed if self.config.norm_output else h_pre)
+
+    def draft_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(normed)  # [.., draft_vocab]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Draft vocabulary = these target ids, ascending (d2t offsets as vLLM expects)."""
+        ids = torch.sort(target_ids.long()).values
+        if ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(f"draft vocab has {ids.numel()} ids, config says {self.config.draft_vocab_size}")
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def init_random(self, seed: int) -> "Eagle3Drafter":
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if "norm" in name:
+                p.data.fill_(1.0)
+            else:
+                p.data.normal_(0.0, 0.02, generator=gen)
+        self.set_draft_vocab(torch.arange(self.config.draft_vocab_size))
+        return self
+
+
+def save_drafter(drafter: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write config.json + model.safetensors in vLLM's EAGLE-3 format."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
+             for k, v in drafter.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(drafter.config.to_vllm_json(), indent=2) + "\n")
+    return out
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise PlaygroundError(f"{folder} is not a drafter checkpoint (needs config.json and model.safetensors)")
+    config = DrafterConfig.from_vllm_json(json.loads((folder / "config.json").read_text()))
+    drafter = Eagle3Drafter(config)
+    state = load_file(str(folder / "model.safetensors"))
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise PlaygroundError(f"{folder}: weights do not match its config (missing {missing}, unexpected {unexpected})")
+    return drafter.to(dtype).eval().requires_grad_(False)

@@ -1,0 +1,135 @@
+"""Drafting behind one small interface: observe committed positions, propose k tokens.
+
+The verify loop (reference.py) knows nothing else about drafters. EagleProposer runs an
+Eagle3Drafter chain-style with its own KV cache and records what the playground plots:
+attention mass on sink / self-drafted keys and the RMS of the state fed into each depth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from playground.eagle.drafter import Eagle3Drafter
+from playground.engines.sampling import SamplingParams, probabilities
+from playground.kv_cache import KVCache
+
+DEFAULT_SINK_TOKENS = 4
+
+
+@dataclass
+class Proposal:
+    ids: list[int] = field(default_factory=list)       # target vocabulary, by depth
+    q: torch.Tensor | None = None                       # [k, vocab] draft distributions (sampling only)
+    probs: list[float] = field(default_factory=list)    # drafter probability of each draft
+    sink_attention: list[float] = field(default_factory=list)
+    self_attention: list[float] = field(default_factory=list)
+    hidden_norm: list[float] = field(default_factory=list)
+
+
+class Proposer(Protocol):
+    def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
+        """Committed positions: target features [m, F] and, for each, the token that follows it."""
+
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal: ...
+
+
+class NoProposer:
+    """No speculation: the verify loop degenerates to plain autoregressive decoding."""
+
+    def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
+        pass
+
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        return Proposal()
+
+
+class EagleProposer:
+    """Chain drafting with an EAGLE-3 drafter.
+
+    Drafter position t holds (target feature of t, token t+1) and predicts token t+2. Positions
+    with target features are committed in the drafter's cache; draft positions written past them
+    are scratch, overwritten by the next observe (the rollback costs nothing).
+    """
+
+    def __init__(self, drafter: Eagle3Drafter, embed_tokens: torch.nn.Module, capacity: int,
+                 sink_tokens: int = DEFAULT_SINK_TOKENS):
+        c = drafter.config
+        self.drafter = drafter
+        self.embed_tokens = embed_tokens
+        self.sink_tokens = sink_tokens
+        dtype = drafter.lm_head.weight.dtype
+        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype)
+        self.scale = c.head_dim ** -0.5
+        self.group = c.num_attention_heads // c.num_key_value_heads
+        self.pending_features: list[torch.Tensor] = []
+        self.pending_ids: list[int] = []
+        self.draft_vocab_ids = drafter.to_target_ids(torch.arange(c.draft_vocab_size))
+        self.vocab_size = c.vocab_size
+        self._probe: dict[str, float] = {}
+
+    def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
+        self.pending_features.append(features)
+        self.pending_ids.extend(next_ids)
+
+    @torch.inference_mode()
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        proposal = Proposal()
+        committed = self.cache.length
+        features = torch.cat(self.pending_features).to(self.drafter.fc.weight.dtype)
+        hidden = self.drafter.fuse(features)[None]  # [1, m, H]
+        ids = torch.tensor(self.pending_ids)
+        self.pending_features, self.pending_ids = [], []
+        end = committed + ids.shape[0]          # first scratch position
+        positions = torch.arange(committed, end)
+        q_rows = []
+        for depth in range(k):
+            proposal.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
+            attend = self._attend_fn(start=positions[0].item(), committed_end=end)
+            normed, fed_back = self.drafter.step(hidden, self.embed_tokens(ids)[None], positions, attend)
+            if depth == 0:
+                self.cache.truncate(end)
+            logits = self.drafter.draft_logits(normed[0, -1]).float()  # [draft_vocab]
+            draft_id, prob, q = self._choose(logits, params, generator)
+            proposal.ids.append(draft_id)
+            proposal.probs.append(prob)
+            proposal.sink_attention.append(self._probe["sink"])
+            proposal.self_attention.append(self._probe["self"])
+            if q is not None:
+                q_rows.append(q)
+            hidden = fed_back[:, -1:]
+            ids = torch.tensor([draft_id])
+            positions = torch.tensor([end + depth])
+        if q_rows:
+            proposal.q = torch.stack(q_rows)
+        return proposal
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
+        """(target id, drafter probability, full-vocab q or None) for one draft depth."""
+        if params.greedy:
+            d = int(logits.argmax())
+            return int(self.draft_vocab_ids[d]), float(logits.softmax(-1)[d]), None
+        q_draft = probabilities(logits, params)
+        d = int(torch.multinomial(q_draft, 1, generator=generator))
+        q = torch.zeros(self.vocab_size).index_copy_(0, self.draft_vocab_ids, q_draft)
+        return int(self.draft_vocab_ids[d]), float(q_draft[d]), q
+
+    def _attend_fn(self, start: int, committed_end: int):
+        """Attention over the drafter cache; records the last query's sink and self mass."""
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            T = q.shape[2]
+            keys, values = self.cache.write(0, start, k[0], v[0])  # [kv, start+T, hd]
+            mask = None if T == 1 else torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
+            out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
+            last_q = q[0, :, -1]                                   # [heads, hd]
+            scores = torch.einsum("hd,hsd->hs", last_q, keys.repeat_interleave(self.group, dim=0))
+            probs = (scores.float() * self.scale).softmax(-1)      # [heads, start+T]
+            self._probe = {"sink": float(probs[:, :self.sink_tokens].sum(-1).mean()),
+                           "self": float(probs[:, committed_end:].sum(-1).mean())}
+            return out
+
+        return attend

@@ -1,0 +1,146 @@
+"""The embedded PyTorch engine: speculative decoding with full introspection.
+
+Each verify step reads: draft -> verify -> accept -> roll back caches -> emit event.
+The target's KV cache is reused across steps and rolled back to the accepted length; with
+drafter `none` the same loop is plain autoregressive decoding (the speedup baseline).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator
+
+import torch
+
+from playground import chat
+from playground.eagle.registry import DrafterInfo, DrafterStore
+from playground.engines.events import StepEvent
+from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Proposer
+from playground.engines.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_sampling
+from playground.errors import PlaygroundError
+from playground.request import GenerationRequest
+from playground.target import Target
+from playground.text import IncrementalDetokenizer, token_text
+
+
+class ReferenceEngine:
+    name = "reference"
+
+    def __init__(self, target: Target, max_tokens_limit: int | None = None):
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.drafters = DrafterStore(target, target.dtype)
+        self.max_tokens_limit = max_tokens_limit
+        self.lock = threading.Lock()  # one generation at a time: the engine is not re-entrant
+
+    @classmethod
+    def load(cls, target_path: str | None = None, dtype: str = "float32", **kwargs) -> "ReferenceEngine":
+        return cls(Target.load(target_path, dtype), **kwargs)
+
+    def drafter_info(self, name: str) -> DrafterInfo:
+        return self.drafters.get(name)[1]
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        messages = chat.build_messages(request.prompt, request.system, request.history)
+        ids = chat.encode(self.tokenizer, messages, request.template)
+        if len(ids) >= self.target.max_context:
+            raise PlaygroundError(f"the prompt is {len(ids)} tokens; the context holds {self.target.max_context}")
+        return ids
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        """Validate, then stream one StepEvent per verify step (the first is the prefill)."""
+        request.validate(self.max_tokens_limit)
+        drafter, _ = self.drafters.get(request.drafter)
+        prompt_ids = self.prompt_ids(request)
+        with self.lock:
+            yield from self._run(request, prompt_ids, drafter)
+
+    @torch.inference_mode()
+    def _run(self, request: GenerationRequest, prompt_ids: list[int], drafter) -> Iterator[StepEvent]:
+        t0 = time.perf_counter()
+        params = request.sampling
+        k = 0 if drafter is None else request.k
+        generator = torch.Generator().manual_seed(request.seed)
+        capacity = min(self.target.max_context, len(prompt_ids) + request.max_tokens + k + 1)
+        cache = self.target.new_cache(capacity)
+        proposer: Proposer = (NoProposer() if drafter is None
+                              else EagleProposer(drafter, self.target.embed_tokens, capacity + k))
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
+
+        out = self.target.forward(torch.tensor(prompt_ids), cache, last_only=True)
+        first = self._target_token(out.logits[-1], params, generator)
+        proposer.observe(out.features, prompt_ids[1:] + [first])
+        emitted = [first]
+        event = self._event(0, len(prompt_ids), [first], Proposal(), 0, detok, 0.0, 0.0, t0,
+                            self._finish(emitted, request, cache))
+        yield event
+        step = 0
+        while event.finish_reason is None:
+            step += 1
+            last = emitted[-1]
+            # drafts beyond what max_tokens or the context can still take would be wasted
+            k_step = max(0, min(k, request.max_tokens - len(emitted) - 1, cache.capacity - cache.length - 1))
+            t_draft = time.perf_counter()
+            proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
+            t_verify = time.perf_counter()
+            start = cache.length
+            out = self.target.forward(torch.tensor([last] + proposal.ids), cache)
+            accepted, next_id = self._verify(proposal, out.logits, params, generator)
+            cache.truncate(start + accepted + 1)  # keep `last` and the accepted drafts
+            committed = proposal.ids[:accepted] + [next_id]
+            proposer.observe(out.features[:accepted + 1], committed)
+            t_done = time.perf_counter()
+            committed = self._clip(committed, request.max_tokens - len(emitted))
+            emitted += committed
+            event = self._event(step, start + 1, committed, proposal, accepted, detok,
+                                (t_verify - t_draft) * 1e3, (t_done - t_verify) * 1e3, t0,
+                                self._finish(emitted, request, cache))
+            yield event
+
+    def _target_token(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+        return int(logits.argmax()) if params.greedy else sample(probabilities(logits, params), generator)
+
+    def _verify(self, proposal: Proposal, logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator) -> tuple[int, int]:
+        if params.greedy:
+            return verify_greedy(proposal.ids, logits)
+        if not proposal.ids:
+            return 0, sample(probabilities(logits[-1], params), generator)
+        return verify_sampling(proposal.ids, proposal.q, probabilities(logits, params), generator)
+
+    def _clip(self, committed: list[int], room: int) -> list[int]:
+        """Stop after an end-of-sequence token, and at max_tokens."""
+        for i, t in enumerate(committed):
+            if t in self.target.eos_ids:
+                committed = committed[:i + 1]
+                break
+        return committed[:room]
+
+    def _finish(self, emitted: list[int], request: GenerationRequest, cache) -> str | None:
+        if emitted[-1] in self.target.eos_ids:
+            return "eos"
+        if len(emitted) >= request.max_tokens:
+            return "length"
+        if cache.length + 1 >= cache.capacity:
+            return "context"
+        return None
+
+    def _event(self, step: int, position: int, committed: list[int], proposal: Proposal, accepted: int,
+               detok: IncrementalDetokenizer, draft_ms: float, verify_ms: float, t0: float,
+               finish_reason: str | None) -> StepEvent:
+        return StepEvent(
+            step=step, position=position,
+            token_ids=tuple(committed),
+            token_texts=tuple(detok.add(t) for t in committed),
+            draft_ids=tuple(proposal.ids),
+            draft_texts=tuple(token_text(self.tokenizer, t) for t in proposal.ids),
+            drafted=len(proposal.ids), accepted=accepted,
+            draft_probs=tuple(proposal.probs),
+            sink_attention=tuple(proposal.sink_attention),
+            self_attention=tuple(proposal.self_attention),
+            hidden_norm=tuple(proposal.hidden_norm),
+            draft_ms=draft_ms, verify_ms=verify_ms,
+            elapsed_s=time.perf_counter() - t0,
+            finish_reason=finish_reason,
+        )

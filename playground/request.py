@@ -1,0 +1,50 @@
+"""A generation request and its validation, shared by the CLI, the UI and the benchmark."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from playground.chat import DEFAULT_TEMPLATE, TEMPLATES
+from playground.engines.sampling import SamplingParams
+from playground.errors import PlaygroundError
+
+K_RANGE = (1, 10)
+MAX_TEMPERATURE = 5.0
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    system: str | None = None
+    template: str = DEFAULT_TEMPLATE
+    drafter: str = "eagle3.1"          # eagle3 | eagle3.1 | none | a checkpoint folder
+    k: int = 5
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    seed: int = 0
+    history: tuple[dict, ...] = field(default=())  # earlier turns, {"role", "content"}
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p)
+
+    def validate(self, max_tokens_limit: int | None = None) -> "GenerationRequest":
+        """Raise PlaygroundError with a one-line reason for anything out of range."""
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise PlaygroundError("the prompt is empty")
+        if self.template not in TEMPLATES:
+            raise PlaygroundError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}")
+        if not (K_RANGE[0] <= self.k <= K_RANGE[1]):
+            raise PlaygroundError(f"k must be between {K_RANGE[0]} and {K_RANGE[1]}, got {self.k}")
+        if not math.isfinite(self.temperature) or not (0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise PlaygroundError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature}")
+        if not math.isfinite(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise PlaygroundError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise PlaygroundError(f"max tokens must be at least 1, got {self.max_tokens}")
+        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
+            raise PlaygroundError(f"max tokens is limited to {max_tokens_limit}, got {self.max_tokens}")
+        return self

