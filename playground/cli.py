@@ -1,4 +1,4 @@
-"""Command line: `python -m playground generate | convert`.
+"""Command line: `python -m playground generate | convert | train data | bench baseline`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
@@ -96,7 +96,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     p = sub.add_parser("convert", help="write the embedded target as a safetensors folder (vLLM serves it)")
     p.add_argument("--out", type=Path, required=True)
+    _add_train(sub)
+    _add_bench(sub)
     return parser
+
+
+def _add_train(sub) -> None:
+    from playground.eagle.data import DataConfig
+
+    train = sub.add_parser("train", help="build drafters: data, drafter, eval").add_subparsers(dest="stage", required=True)
+    p = train.add_parser("data", help="self-distillation data from the embedded target")
+    p.add_argument("--out", type=Path, default=Path("data/train"))
+    p.add_argument("--prompts", type=int, default=DataConfig.prompts)
+    p.add_argument("--batch", type=int, default=DataConfig.batch)
+    p.add_argument("--max-new-tokens", type=int, default=DataConfig.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=DataConfig.temperature)
+    p.add_argument("--seed", type=int, default=DataConfig.seed)
+
+
+def _add_bench(sub) -> None:
+    from playground.bench import BaselineConfig
+
+    bench = sub.add_parser("bench", help="speed and acceptance benchmarks").add_subparsers(dest="suite", required=True)
+    p = bench.add_parser("baseline", help="engine (none / drafters) vs transformers generate, side by side")
+    p.add_argument("--max-tokens", type=int, default=BaselineConfig.max_tokens)
+    p.add_argument("--repeats", type=int, default=BaselineConfig.repeats)
+    p.add_argument("--k", type=int, default=BaselineConfig.k)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from playground.bench import BaselineConfig, baseline, format_table
+
+    print(format_table(baseline(BaselineConfig(max_tokens=args.max_tokens, repeats=args.repeats, k=args.k))))
+    return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    if args.stage == "data":
+        from playground.eagle.data import DataConfig, generate as generate_data
+
+        generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed))
+        return 0
+    raise AssertionError(args.stage)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             fields = {k: v for k, v in vars(args).items() if k != "command"}
             return generate(GenerateArgs(**fields))
+        if args.command == "train":
+            return train(args)
+        if args.command == "bench":
+            return bench(args)
         return convert(args.out)
     except PlaygroundError as e:
         print(f"error: {e}", file=sys.stderr)

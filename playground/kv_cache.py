@@ -9,21 +9,21 @@ import torch
 
 class KVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
-        shape = (num_layers, num_kv_heads, capacity, head_dim)
+                 dtype: torch.dtype, batch: int = 1, device: torch.device | str = "cpu"):
+        shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0  # positions [0, length) hold committed entries
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [kv_heads, T, head_dim] at positions start..start+T; return all keys/values up to there."""
-        end = start + k.shape[1]
+        """Store k, v [B, kv_heads, T, head_dim] at positions start..start+T; return all up to there."""
+        end = start + k.shape[2]
         if end > self.capacity:
             raise RuntimeError(f"KV cache overflow: {end} > {self.capacity}")
-        self.keys[layer, :, start:end] = k
-        self.values[layer, :, start:end] = v
-        return self.keys[layer, :, :end], self.values[layer, :, :end]
+        self.keys[layer, :, :, start:end] = k
+        self.values[layer, :, :, start:end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def truncate(self, length: int) -> None:
         self.length = length

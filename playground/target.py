@@ -108,8 +108,9 @@ def load_hf_target(path: str | None, dtype: str = "float32"):
 
 @dataclass(frozen=True)
 class TargetOutput:
-    logits: torch.Tensor    # [T, vocab] (or [1, vocab] with last_only)
-    features: torch.Tensor  # [T, 3 * hidden]: inputs of the aux layers, concatenated low..high
+    logits: torch.Tensor    # [B, T, vocab] ([B, 1, vocab] with last_only)
+    features: torch.Tensor  # [B, T, 3 * hidden]: inputs of the aux layers, concatenated low..high
+    final_hidden: torch.Tensor  # [B, T, hidden]: the normed state lm_head reads
 
 
 class Target:
@@ -141,44 +142,52 @@ class Target:
         model, tokenizer = load_hf_target(path, dtype)
         return cls(model, tokenizer, EMBEDDED_NAME if path is None else str(path))
 
-    def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype)
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype, batch)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> TargetOutput:
-        """Run ids [T] at positions cache.length.., append to the cache, advance it."""
-        start, T = cache.length, ids.shape[0]
+    def forward(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False,
+                key_padding: torch.Tensor | None = None) -> TargetOutput:
+        """Run ids [B, T] at positions cache.length.., append to the cache, advance it.
+
+        key_padding [B, capacity] (True = padding) masks left padding in batched generation;
+        RoPE is relative, so padded rows need no position shift.
+        """
+        B, T = ids.shape
+        start = cache.length
         positions = torch.arange(start, start + T)
-        h = self.embed_tokens(ids)[None]  # [1, T, H]
+        h = self.embed_tokens(ids)  # [B, T, H]
         cos, sin = self.model.model.rotary_emb(h, positions[None])  # [1, T, head_dim]
-        mask = _verify_mask(start, T)
+        mask = _attention_mask(start, T, key_padding)
         taps = []
         for i, layer in enumerate(self.model.model.layers):
             if i in self.aux_layers:
-                taps.append(h[0])
+                taps.append(h)
             h = h + self._attention(layer, i, layer.input_layernorm(h), cos, sin, cache, start, mask)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         cache.truncate(start + T)
-        if last_only:
-            h = h[:, -1:]
-        logits = self.model.lm_head(self.model.model.norm(h))[0]
-        return TargetOutput(logits=logits.float(), features=torch.cat(taps, dim=-1))
+        final = self.model.model.norm(h)
+        logits = self.model.lm_head(final[:, -1:] if last_only else final).float()
+        return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
 
     def _attention(self, layer, i, x, cos, sin, cache, start, mask):
         attn = layer.self_attn
-        T = x.shape[1]
-        q = attn.q_proj(x).view(T, self.num_heads, self.head_dim).transpose(0, 1)      # [heads, T, hd]
-        k = attn.k_proj(x).view(T, self.num_kv_heads, self.head_dim).transpose(0, 1)   # [kv, T, hd]
-        v = attn.v_proj(x).view(T, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        q, k = apply_rope(q, k, cos[0], sin[0])
-        keys, values = cache.write(i, start, k, v)  # [kv, start+T, hd]
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
-                                             is_causal=(start == 0 and T > 1), enable_gqa=True)
-        return attn.o_proj(out[0].transpose(0, 1).reshape(1, T, -1))
+        B, T, _ = x.shape
+        q = attn.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)     # [B, heads, T, hd]
+        k = attn.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, kv, T, hd]
+        v = attn.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, k, cos[:, None], sin[:, None])
+        keys, values = cache.write(i, start, k, v)  # [B, kv, start+T, hd]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                             is_causal=(mask is None and start == 0 and T > 1), enable_gqa=True)
+        return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
-def _verify_mask(start: int, T: int) -> torch.Tensor | None:
-    """Causal mask of T new queries over start cached + T new keys; None where SDPA needs none."""
-    if T == 1 or start == 0:
+def _attention_mask(start: int, T: int, key_padding: torch.Tensor | None) -> torch.Tensor | None:
+    """[B|1, 1, T, start+T] bool (True = attend), or None where SDPA's own causal path does."""
+    if key_padding is None and (T == 1 or start == 0):
         return None
-    return torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
+    mask = torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)[None, None]
+    if key_padding is not None:
+        mask = mask & ~key_padding[:, None, None, :start + T]
+    return mask

@@ -122,11 +122,11 @@ class EagleProposer:
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             T = q.shape[2]
-            keys, values = self.cache.write(0, start, k[0], v[0])  # [kv, start+T, hd]
+            keys, values = self.cache.write(0, start, k, v)  # [1, kv, start+T, hd]
             mask = None if T == 1 else torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
-            out = F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
             last_q = q[0, :, -1]                                   # [heads, hd]
-            scores = torch.einsum("hd,hsd->hs", last_q, keys.repeat_interleave(self.group, dim=0))
+            scores = torch.einsum("hd,hsd->hs", last_q, keys[0].repeat_interleave(self.group, dim=0))
             probs = (scores.float() * self.scale).softmax(-1)      # [heads, start+T]
             self._probe = {"sink": float(probs[:, :self.sink_tokens].sum(-1).mean()),
                            "self": float(probs[:, committed_end:].sum(-1).mean())}

@@ -68,9 +68,9 @@ class ReferenceEngine:
                               else EagleProposer(drafter, self.target.embed_tokens, capacity + k))
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
 
-        out = self.target.forward(torch.tensor(prompt_ids), cache, last_only=True)
-        first = self._target_token(out.logits[-1], params, generator)
-        proposer.observe(out.features, prompt_ids[1:] + [first])
+        out = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)
+        first = self._target_token(out.logits[0, -1], params, generator)
+        proposer.observe(out.features[0], prompt_ids[1:] + [first])
         emitted = [first]
         event = self._event(0, len(prompt_ids), [first], Proposal(), 0, detok, 0.0, 0.0, t0,
                             self._finish(emitted, request, cache))
@@ -85,11 +85,11 @@ class ReferenceEngine:
             proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
             t_verify = time.perf_counter()
             start = cache.length
-            out = self.target.forward(torch.tensor([last] + proposal.ids), cache)
-            accepted, next_id = self._verify(proposal, out.logits, params, generator)
+            out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
+            accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
             cache.truncate(start + accepted + 1)  # keep `last` and the accepted drafts
             committed = proposal.ids[:accepted] + [next_id]
-            proposer.observe(out.features[:accepted + 1], committed)
+            proposer.observe(out.features[0, :accepted + 1], committed)
             t_done = time.perf_counter()
             committed = self._clip(committed, request.max_tokens - len(emitted))
             emitted += committed

@@ -1,0 +1,65 @@
+"""Speed measurements, side by side in one process (machines here are noisy: compare ratios).
+
+    python -m playground bench baseline --max-tokens 128 --repeats 3
+        the engine's plain path (drafter none) and each drafter vs transformers' greedy generate
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from playground.engines.reference import ReferenceEngine
+from playground.request import GenerationRequest
+from playground.stats import summarize
+
+BASELINE_PROMPTS = (
+    "Write a detailed essay about the history of the printing press.",
+    "Write a Python function that merges two sorted lists, and explain it.",
+)
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    max_tokens: int = 128
+    repeats: int = 3
+    drafters: tuple[str, ...] = ("none", "eagle3", "eagle3.1")
+    k: int = 5
+
+
+def hf_generate_tokens_per_s(engine: ReferenceEngine, request: GenerationRequest) -> tuple[float, list[int]]:
+    ids = torch.tensor([engine.prompt_ids(request)])
+    start = time.perf_counter()
+    out = engine.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_tokens,
+                                       do_sample=False, pad_token_id=min(engine.target.eos_ids))
+    elapsed = time.perf_counter() - start
+    new = out[0, ids.shape[1]:].tolist()
+    return len(new) / elapsed, new
+
+
+def baseline(config: BaselineConfig) -> list[dict]:
+    """Rows of tokens/s per method, interleaved per repeat so drift hits all methods alike."""
+    engine = ReferenceEngine.load()
+    rows: dict[str, list[float]] = {"transformers generate": []}
+    rows.update({f"engine, drafter {d}": [] for d in config.drafters})
+    for _ in range(config.repeats):
+        for prompt in BASELINE_PROMPTS:
+            request = GenerationRequest(prompt=prompt, max_tokens=config.max_tokens, k=config.k)
+            tps, expected = hf_generate_tokens_per_s(engine, request)
+            rows["transformers generate"].append(tps)
+            for drafter in config.drafters:
+                s = summarize(list(engine.generate(GenerationRequest(prompt=prompt, max_tokens=config.max_tokens,
+                                                                     k=config.k, drafter=drafter))))
+                assert list(s.token_ids) == expected, f"{drafter} diverged from generate"
+                rows[f"engine, drafter {drafter}"].append(s.tokens_per_s)
+    base = sum(rows["transformers generate"]) / len(rows["transformers generate"])
+    return [{"method": name, "tokens_per_s": sum(v) / len(v), "vs_generate": sum(v) / len(v) / base}
+            for name, v in rows.items()]
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| method | tokens/s | vs generate |", "|---|---:|---:|"]
+    lines += [f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['vs_generate']:.2f}x |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""The training prompt set, built here from templates (nothing downloaded).
+
+Kinds: chat, coding, math, writing, reasoning, multi-turn, each with a varied system prompt
+(none = the model's default, or one of many personas). Evaluation and benchmark prompts are
+written separately (playground/suite.py) and never come from this generator.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterator
+
+TOPICS = [
+    "black holes", "photosynthesis", "the French Revolution", "machine learning", "coffee brewing",
+    "volcanoes", "the stock market", "honeybees", "climate change", "the Roman Empire", "quantum computing",
+    "sleep", "jazz music", "the immune system", "electric cars", "chess openings", "the water cycle",
+    "ancient Egypt", "vaccines", "solar panels", "the human brain", "origami", "inflation", "coral reefs",
+    "the printing press", "gardening", "plate tectonics", "the Silk Road", "meditation", "cryptography",
+    "the Moon landing", "bread baking", "dinosaurs", "renewable energy", "the Olympic Games", "rainbows",
+    "DNA", "public speaking", "the internet", "marathon training", "tea ceremonies", "glaciers",
+    "the Renaissance", "recycling", "octopuses", "time management", "the periodic table", "democracy",
+    "wind turbines", "the Great Wall of China", "nutrition", "earthquakes", "bird migration", "podcasts",
+    "the theory of relativity", "bicycles", "mushrooms", "the Industrial Revolution", "friendship",
+    "budgeting", "lighthouses", "tides", "video games", "the Amazon rainforest", "poetry", "submarines",
+]
+CHAT = [
+    "What is {t}?", "Explain {t} to a ten-year-old.", "Give me three interesting facts about {t}.",
+    "Why is {t} important?", "What are the pros and cons of {t}?", "How would you summarize {t} in one paragraph?",
+    "What are common misconceptions about {t}?", "Can you recommend how to start learning about {t}?",
+    "Compare {t} and {u}.", "What is the history of {t}?", "How does {t} affect everyday life?",
+    "Tell me something surprising about {t}.", "What questions should I ask an expert on {t}?",
+]
+LANGUAGES = ["Python", "JavaScript", "C", "Rust", "Go", "Java", "SQL", "Bash", "TypeScript", "C++"]
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "computes the nth Fibonacci number",
+    "sorts a list of numbers with merge sort", "counts the words in a text", "finds the maximum in a list",
+    "removes duplicates from a list", "checks if a string is a palindrome", "reads a CSV file and sums a column",
+    "implements binary search", "converts Celsius to Fahrenheit", "flattens a nested list",
+    "computes the factorial of a number", "validates an email address", "merges two sorted lists",
+    "implements a stack", "counts vowels in a string", "finds the greatest common divisor of two numbers",
+    "parses a date string", "generates all permutations of a list", "implements a simple linked list",
+    "computes the average of a list", "transposes a matrix", "implements a queue with two stacks",
+]
+CODE = [
+    "Write a {lang} function that {task}.", "How do I write code in {lang} that {task}?",
+    "Show me a {lang} program that {task}, with comments.", "Write a short {lang} snippet that {task} and explain it.",
+    "Explain this {lang} idea: a function that {task}. Then write it.",
+]
+MATH = [
+    "What is {a} plus {b}?", "What is {a} times {b}?", "Solve for x: {a}x + {b} = {c}.",
+    "A shop sells apples for {a} cents each. How much do {b} apples cost?",
+    "If a train travels {a} km in {b} hours, what is its average speed?",
+    "What is {a}% of {c}?", "Is {c} divisible by {b}? Explain.", "What is the area of a rectangle {a} by {b}?",
+    "Tom has {a} marbles and gives away {b}. How many are left?", "Explain how to compute {a} squared.",
+    "A recipe needs {a} eggs for {b} people. How many eggs for {c} people?",
+]
+WRITING = [
+    "Write a short poem about {t}.", "Write a haiku about {t}.", "Write a short story involving {t}.",
+    "Write a product description for a book about {t}.", "Write a tweet about {t}.",
+    "Write an email to a friend about {t}.", "Write a limerick about {t}.", "Write a blog post intro about {t}.",
+    "Write a motivational speech that mentions {t}.", "Describe {t} in the style of a news report.",
+]
+REASONING = [
+    "If all {p} are {q} and some {q} are {r}, are some {p} {r}? Explain step by step.",
+    "I have {a} apples and eat {b}, then buy {c} more. How many do I have? Think step by step.",
+    "Which is heavier, a kilogram of {m} or a kilogram of {n}? Explain.",
+    "What comes next in the sequence {a}, {b}, {c}? Explain your reasoning.",
+    "Give a step-by-step plan to learn {t} in a month.", "What would happen if {t} disappeared tomorrow?",
+    "List the steps to make a decision about {t}.",
+]
+NOUNS = ["cats", "birds", "robots", "teachers", "students", "trees", "cars", "artists", "doctors", "stars"]
+MATERIALS = ["feathers", "steel", "bricks", "water", "sand", "cotton", "gold", "ice"]
+SYSTEMS = [
+    None, None, None,  # the model's default system prompt, most often
+    "You are a helpful assistant.", "You are a concise assistant. Answer briefly.",
+    "You are a friendly teacher who explains things simply.", "You are an expert software engineer.",
+    "You are a pirate. Answer like a pirate.", "You are a careful math tutor. Show your work.",
+    "You are a poet.", "Answer in a formal tone.", "You are a cheerful assistant who loves emojis.",
+    "You are a historian.", "Always answer with a numbered list.", "You are a skeptical scientist.",
+    "Keep every answer under fifty words.", "You are a travel guide.", "You are Shakespeare.",
+]
+FOLLOW_UPS = [
+    "Can you explain that in simpler terms?", "Give me an example.", "Can you make it shorter?",
+    "Why?", "What else should I know?", "Can you put that in a list?", "Thanks! One more detail, please.",
+]
+KINDS = ("chat", "code", "math", "writing", "reasoning", "multiturn")
+
+
+def _numbers(rng: random.Random) -> dict:
+    a, b = rng.randint(2, 99), rng.randint(2, 30)
+    return {"a": a, "b": b, "c": rng.randint(a + 1, 400)}
+
+
+def _user_message(kind: str, rng: random.Random) -> str:
+    t, u = rng.sample(TOPICS, 2)
+    if kind == "chat":
+        return rng.choice(CHAT).format(t=t, u=u)
+    if kind == "code":
+        return rng.choice(CODE).format(lang=rng.choice(LANGUAGES), task=rng.choice(CODE_TASKS))
+    if kind == "math":
+        return rng.choice(MATH).format(**_numbers(rng))
+    if kind == "writing":
+        return rng.choice(WRITING).format(t=t)
+    p, q, r = rng.sample(NOUNS, 3)
+    m, n = rng.sample(MATERIALS, 2)
+    return rng.choice(REASONING).format(t=t, p=p, q=q, r=r, m=m, n=n, **_numbers(rng))
+
+
+def conversation(index: int, seed: int = 0) -> list[dict]:
+    """The index-th training conversation (deterministic): messages ending with a user turn."""
+    rng = random.Random(f"{seed}:{index}")
+    kind = KINDS[index % len(KINDS)]
+    system = rng.choice(SYSTEMS)
+    messages = [{"role": "system", "content": system}] if system else []
+    if kind == "multiturn":
+        first_kind = rng.choice(KINDS[:-1])
+        first = _user_message(first_kind, rng)
+        reply = f"Here is a short answer about that: {rng.choice(TOPICS)} is a broad subject, so let me focus on the key point."
+        messages += [{"role": "user", "content": first}, {"role": "assistant", "content": reply},
+                     {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
+    else:
+        messages.append({"role": "user", "content": _user_message(kind, rng)})
+    return messages
+
+
+def conversations(count: int, seed: int = 0, start: int = 0) -> Iterator[list[dict]]:
+    for i in range(start, start + count):
+        yield conversation(i, seed)

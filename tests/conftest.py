@@ -1,0 +1,15 @@
+import pytest
+import torch
+
+from playground.engines.reference import ReferenceEngine
+
+
+@pytest.fixture(scope="session")
+def engine() -> ReferenceEngine:
+    torch.manual_seed(0)
+    return ReferenceEngine.load()
+
+
+@pytest.fixture(scope="session")
+def target(engine):
+    return engine.target

@@ -1,0 +1,51 @@
+"""Greedy speculative decoding emits exactly the target's own greedy tokens."""
+
+import pytest
+import torch
+
+from playground.engines.reference import ReferenceEngine
+from playground.request import GenerationRequest
+from playground.stats import summarize
+
+PROMPTS = [
+    "Write a detailed essay about the history of the printing press.",
+    "Write a Python class for a bank account with deposit, withdraw and a transaction history, and explain it.",
+    "Explain step by step how vaccines train the immune system, with examples.",
+    "Tell me a long story about a lighthouse keeper and a storm.",
+]
+NEW_TOKENS = 128
+
+
+def hf_greedy(engine: ReferenceEngine, request: GenerationRequest) -> list[int]:
+    ids = torch.tensor([engine.prompt_ids(request)])
+    out = engine.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_tokens,
+                                       do_sample=False, pad_token_id=min(engine.target.eos_ids))
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_equals_transformers_generate(engine, prompt):
+    base = GenerationRequest(prompt=prompt, max_tokens=NEW_TOKENS)
+    expected = hf_greedy(engine, base)
+    assert len(expected) == NEW_TOKENS  # the prompts are chosen to run the full length
+    for drafter in ("eagle3", "eagle3.1", "none"):
+        request = GenerationRequest(prompt=prompt, max_tokens=NEW_TOKENS, drafter=drafter, k=5)
+        summary = summarize(list(engine.generate(request)))
+        assert list(summary.token_ids) == expected, drafter
+        assert summary.text == engine.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_greedy_lossless_for_any_k(engine, k):
+    request = GenerationRequest(prompt=PROMPTS[0], max_tokens=48, drafter="eagle3.1", k=k)
+    events = list(engine.generate(request))
+    assert list(summarize(events).token_ids) == hf_greedy(engine, request)
+    assert max(e.drafted for e in events) == k
+
+
+def test_stops_at_eos_like_generate(engine):
+    request = GenerationRequest(prompt="Say only the word yes.", max_tokens=64, drafter="eagle3")
+    events = list(engine.generate(request))
+    expected = hf_greedy(engine, request)
+    assert list(summarize(events).token_ids) == expected
+    assert expected[-1] in engine.target.eos_ids and events[-1].finish_reason == "eos"

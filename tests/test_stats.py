@@ -1,0 +1,32 @@
+import pytest
+
+from playground.engines.events import StepEvent
+from playground.stats import acceptance_by_depth, mean_acceptance_length, summarize
+
+
+def step(i, drafted, accepted, tokens):
+    return StepEvent(step=i, position=10 + i, token_ids=tuple(range(tokens)), token_texts=("x",) * tokens,
+                     drafted=drafted, accepted=accepted, elapsed_s=0.1 * (i + 1),
+                     sink_attention=(0.5,) * drafted, hidden_norm=(1.0,) * drafted)
+
+
+def test_per_position_acceptance_unconditional_and_conditional():
+    events = [step(0, 0, 0, 1), step(1, 3, 3, 4), step(2, 3, 1, 2), step(3, 3, 0, 1), step(4, 2, 2, 3)]
+    unconditional, conditional = acceptance_by_depth(events)
+    # depth 1: 3 of 4 steps accepted >= 1; depth 2: 2 of 4; depth 3: 1 of 3 steps that drafted 3
+    assert unconditional == (3 / 4, 2 / 4, 1 / 3)
+    # depth 2 given depth 1: 2 of 3; depth 3 given depth 2: 1 of 1 among steps that drafted 3
+    assert conditional == (3 / 4, 2 / 3, 1 / 1)
+    assert mean_acceptance_length(events) == 1 + 6 / 4
+
+
+def test_summary_counts_tokens_and_steps():
+    events = [step(0, 0, 0, 1), step(1, 3, 3, 4), step(2, 3, 1, 2)]
+    s = summarize(events)
+    assert s.tokens == 7 and s.steps == 2 and s.prompt_tokens == 10
+    assert s.tokens_per_s == pytest.approx(7 / 0.3)
+    assert s.mean_sink_attention == (0.5, 0.5, 0.5)
+
+
+def test_no_speculation_has_tau_one():
+    assert mean_acceptance_length([step(0, 0, 0, 1), step(1, 0, 0, 1)]) == 1.0

@@ -1,0 +1,50 @@
+import torch
+
+from playground.target import Target, aux_layer_ids
+from playground.text import IncrementalDetokenizer
+
+
+def test_forward_matches_transformers_and_taps_aux_layers(target):
+    ids = torch.tensor([target.tokenizer("The quick brown fox jumps over the lazy dog. " * 3).input_ids])
+    cache = target.new_cache(ids.shape[1] + 8)
+    split = ids.shape[1] - 5
+    first = target.forward(ids[:, :split], cache)
+    second = target.forward(ids[:, split:], cache)  # a verify-style block over a cached prefix
+    with torch.inference_mode():
+        ref = target.model(ids, output_hidden_states=True)
+    logits = torch.cat([first.logits, second.logits], 1)
+    torch.testing.assert_close(logits, ref.logits, rtol=1e-4, atol=2e-4)
+    features = torch.cat([first.features, second.features], 1)
+    expected = torch.cat([ref.hidden_states[i] for i in aux_layer_ids(30)], -1)
+    torch.testing.assert_close(features, expected, rtol=1e-4, atol=1e-4)
+    assert target.aux_layers == (2, 15, 27)
+
+
+def test_rollback_reuses_the_cache(target):
+    ids = torch.tensor([target.tokenizer("Speculative decoding rolls back rejected drafts.").input_ids])
+    cache = target.new_cache(64)
+    target.forward(ids, cache)
+    length = cache.length
+    wrong = target.forward(torch.tensor([[100, 200, 300]]), cache)
+    cache.truncate(length)
+    right = target.forward(torch.tensor([[100]]), cache)
+    torch.testing.assert_close(right.logits[0, 0], wrong.logits[0, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_incremental_text_joins_to_the_full_decode(target):
+    tok = target.tokenizer
+    text = "Emoji 🌊🐙, accents déjà vu, code:\n    def f(x):\n\treturn x  # done\n中文 also."
+    ids = tok(text, add_special_tokens=False).input_ids
+    detok = IncrementalDetokenizer(tok)
+    assert "".join(detok.add(t) for t in ids) == tok.decode(ids)
+
+
+def test_converted_folder_reloads_with_identical_logits(target, tmp_path):
+    from playground.target import embedded_target_folder
+
+    folder = embedded_target_folder()
+    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    reloaded = Target.load(str(folder))
+    ids = torch.tensor([[1, 504, 3426, 314, 260]])
+    with torch.inference_mode():
+        assert torch.equal(reloaded.model(ids).logits, target.model(ids).logits)
