@@ -1,4 +1,4 @@
-"""Command line: `python -m playground generate | convert | train data | bench baseline`.
+"""Command line: `python -m playground generate | convert | train data|drafter | bench baseline`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
@@ -113,6 +113,17 @@ def _add_train(sub) -> None:
     p.add_argument("--temperature", type=float, default=DataConfig.temperature)
     p.add_argument("--seed", type=int, default=DataConfig.seed)
 
+    from playground.eagle.train import TrainConfig
+
+    p = train.add_parser("drafter", help="training-time-test training of one drafter variant")
+    p.add_argument("--variant", required=True, choices=["eagle3", "eagle3.1"])
+    p.add_argument("--data", type=Path, default=Path("data/train"))
+    p.add_argument("--out", type=Path, required=True)
+    for name in ("steps", "batch", "max_len", "warmup", "ttt_steps", "draft_vocab", "seed", "save_every"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(TrainConfig, name))
+    for name in ("lr", "decay"):
+        p.add_argument(f"--{name}", type=float, default=getattr(TrainConfig, name))
+
 
 def _add_bench(sub) -> None:
     from playground.bench import BaselineConfig
@@ -138,7 +149,11 @@ def train(args: argparse.Namespace) -> int:
         generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed))
         return 0
-    raise AssertionError(args.stage)
+    from playground.eagle.train import TrainConfig, train as train_drafter
+
+    fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage")}
+    print(f"wrote {train_drafter(TrainConfig(**fields))}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

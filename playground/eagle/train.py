@@ -1,0 +1,208 @@
+"""Training-time-test training of an EAGLE 3 / EAGLE 3.1 drafter on self-distillation data.
+
+    python -m playground train drafter --variant eagle3.1 --data data/train --out runs/eagle3.1 --steps 4000
+    python -m playground train drafter --variant eagle3   --data data/train --out runs/eagle3   --steps 4000
+
+Both variants take the same data, seed, order, steps and hyper-parameters; only the two 3.1
+switches differ. A run checkpoints every --save-every steps and resumes from its folder.
+
+The recipe (EAGLE-3, "training-time test"): unroll the drafter `ttt_steps` times per sequence.
+Step 0 reads fc(target features); step i > 0 reads the drafter's own output state of step i-1
+(h_pre for EAGLE 3, norm(h_pre) for 3.1) at the same position, with the tokens teacher-forced and
+shifted by i and RoPE position t + i. Step i's queries see the step-0 keys causally and the keys
+of steps 1..i only at their own position, exactly what chain drafting sees at depth i + 1.
+Loss per step: cross-entropy against the target's distribution restricted to the draft
+vocabulary, masked where the target's argmax lies outside it; total sum_i decay^i * loss_i.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from playground.eagle.data import load_examples
+from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, save_drafter
+from playground.eagle.registry import SHIPPED
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    variant: str                 # eagle3 | eagle3.1
+    data: Path
+    out: Path
+    steps: int = 4000
+    batch: int = 8               # sequences per step
+    max_len: int = 768           # longer sequences are cut (keeps a step's memory bounded)
+    lr: float = 1e-3             # a small drafter trained from scratch tolerates a large rate
+    warmup: int = 100
+    ttt_steps: int = 7           # EAGLE-3's unroll depth
+    decay: float = 0.8           # loss weight decay^i for unroll step i
+    draft_vocab: int = 8192
+    seed: int = 0
+    save_every: int = 200
+
+
+def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
+    """The `size` most frequent answer tokens, ascending (the drafter only ever proposes these)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ex in examples:
+        counts += torch.bincount(ex["ids"][ex["prompt_len"]:].long(), minlength=vocab_size)
+    return torch.argsort(counts, descending=True, stable=True)[:size].sort().values
+
+
+def ttt_attend(keys: list[torch.Tensor], values: list[torch.Tensor], group: int):
+    """Attention for unroll step i = len(keys) - 1: causal over step-0 keys, diagonal over steps 1..i."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        keys.append(k.repeat_interleave(group, dim=1))    # [B, heads, T, hd]
+        values.append(v.repeat_interleave(group, dim=1))
+        T = q.shape[2]
+        scale = q.shape[-1] ** -0.5
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        s0 = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, h, T, T]
+        diag = [((q * kj).sum(-1) * scale)[..., None] for kj in keys[1:]]                  # [B, h, T, 1] each
+        probs = torch.cat([s0, *diag], dim=-1).softmax(-1)
+        out = probs[..., :T] @ values[0]
+        for j, vj in enumerate(values[1:]):
+            out = out + probs[..., T + j:T + j + 1] * vj
+        return out
+
+    return attend
+
+
+class Batcher:
+    """Padded batches of examples in a seeded order; the position in the order is resumable."""
+
+    def __init__(self, examples: list[dict], config: TrainConfig, head: torch.Tensor):
+        self.examples, self.config, self.head = examples, config, head
+
+    def target_top(self, ex: dict) -> torch.Tensor:
+        """The target's argmax at each position, over the full vocabulary (computed once per example)."""
+        if "top" not in ex:
+            with torch.no_grad():
+                ex["top"] = (ex["final"].float() @ self.head.T).argmax(-1)
+        return ex["top"]
+
+    def order(self, epoch: int) -> list[int]:
+        idx = list(range(len(self.examples)))
+        random.Random(f"{self.config.seed}:{epoch}").shuffle(idx)
+        return idx
+
+    def batch(self, step: int) -> dict:
+        per_epoch = len(self.examples) // self.config.batch
+        epoch, i = divmod(step, per_epoch)
+        chosen = [self.examples[j] for j in self.order(epoch)[i * self.config.batch:(i + 1) * self.config.batch]]
+        T = min(self.config.max_len, max(len(ex["features"]) for ex in chosen))
+        B = len(chosen)
+        ids = torch.zeros(B, T + 1, dtype=torch.long)
+        features = torch.zeros(B, T, chosen[0]["features"].shape[-1])
+        final = torch.zeros(B, T, chosen[0]["final"].shape[-1])
+        answer = torch.zeros(B, T + 1, dtype=torch.bool)
+        top = torch.zeros(B, T, dtype=torch.long)
+        for b, ex in enumerate(chosen):
+            n = min(T, len(ex["features"]))
+            top[b, :n] = self.target_top(ex)[:n]
+            ids[b, :n + 1] = ex["ids"][:n + 1].long()
+            features[b, :n] = ex["features"][:n].float()
+            final[b, :n] = ex["final"][:n].float()
+            answer[b, ex["prompt_len"]:n + 1] = True
+        return {"ids": ids, "features": features, "final": final, "answer": answer, "top": top}
+
+
+def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
+             batch: dict, config: TrainConfig) -> tuple[torch.Tensor, list[float], list[float]]:
+    """(weighted loss, per-step loss, per-step accuracy) for one batch."""
+    ids, final, answer = batch["ids"], batch["final"], batch["answer"]
+    B, T, _ = batch["features"].shape
+    c = drafter.config
+    with torch.no_grad():
+        # position t predicts token t+1; the target's distribution restricted to the draft vocab
+        target_p = (final @ head[drafter.t2d].T).softmax(-1)     # [B, T, draft_vocab]
+        ok_top = in_vocab[batch["top"]]                          # its full-vocab argmax is draftable
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    group = c.num_attention_heads // c.num_key_value_heads
+    hidden = drafter.fuse(batch["features"])                 # [B, T, H]
+    total, losses, accs = hidden.new_zeros(()), [], []
+    for i in range(config.ttt_steps):
+        n = T - 1 - i                                        # positions t with a target at t + 1 + i
+        if n <= 0:
+            break
+        tokens = F.pad(ids[:, 1 + i:1 + i + n], (0, T - n))  # token t+1+i at position t
+        normed, fed = drafter.step(hidden, F.embedding(tokens, embed), torch.arange(T) + i,
+                                   ttt_attend(keys, values, group))
+        logits = drafter.draft_logits(normed[:, :n])         # [B, n, draft_vocab]
+        p = target_p[:, 1 + i:1 + i + n]
+        mask = (answer[:, 2 + i:2 + i + n] & ok_top[:, 1 + i:1 + i + n]).float()
+        ce = -(p * logits.float().log_softmax(-1)).sum(-1)
+        loss_i = (ce * mask).sum() / mask.sum().clamp_min(1.0)
+        total = total + config.decay ** i * loss_i
+        hit = (logits.argmax(-1) == p.argmax(-1)).float()
+        losses.append(float(loss_i.detach()))
+        accs.append(float((hit * mask).sum() / mask.sum().clamp_min(1.0)))
+        hidden = fed
+    return total, losses, accs
+
+
+def train(config: TrainConfig) -> Path:
+    from playground.target import aux_layer_ids, load_hf_target
+
+    torch.manual_seed(config.seed)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, _ = load_hf_target(None)
+    embed = model.model.embed_tokens.weight.detach()   # frozen, shared with the target
+    head = model.lm_head.weight.detach()
+    examples = load_examples(config.data)
+    vocab_file = Path(config.data) / f"draft_vocab_{config.draft_vocab}.pt"
+    if not vocab_file.exists():
+        torch.save(pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab), vocab_file)
+    draft_ids = torch.load(vocab_file)
+
+    drafter_config = DrafterConfig.for_target(model.config, config.draft_vocab,
+                                             aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
+    drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
+    drafter.set_draft_vocab(draft_ids)
+    in_vocab = drafter.t2d.clone()
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / config.warmup) * 0.5 * (
+        1 + math.cos(math.pi * min(1.0, s / config.steps))))
+    start = 0
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        state = torch.load(ckpt)
+        drafter.load_state_dict(state["drafter"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        start = state["step"]
+    (out / "train_config.json").write_text(json.dumps({k: str(v) for k, v in asdict(config).items()}, indent=2))
+    batcher = Batcher(examples, config, head)
+    log = open(out / "log.jsonl", "a")
+    bar = tqdm(range(start, config.steps), desc=f"train {config.variant}", initial=start, total=config.steps)
+    for step in bar:
+        loss, losses, accs = ttt_loss(drafter, embed, head, in_vocab, batcher.batch(step), config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
+        optimizer.step()
+        schedule.step()
+        bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.2f}", acc_last=f"{accs[-1]:.2f}")
+        log.write(json.dumps({"step": step + 1, "loss": float(loss), "step_loss": losses, "step_acc": accs,
+                              "lr": schedule.get_last_lr()[0]}) + "\n")
+        if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
+                        "schedule": schedule.state_dict(), "step": step + 1}, tmp)
+            os.replace(tmp, ckpt)
+            save_drafter(drafter, out / "drafter")
+            log.flush()
+    log.close()
+    return out / "drafter"

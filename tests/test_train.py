@@ -1,0 +1,64 @@
+"""Training-time test sees exactly what chain drafting sees, and training lowers the loss."""
+
+import torch
+from torch import nn
+
+from playground.eagle.drafter import Eagle3Drafter
+from playground.eagle.train import TrainConfig, pick_draft_vocab, ttt_attend, ttt_loss
+from playground.engines.proposers import EagleProposer
+from playground.engines.sampling import SamplingParams
+from tests.test_drafter_checkpoint import small_config
+
+
+def test_unrolled_steps_match_chain_drafting():
+    torch.manual_seed(0)
+    for eagle31 in (False, True):
+        drafter = Eagle3Drafter(small_config(eagle31)).init_random(2).requires_grad_(False)
+        drafter.set_draft_vocab(torch.arange(100))
+        embed = nn.Embedding(500, 64).requires_grad_(False)
+        T, t = 9, 6
+        features = torch.randn(1, T, 144)
+        ids = torch.randint(0, 100, (1, T + 2))
+
+        proposer = EagleProposer(drafter, embed, capacity=32)
+        proposer.observe(features[0, :t + 1], ids[0, 1:t + 2].tolist())
+        proposal = proposer.propose(2, SamplingParams(), torch.Generator())
+        ids[0, t + 2] = proposal.ids[0]  # teacher-force what the chain drafted at depth 1
+
+        keys, values = [], []
+        normed0, fed0 = drafter.step(drafter.fuse(features), embed(ids[:, 1:T + 1]), torch.arange(T),
+                                     ttt_attend(keys, values, 2))
+        normed1, _ = drafter.step(fed0, embed(ids[:, 2:T + 2]), torch.arange(T) + 1, ttt_attend(keys, values, 2))
+        p0 = drafter.draft_logits(normed0[0, t]).softmax(-1)
+        p1 = drafter.draft_logits(normed1[0, t]).softmax(-1)
+        assert int(p0.argmax()) == proposal.ids[0]
+        torch.testing.assert_close(float(p0.max()), proposal.probs[0], rtol=1e-4, atol=1e-5)
+        assert int(p1.argmax()) == proposal.ids[1]
+        torch.testing.assert_close(float(p1.max()), proposal.probs[1], rtol=1e-4, atol=1e-5)
+
+
+def test_draft_vocab_is_the_most_frequent_answer_tokens():
+    examples = [{"ids": torch.tensor([9, 9, 9, 1, 1, 2, 3, 3]), "prompt_len": 3}]
+    assert pick_draft_vocab(examples, vocab_size=10, size=2).tolist() == [1, 3]
+
+
+def test_a_few_steps_lower_the_loss():
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(small_config(True)).init_random(0)
+    drafter.set_draft_vocab(torch.arange(100))
+    embed, head = torch.randn(500, 64), torch.randn(500, 48)
+    head[100:] -= 10  # the target mostly predicts draft-vocab tokens
+    B, T = 4, 12
+    batch = {"ids": torch.randint(0, 100, (B, T + 1)), "features": torch.randn(B, T, 144),
+             "final": torch.randn(B, T, 48), "answer": torch.ones(B, T + 1, dtype=torch.bool)}
+    batch["top"] = (batch["final"] @ head.T).argmax(-1)
+    config = TrainConfig(variant="eagle3.1", data=None, out=None, ttt_steps=3)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss, losses, accs = ttt_loss(drafter, embed, head, drafter.t2d.clone(), batch, config)
+        first = first if first is not None else float(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert len(losses) == 3 and float(loss) < 0.8 * first
