@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-if [ $# -eq 0 ]; then
-  set -- --prompt "Explain speculative decoding in three sentences."
-fi
+case " $* " in
+  *" --prompt "*) ;;
+  *) set -- --prompt "Explain speculative decoding in three sentences." "$@" ;;
+esac
 exec .venv/bin/python -m playground generate "$@"
