@@ -82,10 +82,11 @@ def generate(args: GenerateArgs) -> int:
 
 
 def convert(out: Path) -> int:
-    from playground.target import _load_gguf, write_safetensors_folder
+    import shutil
 
-    model, tokenizer = _load_gguf()
-    write_safetensors_folder(model, tokenizer, out)
+    from playground.target import embedded_target_folder
+
+    shutil.copytree(embedded_target_folder(), out, dirs_exist_ok=True)
     print(f"wrote {out}")
     return 0
 
