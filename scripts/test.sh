@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Set up and run the test suite. Usage: bash scripts/test.sh [pytest args]
+# Set up and run the test suite (installs Debian's Chromium for the browser test if missing).
+# Usage: bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
+if ! command -v chromium > /dev/null; then
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium > /dev/null
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -13,3 +13,12 @@ def engine() -> ReferenceEngine:
 @pytest.fixture(scope="session")
 def target(engine):
     return engine.target
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    from tests.app_server import AppServer
+
+    server = AppServer("--max-tokens", "512")
+    yield server.url
+    server.stop()

@@ -25,7 +25,7 @@ class StepEvent:
     hidden_norm: tuple[float, ...] = ()     # RMS of the state fed into each draft depth
     draft_ms: float = 0.0
     verify_ms: float = 0.0
-    elapsed_s: float = 0.0              # since the request started
+    elapsed_s: float = 0.0              # engine time since the request started (waits excluded)
     finish_reason: str | None = None    # "eos" | "length" | "context" on the last event
     backend: str = "reference"
     observed: tuple[str, ...] = field(default=("drafts", "attention", "hidden_norm"))

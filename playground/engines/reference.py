@@ -32,7 +32,9 @@ class ReferenceEngine:
         self.tokenizer = target.tokenizer
         self.drafters = DrafterStore(target, target.dtype)
         self.max_tokens_limit = max_tokens_limit
-        self.lock = threading.Lock()  # one generation at a time: the engine is not re-entrant
+        # Held for one step at a time, never while a consumer holds the stream: concurrent or
+        # interleaved requests take turns step by step, and an abandoned stream blocks nobody.
+        self.lock = threading.Lock()
 
     @classmethod
     def load(cls, target_path: str | None = None, dtype: str = "float32", **kwargs) -> "ReferenceEngine":
@@ -49,16 +51,27 @@ class ReferenceEngine:
         return ids
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
-        """Validate, then stream one StepEvent per verify step (the first is the prefill)."""
+        """Validate, then stream one StepEvent per verify step (the first is the prefill).
+
+        Errors in the request raise PlaygroundError here, before anything is yielded."""
         request.validate(self.max_tokens_limit)
-        drafter, _ = self.drafters.get(request.drafter)
-        prompt_ids = self.prompt_ids(request)
         with self.lock:
-            yield from self._run(request, prompt_ids, drafter)
+            drafter, _ = self.drafters.get(request.drafter)
+        return self._stream(request, self.prompt_ids(request), drafter)
+
+    def _stream(self, request: GenerationRequest, prompt_ids: list[int], drafter) -> Iterator[StepEvent]:
+        clock = EngineClock()
+        steps = self._run(request, prompt_ids, drafter, clock)
+        while True:
+            with self.lock, clock:
+                event = next(steps, None)
+            if event is None:
+                return
+            yield event
 
     @torch.inference_mode()
-    def _run(self, request: GenerationRequest, prompt_ids: list[int], drafter) -> Iterator[StepEvent]:
-        t0 = time.perf_counter()
+    def _run(self, request: GenerationRequest, prompt_ids: list[int], drafter,
+             clock: "EngineClock") -> Iterator[StepEvent]:
         params = request.sampling
         k = 0 if drafter is None else request.k
         generator = torch.Generator().manual_seed(request.seed)
@@ -72,7 +85,7 @@ class ReferenceEngine:
         first = self._target_token(out.logits[0, -1], params, generator)
         proposer.observe(out.features[0], prompt_ids[1:] + [first])
         emitted = [first]
-        event = self._event(0, len(prompt_ids), [first], Proposal(), 0, detok, 0.0, 0.0, t0,
+        event = self._event(0, len(prompt_ids), [first], Proposal(), 0, detok, 0.0, 0.0, clock,
                             self._finish(emitted, request, cache))
         yield event
         step = 0
@@ -94,7 +107,7 @@ class ReferenceEngine:
             committed = self._clip(committed, request.max_tokens - len(emitted))
             emitted += committed
             event = self._event(step, start + 1, committed, proposal, accepted, detok,
-                                (t_verify - t_draft) * 1e3, (t_done - t_verify) * 1e3, t0,
+                                (t_verify - t_draft) * 1e3, (t_done - t_verify) * 1e3, clock,
                                 self._finish(emitted, request, cache))
             yield event
 
@@ -127,7 +140,7 @@ class ReferenceEngine:
         return None
 
     def _event(self, step: int, position: int, committed: list[int], proposal: Proposal, accepted: int,
-               detok: IncrementalDetokenizer, draft_ms: float, verify_ms: float, t0: float,
+               detok: IncrementalDetokenizer, draft_ms: float, verify_ms: float, clock: "EngineClock",
                finish_reason: str | None) -> StepEvent:
         return StepEvent(
             step=step, position=position,
@@ -141,6 +154,26 @@ class ReferenceEngine:
             self_attention=tuple(proposal.self_attention),
             hidden_norm=tuple(proposal.hidden_norm),
             draft_ms=draft_ms, verify_ms=verify_ms,
-            elapsed_s=time.perf_counter() - t0,
+            elapsed_s=clock.elapsed(),
             finish_reason=finish_reason,
         )
+
+
+class EngineClock:
+    """Time one request spends inside the engine: waits for the lock and for the consumer of
+    the stream are not counted, so interleaved runs each report their own speed."""
+
+    def __init__(self):
+        self.total = 0.0
+        self.since: float | None = None
+
+    def __enter__(self) -> "EngineClock":
+        self.since = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.total += time.perf_counter() - self.since
+        self.since = None
+
+    def elapsed(self) -> float:
+        return self.total + (time.perf_counter() - self.since if self.since is not None else 0.0)

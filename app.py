@@ -1,0 +1,44 @@
+"""Start the EAGLE 3.1 playground: python app.py [--port 7860] [--host 0.0.0.0] ...
+
+Limits for a public deployment come from flags or environment variables (PLAYGROUND_MAX_TOKENS,
+PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE); the defaults suit a public Space.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from playground.ui.streams import Limits
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default=env("PLAYGROUND_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(env("PLAYGROUND_PORT", "7860")))
+    p.add_argument("--target", default=None, help="a local Llama-family folder (default: embedded SmolLM2)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--max-tokens", type=int, default=int(env("PLAYGROUND_MAX_TOKENS", Limits.max_tokens)))
+    p.add_argument("--max-prompt-chars", type=int,
+                   default=int(env("PLAYGROUND_MAX_PROMPT_CHARS", Limits.max_prompt_chars)))
+    p.add_argument("--queue-size", type=int, default=int(env("PLAYGROUND_QUEUE_SIZE", Limits.queue_size)))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from playground.engines.reference import ReferenceEngine
+    from playground.ui.app import create_ui, launch
+
+    limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size)
+    engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
+    for name in ("eagle3", "eagle3.1"):
+        engine.drafter_info(name)   # load both drafters before the first visitor arrives
+    launch(create_ui({"reference": engine}, limits), args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

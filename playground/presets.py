@@ -1,0 +1,31 @@
+"""Ready-made prompts for the page: everyday chat, code, a long document, an odd system prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+LONG_DOCUMENT = Path(__file__).resolve().parents[1] / "assets" / "presets" / "harbor_report.md"
+
+
+@dataclass(frozen=True)
+class Preset:
+    prompt: str
+    system: str = ""
+    template: str = "model"
+
+
+def long_document_prompt(question: str) -> str:
+    return f"Read this report and answer the question after it.\n\n{LONG_DOCUMENT.read_text()}\n\nQuestion: {question}"
+
+
+PRESETS = {
+    "Chat": Preset("What are three good habits for staying healthy while working from home?"),
+    "Code": Preset("Write a Python function that checks whether a string is a palindrome, ignoring case "
+                   "and punctuation, and show two examples."),
+    "Long document Q&A": Preset(long_document_prompt(
+        "Why did the Harbor Street project cost more than planned, and how was the extra cost approved?")),
+    "Odd system prompt": Preset("Explain how a rainbow forms.",
+                                system="You are a pirate who answers every question in pirate speech."),
+    "Perturbed template": Preset("Give me a short recipe for pancakes.", template="plain"),
+}

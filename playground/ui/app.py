@@ -1,0 +1,34 @@
+"""The Gradio app: Playground and Comparison tabs over a set of named engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import gradio as gr
+
+from playground.ui import compare_tab, playground_tab, render
+from playground.ui.streams import Engine, Limits
+
+EXPLAINER = (Path(__file__).with_name("explainer.md")).read_text()
+TITLE = "EAGLE 3.1 Playground"
+
+
+def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.Blocks:
+    """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine."""
+    with gr.Blocks(title=TITLE) as demo:
+        gr.Markdown(f"# {TITLE}\nSpeculative decoding with an EAGLE 3.1 drafter next to an EAGLE 3 baseline, "
+                    "verified token by token on SmolLM2-135M-Instruct.")
+        with gr.Accordion("What am I looking at?", open=False):
+            gr.Markdown(EXPLAINER, sanitize_html=False)
+        with gr.Tab("Playground", id="playground"):
+            playground_tab.build(backends, limits)
+        with gr.Tab("Comparison", id="comparison"):
+            compare_tab.build(backends, limits)
+    demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
+    return demo
+
+
+def launch(demo: gr.Blocks, host: str, port: int, **kwargs) -> None:
+    demo.launch(server_name=host, server_port=port, css=render.CSS, footer_links=["api"], show_error=True,
+                **kwargs)

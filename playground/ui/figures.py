@@ -1,0 +1,74 @@
+"""Plotly figures by draft depth; one trace group per run, in a fixed colour per drafter."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import plotly.graph_objects as go
+
+from playground.stats import RunSummary
+
+COLORS = {"eagle3.1": "#2563eb", "eagle3": "#ea580c", "none": "#6b7280"}
+LABELS = {"eagle3.1": "EAGLE 3.1", "eagle3": "EAGLE 3", "none": "no speculation"}
+FALLBACK_COLOR = "#7c3aed"
+
+
+def label(name: str) -> str:
+    return LABELS.get(name, name)
+
+
+def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None) -> go.Figure:
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=300, margin=dict(l=50, r=10, t=40, b=40),
+                      legend=dict(orientation="h", y=-0.25, font=dict(size=11)), template="plotly_white",
+                      barmode="group")
+    fig.update_xaxes(title_text="draft depth", dtick=1)
+    fig.update_yaxes(title_text=y_title, range=y_range)
+    return fig
+
+
+def _depths(values: tuple[float, ...]) -> list[int]:
+    return list(range(1, len(values) + 1))
+
+
+def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
+    """Bars: unconditional P(depth d accepted); dashed line: conditional on d-1 accepted."""
+    fig = go.Figure()
+    for name, s in runs.items():
+        color = COLORS.get(name, FALLBACK_COLOR)
+        fig.add_bar(x=_depths(s.per_position_acceptance), y=list(s.per_position_acceptance),
+                    name=f"{label(name)} · unconditional", marker_color=color, opacity=0.8)
+        fig.add_scatter(x=_depths(s.per_position_acceptance_conditional),
+                        y=list(s.per_position_acceptance_conditional), name=f"{label(name)} · conditional",
+                        mode="lines+markers", line=dict(color=color, dash="dash"))
+    return _layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05])
+
+
+def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
+    """Drafter attention mass on the sink tokens (solid) and on its own drafts (dotted)."""
+    fig = go.Figure()
+    for name, s in runs.items():
+        color = COLORS.get(name, FALLBACK_COLOR)
+        fig.add_scatter(x=_depths(s.mean_sink_attention), y=list(s.mean_sink_attention), mode="lines+markers",
+                        name=f"{label(name)} · sink tokens", line=dict(color=color))
+        fig.add_scatter(x=_depths(s.mean_self_attention), y=list(s.mean_self_attention), mode="lines+markers",
+                        name=f"{label(name)} · own drafts", line=dict(color=color, dash="dot"))
+    return _layout(fig, "Drafter attention by depth", "attention mass", [0, 1.05])
+
+
+def hidden_norm(runs: Mapping[str, RunSummary]) -> go.Figure:
+    """RMS of the state fed into each depth; EAGLE 3's grows with depth, 3.1's stays normalised."""
+    fig = go.Figure()
+    for name, s in runs.items():
+        fig.add_scatter(x=_depths(s.mean_hidden_norm), y=list(s.mean_hidden_norm), mode="lines+markers",
+                        name=label(name), line=dict(color=COLORS.get(name, FALLBACK_COLOR)))
+    return _layout(fig, "Fed-back hidden state RMS by depth", "RMS")
+
+
+def all_figures(runs: Mapping[str, RunSummary]) -> tuple[go.Figure, go.Figure, go.Figure]:
+    return acceptance(runs), attention(runs), hidden_norm(runs)
+
+
+def figures_file(runs: Mapping[str, RunSummary], path) -> None:
+    """The three figures in one standalone HTML file (plotly.js inlined: it opens offline)."""
+    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(all_figures(runs))]
+    path.write_text("<!doctype html><meta charset='utf-8'><title>EAGLE playground run</title>" + "".join(parts))

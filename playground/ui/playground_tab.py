@@ -1,0 +1,127 @@
+"""The Playground tab: one prompt, one drafter, the answer streaming with its plots and inspector."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import gradio as gr
+
+from playground.chat import TEMPLATES
+from playground.presets import PRESETS
+from playground.request import K_RANGE, MAX_TEMPERATURE
+from playground.ui import figures, render
+from playground.ui.runs import Pacer, RunLog, export
+from playground.ui.streams import Engine, Limits, backend, failure_message, make_request
+
+DRAFTER_CHOICES = [("EAGLE 3.1", "eagle3.1"), ("EAGLE 3", "eagle3"), ("none (no speculation)", "none")]
+TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
+
+
+def drafter_note(engine: Engine, name: str) -> str:
+    info = engine.drafter_info(name)
+    if info.variant != "none" and not info.trained:
+        return (f"{figures.label(name)} is a randomly initialised drafter ({info.source}): "
+                "expect almost every draft to be rejected.")
+    return ""
+
+
+def settings(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool, prefix: str) -> dict:
+    """The shared generation controls; returns the components by name (elem ids: `prefix-name`)."""
+    c = {}
+    eid = lambda name: f"{prefix}-{name}"
+    with gr.Row():
+        c["preset"] = gr.Dropdown(["(none)", *PRESETS], value="(none)", label="Preset", scale=1, elem_id=eid("preset"))
+        c["template"] = gr.Dropdown(TEMPLATE_CHOICES, value="model", label="Prompt format", scale=2,
+                                    elem_id=eid("template"))
+        if with_drafter:
+            c["drafter"] = gr.Dropdown(DRAFTER_CHOICES, value="eagle3.1", label="Drafter", scale=1,
+                                       elem_id=eid("drafter"))
+        c["backend"] = gr.Dropdown(list(backends), value=next(iter(backends)), label="Backend", scale=1,
+                                   elem_id=eid("backend"))
+    c["prompt"] = gr.Textbox(label="Prompt", lines=4, max_length=limits.max_prompt_chars,
+                             placeholder="Ask anything, or pick a preset", elem_id=eid("prompt"))
+    c["system"] = gr.Textbox(label="System prompt (empty: the model's default)", lines=1,
+                             max_length=limits.max_prompt_chars, elem_id=eid("system"))
+    with gr.Row():
+        c["k"] = gr.Slider(K_RANGE[0], K_RANGE[1], value=5, step=1, label="k (drafts per step)", elem_id=eid("k"))
+        c["temperature"] = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature (0 = greedy)",
+                                     elem_id=eid("temperature"))
+        c["top_p"] = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="top-p", elem_id=eid("top-p"))
+        c["max_tokens"] = gr.Slider(1, limits.max_tokens, value=min(256, limits.max_tokens), step=1,
+                                    label="max tokens", elem_id=eid("max-tokens"))
+    c["preset"].change(lambda name: _preset(name), c["preset"], [c["prompt"], c["system"], c["template"]],
+                       api_name=False, queue=False)
+    return c
+
+
+def _preset(name: str):
+    preset = PRESETS.get(name)
+    if preset is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    return preset.prompt, preset.system, preset.template
+
+
+def build(backends: Mapping[str, Engine], limits: Limits) -> None:
+    c = settings(limits, backends, with_drafter=True, prefix="pg")
+    with gr.Row():
+        run = gr.Button("Run", variant="primary", elem_id="run")
+        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+    gr.HTML(render.LEGEND)
+    answer = gr.HTML(render.answer_html([]), elem_id="answer")
+    cards = gr.HTML(render.figures_html(None), elem_id="cards")
+    with gr.Row():
+        accept_plot = gr.Plot(label="acceptance by depth", elem_id="plot-acceptance")
+        attention_plot = gr.Plot(label="attention by depth", elem_id="plot-attention")
+        norm_plot = gr.Plot(label="fed-back RMS by depth", elem_id="plot-norm")
+    with gr.Accordion("Step inspector", open=True):
+        step = gr.Slider(0, 1, value=0, step=1, label="verify step")
+        inspector = gr.HTML(render.inspector_html(None), elem_id="inspector")
+    with gr.Accordion("Plain text and downloads", open=False):
+        text = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
+        files = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
+    events = gr.State([])
+
+    def stream(prompt, system, template, drafter, k, temperature, top_p, max_tokens, backend_name):
+        try:
+            request = make_request(limits, prompt, system, template, drafter, k, temperature, top_p, max_tokens)
+            engine = backend(backends, backend_name)
+            note = drafter_note(engine, request.drafter)
+            steps = engine.generate(request)
+        except Exception as e:  # bad input: nothing ran
+            raise gr.Error(failure_message(e)) from None
+        run_log, pacer = RunLog(request), Pacer()
+        yield (render.answer_html([], note or "waiting for the engine…"), "", render.figures_html(None),
+               None, None, None, gr.update(value=0, maximum=1), render.inspector_html(None), None, [])
+        try:
+            for event in steps:
+                run_log.events.append(event)
+                final = event.finish_reason is not None
+                if final or pacer.text_due():
+                    yield update(run_log, note, final or pacer.plots_due(), final)
+        except Exception as e:
+            yield update(run_log, note, True, True, failure_message(e))
+            raise gr.Error(failure_message(e)) from None
+
+    def update(run_log: RunLog, note: str, plots: bool, final: bool, error: str = ""):
+        summary = run_log.summary
+        runs = {run_log.request.drafter: summary}
+        html = render.answer_html(run_log.events, note) + (render.error_html(error) if error else "")
+        return (html, run_log.text, render.figures_html(summary),
+                *(figures.all_figures(runs) if plots else (gr.skip(),) * 3),
+                gr.update(maximum=max(1, len(run_log.events) - 1), value=len(run_log.events) - 1) if final
+                else gr.skip(),
+                render.inspector_html(run_log.events[-1]) if final else gr.skip(),
+                export({run_log.request.drafter: run_log},
+                       lambda path: figures.figures_file(runs, path)) if final else gr.skip(),
+                list(run_log.events))
+
+    inputs = [c[n] for n in ("prompt", "system", "template", "drafter", "k", "temperature", "top_p",
+                             "max_tokens", "backend")]
+    outputs = [answer, text, cards, accept_plot, attention_plot, norm_plot, step, inspector, files, events]
+    running = run.click(stream, inputs, outputs, api_name="run", concurrency_id="engine",
+                        concurrency_limit=limits.concurrency)
+    submitted = c["prompt"].submit(stream, inputs, outputs, api_name=False, concurrency_id="engine",
+                                   concurrency_limit=limits.concurrency)
+    stop.click(None, None, None, cancels=[running, submitted], api_name=False)
+    step.input(lambda i, evs: render.inspector_html(evs[int(i)] if evs and 0 <= i < len(evs) else None),
+               [step, events], inspector, api_name="inspect", queue=False, trigger_mode="always_last")

@@ -1,0 +1,127 @@
+"""HTML for the answer, the running figures and the step inspector.
+
+Every piece of model text goes through `html.escape`: tokens that contain markup, markdown
+or script are shown as text. Whitespace is kept by the `white-space: pre-wrap` of `.answer`.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Sequence
+
+from playground.engines.events import StepEvent
+from playground.stats import RunSummary
+
+LEGEND = (
+    '<div class="legend">'
+    '<span class="tok acc">accepted draft</span> '
+    '<span class="tok tgt">target token (bonus or correction)</span> '
+    '<span class="tok rej">rejected draft</span>'
+    '</div>'
+)
+
+
+def visible(text: str) -> str:
+    """A rejected draft is shown inline, so its line breaks and tabs are shown as symbols."""
+    return text.replace("\n", "↵").replace("\t", "⇥")
+
+
+def step_html(event: StepEvent) -> str:
+    """One verify step: accepted drafts, the rejected drafts struck through, then the target token."""
+    parts = []
+    for i, text in enumerate(event.token_texts):
+        if i == event.accepted and event.drafted > event.accepted:
+            rejected = (escape(visible("".join(event.draft_texts[event.accepted:]))) if event.draft_texts
+                        else "✗" * (event.drafted - event.accepted))   # the backend reports counts only
+            parts.append(f'<span class="tok rej" title="rejected at depth {event.accepted + 1}">{rejected}</span>')
+        kind = "acc" if i < event.accepted else "tgt"
+        title = f"step {event.step}" + (f", depth {i + 1}" if kind == "acc" else "")
+        parts.append(f'<span class="tok {kind}" title="{title}">{escape(text)}</span>')
+    return f'<span class="step" data-step="{event.step}">{"".join(parts)}</span>'
+
+
+def answer_html(events: Sequence[StepEvent], note: str = "") -> str:
+    body = "".join(step_html(e) for e in events)
+    if events and events[-1].finish_reason:
+        body += f'<span class="finish">[{escape(events[-1].finish_reason)}]</span>'
+    elif events:
+        body += '<span class="cursor">▌</span>'
+    note_html = f'<div class="note">{escape(note)}</div>' if note else ""
+    return f'{note_html}<div class="answer">{body}</div>'
+
+
+def figures_html(summary: RunSummary | None, label: str = "") -> str:
+    """The running figures as a row of small cards."""
+    if summary is None:
+        cards = [("tau", "–"), ("tokens/s", "–"), ("steps", "–"), ("tokens", "–")]
+    else:
+        cards = [
+            ("tau", f"{summary.mean_acceptance_length:.2f}"),
+            ("tokens/s", f"{summary.tokens_per_s:.1f}"),
+            ("steps", str(summary.steps)),
+            ("tokens", str(summary.tokens)),
+            ("first token", f"{summary.time_to_first_token_s * 1e3:.0f} ms"),
+        ]
+    title = f'<div class="cards-label">{escape(label)}</div>' if label else ""
+    items = "".join(f'<div class="card"><div class="v">{v}</div><div class="k">{k}</div></div>' for k, v in cards)
+    return f'{title}<div class="cards">{items}</div>'
+
+
+def inspector_html(event: StepEvent | None) -> str:
+    """One verify step in detail: each draft with its depth, probability, verdict and attention."""
+    if event is None:
+        return '<div class="inspector empty">Run a prompt, then pick a verify step.</div>'
+    head = (f'<div class="inspector-head">step {event.step} · position {event.position} · '
+            f'{event.accepted}/{event.drafted} drafts accepted · draft {event.draft_ms:.1f} ms · '
+            f'verify {event.verify_ms:.1f} ms</div>')
+    if event.step == 0:
+        return head + '<div class="inspector empty">Step 0 is the prefill: the target reads the prompt and ' \
+                      'emits the first token; nothing is drafted.</div>'
+    rows = []
+    for d in range(event.drafted):
+        draft = escape(repr(event.draft_texts[d])) if d < len(event.draft_texts) else "(not reported)"
+        verdict = "accepted" if d < event.accepted else ("rejected" if d == event.accepted else "not reached")
+        cells = [str(d + 1), f"<code>{draft}</code>", _num(event.draft_probs, d, "{:.3f}"),
+                 f'<span class="verdict {verdict.replace(" ", "-")}">{verdict}</span>',
+                 _num(event.sink_attention, d, "{:.3f}"), _num(event.self_attention, d, "{:.3f}"),
+                 _num(event.hidden_norm, d, "{:.2f}")]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    emitted = escape(repr(event.token_texts[-1])) if event.token_texts else ""
+    header = "".join(f"<th>{h}</th>" for h in ("depth", "draft", "drafter p", "verdict", "sink attn",
+                                                 "self attn", "fed-back RMS"))
+    return (f'{head}<table class="inspector"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f'<div class="inspector-foot">target token emitted after the drafts: <code>{emitted}</code></div>')
+
+
+def _num(values: Sequence[float], i: int, fmt: str) -> str:
+    return fmt.format(values[i]) if i < len(values) else "–"
+
+
+def error_html(message: str) -> str:
+    return f'<div class="error-box">⚠ {escape(message)}</div>'
+
+
+CSS = """
+.answer { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
+          font-size: 14px; line-height: 1.7; min-height: 6em; padding: 10px; border-radius: 8px;
+          background: var(--block-background-fill); border: 1px solid var(--border-color-primary); }
+.tok { border-radius: 3px; padding: 1px 0; }
+.tok.acc { background: rgba(34, 197, 94, 0.28); }
+.tok.tgt { background: rgba(59, 130, 246, 0.22); }
+.tok.rej { background: rgba(239, 68, 68, 0.22); color: #b91c1c; text-decoration: line-through; margin: 0 1px; }
+.legend { display: flex; gap: 12px; font-size: 13px; margin: 4px 0; }
+.legend .tok { padding: 2px 6px; }
+.finish { color: var(--body-text-color-subdued); font-size: 12px; margin-left: 6px; }
+.cursor { color: var(--body-text-color-subdued); }
+.note { font-size: 13px; color: var(--body-text-color-subdued); margin-bottom: 4px; }
+.cards { display: flex; gap: 8px; flex-wrap: wrap; }
+.cards-label { font-weight: 600; margin-bottom: 4px; }
+.card { padding: 6px 12px; border-radius: 8px; border: 1px solid var(--border-color-primary); min-width: 72px; }
+.card .v { font-size: 20px; font-weight: 600; }
+.card .k { font-size: 12px; color: var(--body-text-color-subdued); }
+table.inspector { border-collapse: collapse; font-size: 13px; width: 100%; }
+table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-color-primary); padding: 3px 8px; text-align: left; }
+.verdict.accepted { color: #15803d; } .verdict.rejected { color: #b91c1c; } .verdict.not-reached { color: #888; }
+.inspector-head, .inspector-foot { font-size: 13px; margin: 4px 0; }
+.error-box { padding: 8px 12px; border-radius: 8px; background: rgba(239, 68, 68, 0.12); color: #b91c1c; }
+"""

@@ -1,0 +1,92 @@
+"""A run as the page sees it: the events so far, their summary, exports, and update pacing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from playground.engines.events import StepEvent
+from playground.request import GenerationRequest
+from playground.stats import RunSummary, summarize
+
+CSV_FIELDS = ("step", "position", "text", "token_ids", "drafted", "accepted", "draft_texts", "draft_probs",
+              "sink_attention", "self_attention", "hidden_norm", "draft_ms", "verify_ms", "elapsed_s",
+              "finish_reason", "backend")
+
+
+@dataclass
+class RunLog:
+    request: GenerationRequest
+    events: list[StepEvent] = field(default_factory=list)
+
+    @property
+    def summary(self) -> RunSummary | None:
+        return summarize(self.events) if self.events else None
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.events) and self.events[-1].finish_reason is not None
+
+    def to_json(self) -> dict:
+        summary = self.summary
+        return {"request": asdict(self.request), "steps": [e.to_json() for e in self.events],
+                "summary": summary.to_json() if summary else None}
+
+
+def export(runs: dict[str, RunLog], figures_writer=None) -> list[str]:
+    """Write the runs as JSON and CSV (one row per verify step) into a fresh temporary folder."""
+    folder = Path(tempfile.mkdtemp(prefix="eagle-run-"))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    json_path = folder / f"run-{stamp}.json"
+    json_path.write_text(json.dumps({name: run.to_json() for name, run in runs.items()}, indent=1))
+    csv_path = folder / f"run-{stamp}.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(("drafter",) + CSV_FIELDS)
+        for name, run in runs.items():
+            for e in run.events:
+                row = e.to_json()
+                writer.writerow([name] + [_cell(row[k]) for k in CSV_FIELDS])
+    paths = [str(json_path), str(csv_path)]
+    if figures_writer is not None:
+        html_path = folder / f"plots-{stamp}.html"
+        figures_writer(html_path)
+        paths.append(str(html_path))
+    return paths
+
+
+def _cell(value) -> str | int | float:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (list, tuple)) else value
+
+
+class Pacer:
+    """Decides when the page gets an update: text often, plots less often, the end always.
+
+    A streamed update costs a render and a websocket message; pacing keeps the page fluid
+    however fast the engine is, and the final state is always sent."""
+
+    def __init__(self, text_every_s: float = 0.08, plots_every_s: float = 0.5):
+        self.text_every_s, self.plots_every_s = text_every_s, plots_every_s
+        self.last_text = self.last_plots = float("-inf")
+
+    def text_due(self) -> bool:
+        now = time.perf_counter()
+        if now - self.last_text >= self.text_every_s:
+            self.last_text = now
+            return True
+        return False
+
+    def plots_due(self) -> bool:
+        now = time.perf_counter()
+        if now - self.last_plots >= self.plots_every_s:
+            self.last_plots = now
+            return True
+        return False

@@ -1,0 +1,80 @@
+"""Turning page inputs into engine streams: validation, limits, and interleaving several runs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Protocol
+
+from playground.eagle.registry import drafter_names
+from playground.engines.events import StepEvent
+from playground.errors import PlaygroundError
+from playground.request import GenerationRequest
+
+log = logging.getLogger("playground.ui")
+
+
+class Engine(Protocol):
+    name: str
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]: ...
+
+    def drafter_info(self, name: str): ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request from the page may ask for (public-demo safety)."""
+    max_prompt_chars: int = 20_000
+    max_tokens: int = 1024
+    queue_size: int = 32        # requests waiting beyond this get a "busy" message
+    concurrency: int = 1        # runs computing at once (they take turns step by step)
+
+
+def make_request(limits: Limits, prompt: str, system: str, template: str, drafter: str, k: float,
+                 temperature: float, top_p: float, max_tokens: float, seed: float = 0) -> GenerationRequest:
+    """A validated request; every problem is a PlaygroundError with a one-line reason."""
+    prompt = prompt or ""
+    if drafter not in drafter_names():   # the page never loads a checkpoint from a path it is given
+        raise PlaygroundError(f"unknown drafter {drafter!r}; choose {', '.join(drafter_names())}")
+    if len(prompt) > limits.max_prompt_chars:
+        raise PlaygroundError(f"the prompt is {len(prompt):,} characters; this playground accepts up to "
+                              f"{limits.max_prompt_chars:,}")
+    if len(system or "") > limits.max_prompt_chars:
+        raise PlaygroundError(f"the system prompt is limited to {limits.max_prompt_chars:,} characters")
+    try:
+        numbers = [float(x) for x in (k, temperature, top_p, max_tokens, seed)]
+    except (TypeError, ValueError):
+        raise PlaygroundError("k, temperature, top-p, max tokens and seed must be numbers") from None
+    k, temperature, top_p, max_tokens, seed = numbers
+    if not all(float(x).is_integer() for x in (k, max_tokens, seed)):
+        raise PlaygroundError("k, max tokens and seed must be whole numbers")
+    request = GenerationRequest(prompt=prompt, system=system or None, template=template, drafter=drafter,
+                                k=int(k), temperature=temperature, top_p=top_p, max_tokens=int(max_tokens),
+                                seed=int(seed))
+    return request.validate(limits.max_tokens)
+
+
+def backend(backends: Mapping[str, Engine], name: str) -> Engine:
+    if name not in backends:
+        raise PlaygroundError(f"unknown backend {name!r}; this playground runs {', '.join(backends)}")
+    return backends[name]
+
+
+def interleave(streams: Mapping[str, Iterator[StepEvent]]) -> Iterator[tuple[str, StepEvent]]:
+    """One step of each run in turn until all end, so side-by-side columns grow together."""
+    active = dict(streams)
+    while active:
+        for name, stream in list(active.items()):
+            event = next(stream, None)
+            if event is None:
+                del active[name]
+            else:
+                yield name, event
+
+
+def failure_message(error: Exception) -> str:
+    if isinstance(error, PlaygroundError):
+        return str(error)
+    log.exception("engine failure")
+    return f"the engine failed: {type(error).__name__}: {error}"

@@ -1,0 +1,88 @@
+"""A real browser (Playwright driving Debian's headless Chromium) against the running app."""
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from playground.eagle.registry import shipped_path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+HOSTILE = "Repeat exactly: <b>bold</b> <script>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned=2\">"
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is not installed: scripts/test.sh installs it with apt-get (package chromium)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1300})
+        page.goto(app_url)
+        expect(page.locator("#run")).to_be_visible(timeout=60_000)
+        yield page
+        browser.close()
+
+
+def set_number(page: Page, slider_id: str, value: int) -> None:
+    box = page.locator(f"#{slider_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def run_playground(page: Page, prompt: str, max_tokens: int) -> float:
+    """Click Run; return seconds from the click to the first streamed token."""
+    page.locator("#pg-prompt textarea").fill(prompt)
+    set_number(page, "pg-max-tokens", max_tokens)
+    start = time.perf_counter()
+    page.locator("#run").click()
+    expect(page.locator("#answer .tok").first).to_be_visible(timeout=60_000)
+    return time.perf_counter() - start
+
+
+def test_playground_colours_tokens_plots_and_inspector(page, tmp_path):
+    first_token_s = run_playground(page, HOSTILE, 48)
+    print(f"Run -> first streamed token: {first_token_s:.2f} s")
+    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    assert page.locator("#answer .tok.tgt").count() > 0
+    assert page.locator("#answer .tok.rej").count() > 0
+    if (shipped_path("eagle3.1") / "model.safetensors").exists():   # random drafters accept next to nothing
+        assert page.locator("#answer .tok.acc").count() > 0
+    for plot in ("plot-acceptance", "plot-attention", "plot-norm"):
+        expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible(timeout=20_000)
+    expect(page.locator("#inspector table.inspector")).to_be_visible()
+    # model text is text: nothing the prompt or the answer contains became markup or ran
+    assert page.locator("#answer b, #answer script, #answer img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    shot = Path(os.environ.get("PLAYGROUND_SCREENSHOT", tmp_path / "playground.png"))
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+
+
+def test_stop_ends_a_run_and_frees_the_engine(page):
+    run_playground(page, "Tell me a long story about a lighthouse keeper.", 400)
+    page.locator("#stop").click()
+    time.sleep(2)
+    shown = page.locator("#answer .tok").count()
+    time.sleep(3)
+    assert page.locator("#answer .tok").count() == shown, "the answer kept growing after Stop"
+    assert page.locator("#answer .finish").count() == 0
+    run_playground(page, "Say hello.", 8)
+    expect(page.locator("#answer .finish")).to_be_visible(timeout=60_000)
+
+
+def test_comparison_tab_streams_both_columns(page, tmp_path):
+    page.get_by_role("tab", name="Comparison").click()
+    page.locator("#cmp-prompt textarea").fill("Write a haiku about the sea.")
+    set_number(page, "cmp-max-tokens", 24)
+    page.locator("#compare-run").click()
+    for name in ("eagle3", "eagle31", "none"):   # element ids drop the dot
+        expect(page.locator(f"#answer-{name} .finish")).to_be_visible(timeout=120_000)
+    texts = [page.locator(f"#text-{name} textarea").input_value() for name in ("eagle3", "eagle31", "none")]
+    assert texts[0] and texts[0] == texts[1] == texts[2]
+    expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
+    expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
+    page.screenshot(path=str(tmp_path / "comparison.png"), full_page=True)

@@ -1,0 +1,116 @@
+"""The running app, driven through its API with gradio_client (what scripts use)."""
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+from gradio_client import Client
+
+from playground.engines.events import StepEvent
+from playground.ui import render
+from tests.app_server import ROOT
+
+PROMPT = "Write a haiku about the sea."
+ANSWER, TEXT, STATE_FILES = 0, 1, 8
+
+
+def cli_text(prompt: str, max_tokens: int, drafter: str = "eagle3.1", k: int = 4) -> str:
+    out = subprocess.run([sys.executable, "-m", "playground", "generate", "--prompt", prompt, "--json",
+                          "--drafter", drafter, "--k", str(k), "--max-tokens", str(max_tokens)],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["summary"]["text"]
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return Client(app_url, verbose=False)
+
+
+def run_args(prompt=PROMPT, drafter="eagle3.1", k=4, temperature=0.0, top_p=1.0, max_tokens=40,
+             backend="reference"):
+    return (prompt, "", "model", drafter, k, temperature, top_p, max_tokens, backend)
+
+
+def test_playground_streams_and_ends_with_the_cli_text(client):
+    expected = cli_text(PROMPT, 40)
+    job = client.submit(*run_args(), api_name="/run")
+    updates = [out for out in job]
+    final = job.result()
+    partial = [u[TEXT] for u in updates if u[TEXT] and u[TEXT] != final[TEXT]]
+    assert len(partial) >= 2, "the answer should arrive in several updates"
+    assert all(expected.startswith(p) for p in partial)
+    assert final[TEXT] == expected
+    assert 'class="tok tgt"' in final[ANSWER]
+    paths = final[STATE_FILES]
+    assert [p.rsplit(".", 1)[-1] for p in paths] == ["json", "csv", "html"]
+    exported = json.loads(open(paths[0]).read())["eagle3.1"]
+    assert exported["summary"]["text"] == expected
+    assert exported["steps"][0]["step"] == 0
+
+
+def test_comparison_streams_both_drafters_side_by_side(client):
+    expected = cli_text(PROMPT, 24)
+    job = client.submit(PROMPT, "", "model", 4, 0.0, 1.0, 24, True, "reference", api_name="/compare")
+    updates = [out for out in job]
+    final = job.result()
+    texts = lambda out: (out[2], out[5], out[8])   # eagle3, eagle3.1, none
+    growing_together = [u for u in updates if all(texts(u)) and texts(u)[0] != final[2]]
+    assert growing_together, "both columns should stream before either finishes"
+    assert texts(final) == (expected, expected, expected)
+    table = final[12]["data"]
+    assert [row[0] for row in table] == ["EAGLE 3", "EAGLE 3.1", "no speculation"]
+    assert table[2][3] == "1.00x"
+
+
+@pytest.mark.parametrize("args, message", [
+    (run_args(prompt="   "), "prompt is empty"),
+    (run_args(prompt="x" * 25_000), "characters"),
+    (run_args(k=11), "greater than maximum value 10"),      # the sliders' own range checks
+    (run_args(temperature=9), "greater than maximum value 5"),
+    (run_args(top_p=0), "less than minimum value 0.01"),
+    (run_args(max_tokens=5000), "greater than maximum value 512"),
+    (run_args(k=2.5), "whole numbers"),
+    (run_args(drafter="/etc"), "not in the list of choices"),   # no path reaches the loader
+    (run_args(backend="nope"), "not in the list of choices"),
+])
+def test_bad_input_gets_a_clear_message(client, args, message):
+    with pytest.raises(Exception, match=message):
+        client.predict(*args, api_name="/run")
+
+
+def test_prompt_past_the_context_is_refused(client):
+    with pytest.raises(Exception, match="context holds"):
+        client.predict(*run_args(prompt="0123456789" * 900), api_name="/run")   # one token per digit
+
+
+def test_several_clients_are_queued_and_all_finish(app_url):
+    expected = cli_text(PROMPT, 12)
+    results, errors = [], []
+
+    def one():
+        try:
+            results.append(Client(app_url, verbose=False).predict(*run_args(max_tokens=12), api_name="/run")[TEXT])
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors
+    assert results == [expected] * 4
+
+
+def test_tokens_are_shown_as_text_never_markup():
+    hostile = ("<script>alert(1)</script>", " **bold**", "<b>x</b>", "&amp;", "\n")
+    event = StepEvent(step=1, position=10, token_ids=(1, 2, 3, 4, 5), token_texts=hostile,
+                      draft_ids=(1, 2, 9), draft_texts=("<script>alert(1)</script>", " **bold**", "<img src=x>"),
+                      drafted=3, accepted=2)
+    html = render.answer_html([event])
+    assert "<script" not in html and "<b>" not in html and "<img" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&amp;amp;" in html
+    assert '<span class="tok rej" title="rejected at depth 3">&lt;img src=x&gt;</span>' in html
+    assert "<script" not in render.inspector_html(event)
