@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from playground.cli import add_vllm_options
 from playground.ui.streams import Limits
 
 
@@ -23,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-prompt-chars", type=int,
                    default=int(env("PLAYGROUND_MAX_PROMPT_CHARS", Limits.max_prompt_chars)))
     p.add_argument("--queue-size", type=int, default=int(env("PLAYGROUND_QUEUE_SIZE", Limits.queue_size)))
+    p.add_argument("--vllm-k", type=int, default=5, help="drafts per step of the vLLM servers")
+    add_vllm_options(p)
     return p.parse_args(argv)
 
 
@@ -37,7 +40,12 @@ def main(argv: list[str] | None = None) -> None:
     engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
     for name in ("eagle3", "eagle3.1"):
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
-    launch(create_ui({"reference": engine}, limits), args.host, args.port)
+    backends = {"reference": engine}
+    if args.backend == "vllm":
+        from playground.engines.backends import vllm_backend
+
+        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, args.launch, args.vllm_k)
+    launch(create_ui(backends, limits), args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ class GenerateArgs:
     dtype: str
     target: str | None
     json: bool
+    backend: str
+    vllm_url: list[str]
+    launch: bool
 
 
 def _add_generate(sub) -> None:
@@ -51,6 +54,16 @@ def _add_generate(sub) -> None:
                    help="float32 is bit-exact greedy; bfloat16 is faster where supported, not bit-exact")
     p.add_argument("--target", default=None, help="a local transformers Llama-family folder (default: embedded SmolLM2)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per verify step, then a summary")
+    add_vllm_options(p)
+
+
+def add_vllm_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="reference", choices=["reference", "vllm"],
+                   help="reference: the embedded PyTorch engine; vllm: vLLM servers (see --vllm-url, --launch)")
+    p.add_argument("--vllm-url", action="append", default=[], metavar="NAME=URL",
+                   help="a running vLLM server for drafter NAME (eagle3, eagle3.1, none); repeatable")
+    p.add_argument("--launch", action="store_true",
+                   help="start the vLLM servers (with .venv-vllm, see scripts/setup-vllm.sh) and stop them on exit")
 
 
 def generate(args: GenerateArgs) -> int:
@@ -63,6 +76,11 @@ def generate(args: GenerateArgs) -> int:
                                 drafter=args.drafter, k=args.k, temperature=args.temperature,
                                 top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed).validate()
     engine = ReferenceEngine.load(args.target, args.dtype)
+    if args.backend == "vllm":
+        from playground.engines.backends import vllm_backend
+
+        engine, _ = vllm_backend(engine, args.vllm_url, args.launch, args.k, names=(request.drafter,),
+                                 status=lambda line: print(line, file=sys.stderr))
     info = engine.drafter_info(request.drafter)
     if info.variant != "none" and not info.trained:
         print(f"note: {info.name} is a randomly initialised drafter ({info.source}); "
@@ -124,6 +142,8 @@ def _add_train(sub) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(TrainConfig, name))
     for name in ("lr", "decay"):
         p.add_argument(f"--{name}", type=float, default=getattr(TrainConfig, name))
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16,
+                   help="bf16 autocast for the drafter (default on)")
 
 
 def _add_bench(sub) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-from playground.engines.events import StepEvent
+from playground.engines.events import StepEvent, reconcile
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ def mean_acceptance_length(events: Iterable[StepEvent]) -> float:
 
 
 def summarize(events: list[StepEvent]) -> RunSummary:
+    events = reconcile(events)
     token_ids = tuple(t for e in events for t in e.token_ids)
     first, last = events[0], events[-1]
     unconditional, conditional = acceptance_by_depth(events)

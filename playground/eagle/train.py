@@ -43,11 +43,12 @@ class TrainConfig:
     max_len: int = 768           # longer sequences are cut (keeps a step's memory bounded)
     lr: float = 1e-3             # a small drafter trained from scratch tolerates a large rate
     warmup: int = 100
-    ttt_steps: int = 7           # EAGLE-3's unroll depth
+    ttt_steps: int = 5           # unroll depth = the deepest draft trained (k = 5 is the default)
     decay: float = 0.8           # loss weight decay^i for unroll step i
     draft_vocab: int = 8192
     seed: int = 0
     save_every: int = 200
+    bf16: bool = True            # bf16 autocast for the drafter's matmuls (about 1.5x on CPUs with AVX512-BF16)
 
 
 def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
@@ -91,15 +92,23 @@ class Batcher:
                 ex["top"] = (ex["final"].float() @ self.head.T).argmax(-1)
         return ex["top"]
 
-    def order(self, epoch: int) -> list[int]:
+    def order(self, epoch: int) -> list[list[int]]:
+        """The epoch's batches: shuffled, then grouped by similar length (little padding), in random order."""
+        rng = random.Random(f"{self.config.seed}:{epoch}")
         idx = list(range(len(self.examples)))
-        random.Random(f"{self.config.seed}:{epoch}").shuffle(idx)
-        return idx
+        rng.shuffle(idx)
+        size, pool = self.config.batch, self.config.batch * 32
+        batches = []
+        for start in range(0, len(idx) - size + 1, pool):
+            group = sorted(idx[start:start + pool], key=lambda j: len(self.examples[j]["features"]))
+            batches += [group[b:b + size] for b in range(0, len(group) - size + 1, size)]
+        rng.shuffle(batches)
+        return batches
 
     def batch(self, step: int) -> dict:
-        per_epoch = len(self.examples) // self.config.batch
+        per_epoch = len(self.order(0))
         epoch, i = divmod(step, per_epoch)
-        chosen = [self.examples[j] for j in self.order(epoch)[i * self.config.batch:(i + 1) * self.config.batch]]
+        chosen = [self.examples[j] for j in self.order(epoch)[i]]
         T = min(self.config.max_len, max(len(ex["features"]) for ex in chosen))
         B = len(chosen)
         ids = torch.zeros(B, T + 1, dtype=torch.long)
@@ -162,7 +171,7 @@ def train(config: TrainConfig) -> Path:
     embed = model.model.embed_tokens.weight.detach()   # frozen, shared with the target
     head = model.lm_head.weight.detach()
     examples = load_examples(config.data)
-    vocab_file = Path(config.data) / f"draft_vocab_{config.draft_vocab}.pt"
+    vocab_file = out / "draft_vocab.pt"
     if not vocab_file.exists():
         torch.save(pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab), vocab_file)
     draft_ids = torch.load(vocab_file)
@@ -188,7 +197,8 @@ def train(config: TrainConfig) -> Path:
     log = open(out / "log.jsonl", "a")
     bar = tqdm(range(start, config.steps), desc=f"train {config.variant}", initial=start, total=config.steps)
     for step in bar:
-        loss, losses, accs = ttt_loss(drafter, embed, head, in_vocab, batcher.batch(step), config)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            loss, losses, accs = ttt_loss(drafter, embed, head, in_vocab, batcher.batch(step), config)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)

@@ -6,7 +6,7 @@ Reference and vLLM engines fill the same fields; what a backend cannot observe s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class StepEvent:
     finish_reason: str | None = None    # "eos" | "length" | "context" on the last event
     backend: str = "reference"
     observed: tuple[str, ...] = field(default=("drafts", "attention", "hidden_norm"))
+    # Backends that learn the exact step boundaries only at the end (vLLM: chunks can merge
+    # steps) put the accepted / drafted count of every verify step on the last event.
+    step_accepted: tuple[int, ...] = ()
+    step_drafted: tuple[int, ...] = ()
 
     @property
     def text(self) -> str:
@@ -42,8 +46,41 @@ class StepEvent:
     def rejected_ids(self) -> tuple[int, ...]:
         return self.draft_ids[self.accepted:]
 
+    def to_fields(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def to_json(self) -> dict:
         out = asdict(self)
         out["text"] = self.text
         out["accept_flags"] = list(self.accept_flags)
         return out
+
+
+def reconcile(events: list[StepEvent]) -> list[StepEvent]:
+    """The exact verify steps, where the last event reports them (`step_accepted`): the committed
+    tokens re-split so that step i holds its accepted drafts plus the target's token. Streams
+    without that report are returned as they are."""
+    if not events or not events[-1].step_accepted:
+        return events
+    last = events[-1]
+    ids = [t for e in events for t in e.token_ids]
+    texts = [t for e in events for t in e.token_texts]
+    elapsed = [e.elapsed_s for e in events for _ in e.token_ids]   # when each token arrived
+    drafted = last.step_drafted or (0,) * len(last.step_accepted)
+    sizes = [1] + [a + 1 for a in last.step_accepted]
+    steps, start, position = [], 0, events[0].position
+    for i, size in enumerate(sizes):
+        end = min(start + size, len(ids))
+        if start >= end:
+            break
+        steps.append(replace(events[0], step=i, position=position + start, token_ids=tuple(ids[start:end]),
+                             token_texts=tuple(texts[start:end]), drafted=drafted[i - 1] if i else 0,
+                             accepted=last.step_accepted[i - 1] if i else 0, elapsed_s=elapsed[end - 1],
+                             finish_reason=None, step_accepted=(), step_drafted=()))
+        start = end
+    if start < len(ids):   # more tokens than the counts account for: keep them, in the last step
+        steps[-1] = replace(steps[-1], token_ids=steps[-1].token_ids + tuple(ids[start:]),
+                            token_texts=steps[-1].token_texts + tuple(texts[start:]))
+    steps[-1] = replace(steps[-1], finish_reason=last.finish_reason, step_accepted=last.step_accepted,
+                        step_drafted=last.step_drafted)
+    return steps

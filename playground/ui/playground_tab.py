@@ -18,11 +18,15 @@ TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TE
 
 
 def drafter_note(engine: Engine, name: str) -> str:
-    info = engine.drafter_info(name)
-    if info.variant != "none" and not info.trained:
-        return (f"{figures.label(name)} is a randomly initialised drafter ({info.source}): "
-                "expect almost every draft to be rejected.")
-    return ""
+    notes = []
+    if name != "none" and not engine.drafter_info(name).trained:
+        notes.append(f"{figures.label(name)} is a randomly initialised drafter: expect almost every draft "
+                     "to be rejected.")
+    if engine.name == "vllm" and name != "none":
+        notes.append(f"vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
+                     f"nor the drafter's attention; it drafts k = {engine.server(name).k} per step, fixed when "
+                     "the server starts.")
+    return " ".join(notes)
 
 
 def settings(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool, prefix: str) -> dict:

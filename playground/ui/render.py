@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Sequence
 
-from playground.engines.events import StepEvent
+from playground.engines.events import StepEvent, reconcile
 from playground.stats import RunSummary
 
 LEGEND = (
@@ -40,7 +40,8 @@ def step_html(event: StepEvent) -> str:
     return f'<span class="step" data-step="{event.step}">{"".join(parts)}</span>'
 
 
-def answer_html(events: Sequence[StepEvent], note: str = "") -> str:
+def answer_html(events: list[StepEvent], note: str = "") -> str:
+    events = reconcile(events)
     body = "".join(step_html(e) for e in events)
     if events and events[-1].finish_reason:
         body += f'<span class="finish">[{escape(events[-1].finish_reason)}]</span>'

