@@ -154,10 +154,17 @@ def _add_bench(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=BaselineConfig.max_tokens)
     p.add_argument("--repeats", type=int, default=BaselineConfig.repeats)
     p.add_argument("--k", type=int, default=BaselineConfig.k)
+    bench.add_parser("ui", help="server-side cost of one page update, by run length")
 
 
 def bench(args: argparse.Namespace) -> int:
-    from playground.bench import BaselineConfig, baseline, format_table
+    from playground.bench import BaselineConfig, baseline, format_table, ui_update_cost
+
+    if args.suite == "ui":
+        print("| verify steps | text update (ms) | plot update (ms) |\n|---:|---:|---:|")
+        for steps, text_ms, plot_ms in ui_update_cost():
+            print(f"| {steps} | {text_ms:.2f} | {plot_ms:.2f} |")
+        return 0
 
     print(format_table(baseline(BaselineConfig(max_tokens=args.max_tokens, repeats=args.repeats, k=args.k))))
     return 0

