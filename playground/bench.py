@@ -86,3 +86,42 @@ def ui_update_cost(steps: tuple[int, ...] = (16, 64, 256), repeats: int = 20) ->
         t2 = time.perf_counter()
         rows.append((len(part) - 1, (t1 - t0) / repeats * 1e3, (t2 - t1) / repeats * 1e3))
     return rows
+
+
+@dataclass(frozen=True)
+class VLLMBenchConfig:
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    max_tokens: int = 64
+    k: int = 5
+
+
+def vllm_throughput(config: VLLMBenchConfig = VLLMBenchConfig()) -> list[dict]:
+    """Output tokens/s of vLLM servers (EAGLE 3.1, EAGLE 3, none) at each concurrency, greedy.
+    The servers run side by side; at each concurrency level they are measured one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from playground.eagle.prompts import conversation
+    from playground.engines.backends import vllm_backend
+
+    reference = ReferenceEngine.load()
+    engine, launched = vllm_backend(reference, [], launch=True, k=config.k, names=("eagle3.1", "eagle3", "none"))
+    rows = []
+    try:
+        for c in config.concurrency:
+            prompts = [conversation(10_000 + i, seed=1)[-1]["content"] for i in range(c)]
+            for name in engine.servers:
+                def one(prompt: str) -> list:
+                    return list(engine.generate(GenerationRequest(prompt=prompt, drafter=name, k=config.k,
+                                                                  max_tokens=config.max_tokens)))
+                start = time.perf_counter()
+                with ThreadPoolExecutor(c) as pool:
+                    runs = list(pool.map(one, prompts))
+                wall = time.perf_counter() - start
+                summaries = [summarize(events) for events in runs]
+                tokens = sum(s.tokens for s in summaries)
+                rows.append({"concurrency": c, "drafter": name, "tokens": tokens, "seconds": wall,
+                             "tokens_per_s": tokens / wall,
+                             "tau": sum(s.mean_acceptance_length for s in summaries) / len(summaries)})
+    finally:
+        launched.stop()
+    return rows

@@ -155,10 +155,22 @@ def _add_bench(sub) -> None:
     p.add_argument("--repeats", type=int, default=BaselineConfig.repeats)
     p.add_argument("--k", type=int, default=BaselineConfig.k)
     bench.add_parser("ui", help="server-side cost of one page update, by run length")
+    p = bench.add_parser("vllm", help="vLLM servers (EAGLE 3.1, EAGLE 3, none): output tokens/s by concurrency")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=5)
 
 
 def bench(args: argparse.Namespace) -> int:
-    from playground.bench import BaselineConfig, baseline, format_table, ui_update_cost
+    from playground.bench import (BaselineConfig, VLLMBenchConfig, baseline, format_table, ui_update_cost,
+                                  vllm_throughput)
+
+    if args.suite == "vllm":
+        rows = vllm_throughput(VLLMBenchConfig(max_tokens=args.max_tokens, k=args.k))
+        print("| concurrency | drafter | tokens | seconds | output tokens/s | tau |\n|---:|---|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['concurrency']} | {r['drafter']} | {r['tokens']} | {r['seconds']:.1f} | "
+                  f"{r['tokens_per_s']:.1f} | {r['tau']:.2f} |")
+        return 0
 
     if args.suite == "ui":
         print("| verify steps | text update (ms) | plot update (ms) |\n|---:|---:|---:|")

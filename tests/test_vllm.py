@@ -3,12 +3,14 @@
 import http.server
 import itertools
 import threading
+import time
 
 import pytest
 from gradio_client import Client
 
 from playground.engines.backends import vllm_backend
 from playground.engines.vllm_client import Server, VLLMEngine
+from playground.engines.vllm_launch import spec_metrics
 from playground.errors import PlaygroundError
 from playground.request import GenerationRequest
 from playground.stats import summarize
@@ -74,6 +76,25 @@ def test_tau_agrees_with_the_reference_engine(vllm, engine):
             ours.append(summarize(list(engine.generate(request))).mean_acceptance_length)
             theirs.append(summarize(list(vllm.generate(request))).mean_acceptance_length)
         assert sum(theirs) / len(theirs) == pytest.approx(sum(ours) / len(ours), abs=TAU_TOLERANCE)
+
+
+def test_prometheus_counters_match_the_per_request_counts(vllm):
+    url = vllm.servers["eagle3.1"].url
+    before = spec_metrics(url)
+    events = list(vllm.generate(GenerationRequest(prompt=PROMPTS[2], drafter="eagle3.1", k=K, max_tokens=32)))
+    last = events[-1]
+    deadline = time.time() + 15   # the server publishes its counters a moment after the request ends
+    while True:
+        delta = {name: value - before.get(name, 0.0) for name, value in spec_metrics(url).items()}
+        if delta.get("vllm:spec_decode_num_drafts_total") == len(last.step_accepted) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert delta["vllm:spec_decode_num_drafts_total"] == len(last.step_accepted)
+    assert delta["vllm:spec_decode_num_draft_tokens_total"] == sum(last.step_drafted)
+    assert delta["vllm:spec_decode_num_accepted_tokens_total"] == sum(last.step_accepted)
+    for depth in range(K):
+        assert delta.get(f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{depth}]", 0.0) == \
+            sum(a > depth for a in last.step_accepted)
 
 
 def test_unreachable_server_is_a_clear_error(engine):

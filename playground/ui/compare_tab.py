@@ -66,8 +66,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
                 final = all(log.finished for log in logs.values())
-                if final or pacer.text_due():
-                    yield update(logs, notes, names, final or pacer.plots_due(), final)
+                if final or pacer.due("text"):
+                    yield update(logs, notes, names, final or pacer.due("plots"), final)
         except Exception as e:
             yield update(logs, notes, names, True, True)
             raise gr.Error(failure_message(e)) from None

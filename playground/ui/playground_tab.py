@@ -100,8 +100,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             for event in steps:
                 run_log.events.append(event)
                 final = event.finish_reason is not None
-                if final or pacer.text_due():
-                    yield update(run_log, note, final or pacer.plots_due(), final)
+                if final or pacer.due("text"):
+                    yield update(run_log, note, final or pacer.due("plots"), final)
         except Exception as e:
             yield update(run_log, note, True, True, failure_message(e))
             raise gr.Error(failure_message(e)) from None

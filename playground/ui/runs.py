@@ -74,19 +74,13 @@ class Pacer:
     however fast the engine is, and the final state is always sent."""
 
     def __init__(self, text_every_s: float = 0.08, plots_every_s: float = 0.5):
-        self.text_every_s, self.plots_every_s = text_every_s, plots_every_s
-        self.last_text = self.last_plots = float("-inf")
+        self.every = {"text": text_every_s, "plots": plots_every_s}
+        self.last = {"text": float("-inf"), "plots": float("-inf")}
 
-    def text_due(self) -> bool:
+    def due(self, kind: str) -> bool:
+        """Whether an update of `kind` ("text" or "plots") may be sent now; if so, it counts as sent."""
         now = time.perf_counter()
-        if now - self.last_text >= self.text_every_s:
-            self.last_text = now
-            return True
-        return False
-
-    def plots_due(self) -> bool:
-        now = time.perf_counter()
-        if now - self.last_plots >= self.plots_every_s:
-            self.last_plots = now
+        if now - self.last[kind] >= self.every[kind]:
+            self.last[kind] = now
             return True
         return False
