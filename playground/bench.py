@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -104,7 +105,8 @@ def vllm_throughput(config: VLLMBenchConfig = VLLMBenchConfig()) -> list[dict]:
     from playground.engines.backends import vllm_backend
 
     reference = ReferenceEngine.load()
-    engine, launched = vllm_backend(reference, [], launch=True, k=config.k, names=("eagle3.1", "eagle3", "none"))
+    engine, launched = vllm_backend(reference, [], launch=True, k=config.k, names=("eagle3.1", "eagle3", "none"),
+                                    status=lambda line: print(line, file=sys.stderr))
     rows = []
     try:
         for c in config.concurrency:

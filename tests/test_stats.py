@@ -1,6 +1,6 @@
 import pytest
 
-from playground.engines.events import StepEvent
+from playground.engines.events import StepEvent, reconcile
 from playground.stats import acceptance_by_depth, mean_acceptance_length, summarize
 
 
@@ -30,3 +30,27 @@ def test_summary_counts_tokens_and_steps():
 
 def test_no_speculation_has_tau_one():
     assert mean_acceptance_length([step(0, 0, 0, 1), step(1, 0, 0, 1)]) == 1.0
+
+
+def test_reconcile_resplits_chunks_the_server_merged():
+    # vLLM merged steps 1 and 2 into one chunk; its per-step counts arrive on the last event
+    events = [
+        StepEvent(step=0, position=10, token_ids=(1,), token_texts=("a",)),
+        StepEvent(step=1, position=11, token_ids=(2, 3, 4), token_texts=("b", "c", "d"), drafted=3, accepted=2),
+        StepEvent(step=2, position=14, token_ids=(5,), token_texts=("e",), drafted=3, finish_reason="length",
+                  step_accepted=(1, 0, 0), step_drafted=(3, 3, 3)),
+    ]
+    steps = reconcile(events)
+    assert [e.token_ids for e in steps] == [(1,), (2, 3), (4,), (5,)]
+    assert [e.accepted for e in steps] == [0, 1, 0, 0]
+    assert [e.position for e in steps] == [10, 11, 13, 14]
+    assert steps[-1].finish_reason == "length" and steps[1].finish_reason is None
+    summary = summarize(events)
+    assert summary.steps == 3 and summary.text == "abcde"
+    assert summary.mean_acceptance_length == pytest.approx(1 + 1 / 3)
+    assert summary.per_position_acceptance == pytest.approx((1 / 3, 0.0, 0.0))
+
+
+def test_reconcile_leaves_streams_without_counts_alone():
+    events = [StepEvent(step=0, position=3, token_ids=(1,), token_texts=("a",), finish_reason="eos")]
+    assert reconcile(events) is events
