@@ -1,5 +1,7 @@
 """Greedy speculative decoding emits exactly the target's own greedy tokens."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -49,3 +51,17 @@ def test_stops_at_eos_like_generate(engine):
     expected = hf_greedy(engine, request)
     assert list(summarize(events).token_ids) == expected
     assert expected[-1] in engine.target.eos_ids and events[-1].finish_reason == "eos"
+
+
+def test_replay_recovers_the_drafters_view_of_a_run(engine):
+    """Replaying a run's committed tokens gives back its drafts and the drafter's probes."""
+    request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=4, max_tokens=24)
+    events = list(engine.generate(request))
+    stripped = [replace(e, draft_ids=(), draft_texts=(), draft_probs=(), sink_attention=(), self_attention=(),
+                        hidden_norm=()) for e in events]
+    replayed = engine.replay(request, stripped)
+    assert [e.draft_ids for e in replayed] == [e.draft_ids for e in events]
+    for ours, again in zip(events[1:], replayed[1:]):
+        assert again.sink_attention == pytest.approx(ours.sink_attention, rel=1e-3, abs=1e-5)
+        assert again.hidden_norm == pytest.approx(ours.hidden_norm, rel=1e-3)
+        assert "replay" in again.observed

@@ -146,6 +146,8 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         expected = summarize(list(engine.generate(request))).text
         out = client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 32, "vllm", api_name="/run")
         assert out[1] == expected
+        assert "are a replay of vLLM" in out[0], "the drafter's view comes from the replay probe, labelled"
+        assert 'class="tok rej"' in out[0]   # random drafters: rejected drafts, recovered by the replay
 
         # kill the no-speculation server while it streams a long answer
         victim = launched.processes[list(vllm.servers).index("none")]

@@ -11,7 +11,8 @@ from playground.stats import RunSummary
 from playground.ui import figures, render
 from playground.ui.playground_tab import drafter_note, settings
 from playground.ui.runs import Pacer, RunLog, export
-from playground.ui.streams import Engine, Limits, backend, failure_message, interleave, make_request
+from playground.ui.streams import (REPLAY_NOTE, Engine, Limits, backend, failure_message, interleave, make_request,
+                                   replayer)
 
 COLUMNS = ("eagle3", "eagle3.1", "none")
 TABLE_HEADERS = ["drafter", "tau", "tokens/s", "speedup vs none", "steps", "tokens", "acceptance by depth"]
@@ -57,6 +58,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                         for n in names}
             notes = {n: drafter_note(engine, n) for n in names}
             streams = {n: engine.generate(r) for n, r in requests.items()}
+            probe = replayer(backends, engine)
         except Exception as e:
             raise gr.Error(failure_message(e)) from None
         logs = {n: RunLog(r) for n, r in requests.items()}
@@ -65,6 +67,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
+                if event.finish_reason and probe is not None and name != "none":
+                    logs[name].events, notes[name] = probe.replay(requests[name], logs[name].events), REPLAY_NOTE
                 final = all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
                     yield update(logs, notes, names, final or pacer.due("plots"), final)

@@ -11,7 +11,7 @@ from playground.presets import PRESETS
 from playground.request import K_RANGE, MAX_TEMPERATURE
 from playground.ui import figures, render
 from playground.ui.runs import Pacer, RunLog, export
-from playground.ui.streams import Engine, Limits, backend, failure_message, make_request
+from playground.ui.streams import REPLAY_NOTE, Engine, Limits, backend, failure_message, make_request, replayer
 
 DRAFTER_CHOICES = [("EAGLE 3.1", "eagle3.1"), ("EAGLE 3", "eagle3"), ("none (no speculation)", "none")]
 TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
@@ -90,6 +90,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             request = make_request(limits, prompt, system, template, drafter, k, temperature, top_p, max_tokens)
             engine = backend(backends, backend_name)
             note = drafter_note(engine, request.drafter)
+            probe = replayer(backends, engine) if request.drafter != "none" else None
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
             raise gr.Error(failure_message(e)) from None
@@ -100,6 +101,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             for event in steps:
                 run_log.events.append(event)
                 final = event.finish_reason is not None
+                if final and probe is not None:
+                    run_log.events, note = probe.replay(request, run_log.events), REPLAY_NOTE
                 if final or pacer.due("text"):
                     yield update(run_log, note, final or pacer.due("plots"), final)
         except Exception as e:

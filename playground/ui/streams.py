@@ -78,3 +78,13 @@ def failure_message(error: Exception) -> str:
         return str(error)
     log.exception("engine failure")
     return f"the engine failed: {type(error).__name__}: {error}"
+
+
+REPLAY_NOTE = ("Rejected drafts, drafter probabilities, attention and fed-back RMS are a replay of vLLM's "
+               "committed tokens through the reference drafter (same weights); vLLM reports only the counts.")
+
+
+def replayer(backends: Mapping[str, Engine], engine: Engine):
+    """The reference engine, where it can replay another backend's runs for the drafter's view."""
+    reference = backends.get("reference")
+    return reference if engine.name != "reference" and hasattr(reference, "replay") else None
