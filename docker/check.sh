@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Build the Space image here and prove it works: the page loads and a prompt streams through the API.
+# Needs Docker (Debian's docker.io); no registry access: the base image is built with debootstrap.
+# Usage: bash docker/check.sh [image tag]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TAG=${1:-eagle-playground:cpu}
+docker info > /dev/null 2>&1 || { (dockerd > /tmp/dockerd.log 2>&1 &); sleep 5; }
+bash docker/base-image.sh local/py311
+mkdir -p docker/wheels
+cp -n /opt/wheels/torch-2.13.0+cpu-*.whl docker/wheels/ 2>/dev/null || true
+cp /etc/ssl/certs/ca-certificates.crt docker/ca.crt
+start=$(date +%s)
+docker build --network host --build-arg BASE=local/py311 --build-arg TORCH_INDEX= --build-arg CA_BUNDLE=ca.crt \
+    -t "$TAG" .
+echo "build: $(( $(date +%s) - start )) s, image size: $(docker image inspect "$TAG" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}')"
+NAME=eagle-playground-check
+docker rm -f "$NAME" > /dev/null 2>&1 || true
+# no network at all: proves nothing is downloaded at run time; the probe runs inside the container
+docker run -d --name "$NAME" --network none "$TAG" > /dev/null
+trap 'docker rm -f "$NAME" > /dev/null' EXIT
+echo "runs as uid $(docker exec "$NAME" id -u)"
+docker cp docker/probe.py "$NAME:/tmp/probe.py"
+docker exec "$NAME" python /tmp/probe.py http://127.0.0.1:7860
