@@ -85,23 +85,34 @@ def test_prompt_past_the_context_is_refused(client):
         client.predict(*run_args(prompt="0123456789" * 900), api_name="/run")   # one token per digit
 
 
-def test_several_clients_are_queued_and_all_finish(app_url):
-    expected = cli_text(PROMPT, 12)
+@pytest.mark.parametrize("prompt", [
+    "\x00\x07 bell \x1b[31m red \x7f del \u200b zero-width",   # control characters
+    "ما هي عاصمة فرنسا؟ שלום",                                     # right-to-left scripts
+    "Tell me about 🐍 and 🦀 🧑‍💻",                                 # emoji, a ZWJ sequence
+])
+def test_odd_prompts_stream_an_answer(client, prompt):
+    out = client.predict(*run_args(prompt=prompt, max_tokens=8), api_name="/run")
+    assert out[TEXT] and 'class="finish"' in out[ANSWER]
+
+
+def test_sixteen_clients_at_once_all_finish(app_url):
+    expected = cli_text(PROMPT, 8)
     results, errors = [], []
 
     def one():
         try:
-            results.append(Client(app_url, verbose=False).predict(*run_args(max_tokens=12), api_name="/run")[TEXT])
+            results.append(Client(app_url, verbose=False).predict(*run_args(max_tokens=8), api_name="/run")[TEXT])
         except Exception as e:  # noqa: BLE001 - collected and asserted below
             errors.append(e)
 
-    threads = [threading.Thread(target=one) for _ in range(4)]
+    threads = [threading.Thread(target=one) for _ in range(16)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(300)
+    assert not any(t.is_alive() for t in threads), "a client hung"
     assert not errors
-    assert results == [expected] * 4
+    assert results == [expected] * 16
 
 
 def test_tokens_are_shown_as_text_never_markup():
