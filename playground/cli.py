@@ -145,6 +145,15 @@ def _add_train(sub) -> None:
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16,
                    help="bf16 autocast for the drafter (default on)")
 
+    p = train.add_parser("eval", help="tau and per-position acceptance on held-out chat, code, long-context "
+                                      "and perturbed-format prompts")
+    p.add_argument("--drafters", nargs="+", default=["eagle3", "eagle3.1"],
+                   help="drafter names or checkpoint folders (default: the shipped two)")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--kinds", nargs="+", default=None, choices=["chat", "code", "long-context", "perturbed"],
+                   help="a subset of the prompt kinds (default: all four)")
+
 
 def _add_bench(sub) -> None:
     from playground.bench import BaselineConfig
@@ -183,6 +192,14 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
+    if args.stage == "eval":
+        from playground.eagle.evaluate import KINDS, evaluate, format_rows
+        from playground.engines.reference import ReferenceEngine
+
+        flags = dict(zip(["chat", "code", "long-context", "perturbed"], KINDS))
+        kinds = [flags[x] for x in args.kinds] if args.kinds else KINDS
+        print(format_rows(evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds)))
+        return 0
     if args.stage == "data":
         from playground.eagle.data import DataConfig, generate as generate_data
 

@@ -62,3 +62,13 @@ def test_a_few_steps_lower_the_loss():
         loss.backward()
         optimizer.step()
     assert len(losses) == 3 and float(loss) < 0.8 * first
+
+
+def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine):
+    from playground.eagle.evaluate import eval_requests, evaluate, format_rows
+
+    rows = evaluate(engine, ["eagle3.1"], k=3, max_tokens=8, kinds=("long context",))
+    assert rows[0].prompts == 4 and rows[0].min_prompt_tokens >= 1500
+    assert len(rows[0].acceptance) == 3 and rows[0].tau >= 1.0
+    assert "| long context | eagle3.1 | 4 |" in format_rows(rows)
+    assert {r.template for r in eval_requests("perturbed format", "eagle3", 5, 8)} == {"plain", "markdown"}

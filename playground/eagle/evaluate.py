@@ -1,0 +1,90 @@
+"""`python -m playground train eval`: tau and per-position acceptance of drafters on held-out prompts.
+
+Four kinds, written for evaluation and absent from the training prompt set: everyday chat,
+code, long context (a ~1,500-token report and a question about it), and perturbed formats
+(chat prompts in the plain and markdown templates the drafters never saw in training).
+Every run goes through the reference engine at k=5, greedy, so it is also lossless-checked
+by construction (the engine's greedy output is the target's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playground.presets import long_document_prompt
+from playground.request import GenerationRequest
+from playground.stats import RunSummary, acceptance_by_depth, mean_acceptance_length, mean_by_depth, summarize
+
+CHAT = [
+    "What should I pack for a weekend hiking trip in autumn?",
+    "Can you suggest three ideas for a child's birthday party at home?",
+    "How do I politely decline an invitation to a wedding?",
+    "What is the difference between weather and climate?",
+    "Give me tips for falling asleep faster.",
+    "Why do cats purr?",
+]
+CODE = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Write a JavaScript function that removes duplicate values from an array.",
+    "Write a SQL query that finds the five customers with the highest total order amount.",
+    "Write a Python class for a simple stack with push, pop and peek methods.",
+    "Write a bash script that counts the lines in every .txt file in a folder.",
+    "Write a C function that reverses a string in place.",
+]
+LONG_QUESTIONS = [
+    "How many samples did the laboratory take, and why did the number increase?",
+    "What are the main risks the board sees for next year?",
+    "How much will a typical household pay more per year after the price increase?",
+    "Summarise what happened with the smart meter project.",
+]
+KINDS = ("chat", "code", "long context", "perturbed format")
+
+
+def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
+    make = lambda prompt, template="model": GenerationRequest(prompt=prompt, drafter=drafter, k=k,
+                                                             max_tokens=max_tokens, template=template)
+    if kind == "chat":
+        return [make(p) for p in CHAT]
+    if kind == "code":
+        return [make(p) for p in CODE]
+    if kind == "long context":
+        return [make(long_document_prompt(q)) for q in LONG_QUESTIONS]
+    if kind == "perturbed format":
+        return [make(p, template) for p in CHAT[:3] for template in ("plain", "markdown")]
+    raise KeyError(kind)
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    drafter: str
+    kind: str
+    prompts: int
+    min_prompt_tokens: int
+    tau: float
+    acceptance: tuple[float, ...]
+    sink_attention: tuple[float, ...]
+    hidden_norm: tuple[float, ...]
+
+
+def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS) -> list[EvalRow]:
+    rows = []
+    for kind in kinds:
+        for drafter in drafters:
+            runs = [list(engine.generate(r)) for r in eval_requests(kind, drafter, k, max_tokens)]
+            events = [e for run in runs for e in run]   # tau and acceptance pooled over all steps
+            summaries: list[RunSummary] = [summarize(run) for run in runs]
+            rows.append(EvalRow(drafter, kind, len(runs), min(s.prompt_tokens for s in summaries),
+                                mean_acceptance_length(events), acceptance_by_depth(events)[0],
+                                mean_by_depth(e.sink_attention for e in events if e.drafted),
+                                mean_by_depth(e.hidden_norm for e in events if e.drafted)))
+    return rows
+
+
+def format_rows(rows: list[EvalRow]) -> str:
+    lines = ["| kind | drafter | prompts | min prompt tokens | tau | acceptance by depth | sink attention by depth "
+             "| fed-back RMS by depth |", "|---|---|---:|---:|---:|---|---|---|"]
+    fmt = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
+    for r in rows:
+        lines.append(f"| {r.kind} | {r.drafter} | {r.prompts} | {r.min_prompt_tokens} | {r.tau:.2f} | "
+                     f"{fmt(r.acceptance)} | {fmt(r.sink_attention, '{:.3f}')} | {fmt(r.hidden_norm)} |")
+    return "\n".join(lines)
