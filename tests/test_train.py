@@ -57,7 +57,7 @@ def test_a_few_steps_lower_the_loss():
     first = None
     for _ in range(30):
         loss, losses, accs = ttt_loss(drafter, embed, head, drafter.t2d.clone(), batch, config)
-        first = first if first is not None else float(loss)
+        first = first if first is not None else float(loss.detach())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
