@@ -1,4 +1,4 @@
-"""Command line: `python -m playground generate | convert | train data|drafter | bench baseline`.
+"""Command line: `python -m playground generate | convert | train data|drafter|eval | bench [ui|vllm]`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
@@ -156,39 +156,70 @@ def _add_train(sub) -> None:
 
 
 def _add_bench(sub) -> None:
-    from playground.bench import BaselineConfig
+    from playground.benchmark.run import BenchConfig
+    from playground.benchmark.suite import CATEGORIES
 
-    bench = sub.add_parser("bench", help="speed and acceptance benchmarks").add_subparsers(dest="suite", required=True)
-    p = bench.add_parser("baseline", help="engine (none / drafters) vs transformers generate, side by side")
-    p.add_argument("--max-tokens", type=int, default=BaselineConfig.max_tokens)
-    p.add_argument("--repeats", type=int, default=BaselineConfig.repeats)
-    p.add_argument("--k", type=int, default=BaselineConfig.k)
-    bench.add_parser("ui", help="server-side cost of one page update, by run length")
-    p = bench.add_parser("vllm", help="vLLM servers (EAGLE 3.1, EAGLE 3, none): output tokens/s by concurrency")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=5)
+    p = sub.add_parser("bench", help="the prompt suite by category: tau, acceptance, tokens/s, speedups "
+                                     "(subcommands: ui, vllm)")
+    p.add_argument("--drafters", nargs="+", default=list(BenchConfig.drafters))
+    p.add_argument("--k", type=int, default=BenchConfig.k)
+    p.add_argument("--max-tokens", type=int, default=BenchConfig.max_tokens)
+    p.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES, metavar="CATEGORY",
+                   help=f"a subset of: {', '.join(CATEGORIES)}")
+    p.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
+    p.add_argument("--sweep-ks", type=int, nargs="*", default=list(BenchConfig.sweep_ks),
+                   help="k values swept for EAGLE 3.1 on chat and coding (none: no sweep)")
+    p.add_argument("--out", type=Path, default=Path("assets/benchmark"),
+                   help="folder for results.md, results.json and charts.html")
+    add_vllm_options(p)
+    suites = p.add_subparsers(dest="suite")
+    suites.add_parser("ui", help="server-side cost of one page update, by run length")
+    v = suites.add_parser("vllm", help="vLLM servers (EAGLE 3.1, EAGLE 3, none): output tokens/s by concurrency")
+    v.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
 
 
 def bench(args: argparse.Namespace) -> int:
-    from playground.bench import (BaselineConfig, VLLMBenchConfig, baseline, format_table, ui_update_cost,
-                                  vllm_throughput)
-
-    if args.suite == "vllm":
-        rows = vllm_throughput(VLLMBenchConfig(max_tokens=args.max_tokens, k=args.k))
-        print("| concurrency | drafter | tokens | seconds | output tokens/s | tau |\n|---:|---|---:|---:|---:|---:|")
-        for r in rows:
-            print(f"| {r['concurrency']} | {r['drafter']} | {r['tokens']} | {r['seconds']:.1f} | "
-                  f"{r['tokens_per_s']:.1f} | {r['tau']:.2f} |")
-        return 0
+    from playground.engines.reference import ReferenceEngine
 
     if args.suite == "ui":
+        from playground.benchmark.ui_cost import ui_update_cost
+
         print("| verify steps | text update (ms) | plot update (ms) |\n|---:|---:|---:|")
         for steps, text_ms, plot_ms in ui_update_cost():
             print(f"| {steps} | {text_ms:.2f} | {plot_ms:.2f} |")
         return 0
 
-    print(format_table(baseline(BaselineConfig(max_tokens=args.max_tokens, repeats=args.repeats, k=args.k))))
-    return 0
+    from playground.benchmark import ceiling, report
+    from playground.benchmark.run import BenchConfig, collect, results
+
+    reference = ReferenceEngine.load()
+    engine, launched = reference, None
+    if args.backend == "vllm" or args.suite == "vllm":
+        from playground.engines.backends import vllm_backend
+
+        engine, launched = vllm_backend(reference, args.vllm_url, args.launch or not args.vllm_url, args.k,
+                                        names=("eagle3.1", "eagle3", "none"),
+                                        status=lambda line: print(line, file=sys.stderr))
+    try:
+        if args.suite == "vllm":
+            from playground.benchmark.vllm_load import LoadConfig, markdown, throughput
+
+            print(markdown(throughput(engine, LoadConfig(tuple(args.concurrency), args.max_tokens, args.k))))
+            return 0
+        vllm = args.backend == "vllm"
+        config = BenchConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
+                             categories=tuple(args.categories), per_category=args.per_category,
+                             sweep_ks=() if vllm else tuple(args.sweep_ks), compare_generate=not vllm,
+                             backend=args.backend)
+        measured_ceiling = None if vllm else ceiling.measure(reference.target, (1, config.k + 1))
+        res = results(collect(engine, reference, config), config, measured_ceiling)
+        paths = report.write(res, args.out)
+        print(report.markdown(res))
+        print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+        return 0 if res["lossless"] or vllm else 1
+    finally:
+        if launched is not None:
+            launched.stop()
 
 
 def train(args: argparse.Namespace) -> int:

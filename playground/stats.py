@@ -101,3 +101,44 @@ def summarize(events: list[StepEvent]) -> RunSummary:
         verify_ms=sum(e.verify_ms for e in events),
         finish_reason=last.finish_reason,
     )
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """Several runs of one method pooled: rates over all their steps, times summed."""
+    runs: int
+    min_prompt_tokens: int
+    tokens: int
+    seconds: float                     # engine time, prefill included
+    steps: int
+    mean_acceptance_length: float
+    acceptance: tuple[float, ...]      # unconditional, by depth
+    sink_attention: tuple[float, ...]
+    hidden_norm: tuple[float, ...]
+    draft_ms: float                    # per verify step
+    verify_ms: float
+    other_ms: float                    # per verify step: sampling, bookkeeping, events, detokenising
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+def pool(runs: list[list[StepEvent]]) -> Pooled:
+    runs = [reconcile(run) for run in runs]
+    events = [e for run in runs for e in run]
+    steps = [e for e in events if e.step > 0]
+    decode_s = sum(run[-1].elapsed_s - run[0].elapsed_s for run in runs)
+    n = max(1, len(steps))
+    draft_ms, verify_ms = sum(e.draft_ms for e in steps) / n, sum(e.verify_ms for e in steps) / n
+    return Pooled(
+        runs=len(runs), min_prompt_tokens=min(run[0].position for run in runs),
+        tokens=sum(len(e.token_ids) for e in events), seconds=sum(run[-1].elapsed_s for run in runs),
+        steps=len(steps), mean_acceptance_length=mean_acceptance_length(events),
+        acceptance=acceptance_by_depth(events)[0],
+        sink_attention=mean_by_depth(e.sink_attention for e in events if e.drafted),
+        hidden_norm=mean_by_depth(e.hidden_norm for e in events if e.drafted),
+        draft_ms=draft_ms, verify_ms=verify_ms, other_ms=max(0.0, decode_s * 1e3 / n - draft_ms - verify_ms))

@@ -3,8 +3,8 @@
 from dataclasses import replace
 
 import pytest
-import torch
 
+from playground.benchmark.generate_baseline import transformers_greedy
 from playground.engines.reference import ReferenceEngine
 from playground.request import GenerationRequest
 from playground.stats import summarize
@@ -19,10 +19,7 @@ NEW_TOKENS = 128
 
 
 def hf_greedy(engine: ReferenceEngine, request: GenerationRequest) -> list[int]:
-    ids = torch.tensor([engine.prompt_ids(request)])
-    out = engine.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_tokens,
-                                       do_sample=False, pad_token_id=min(engine.target.eos_ids))
-    return out[0, ids.shape[1]:].tolist()
+    return transformers_greedy(engine, request)[0]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

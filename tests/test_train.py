@@ -68,7 +68,8 @@ def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(en
     from playground.eagle.evaluate import eval_requests, evaluate, format_rows
 
     rows = evaluate(engine, ["eagle3.1"], k=3, max_tokens=8, kinds=("long context",))
-    assert rows[0].prompts == 4 and rows[0].min_prompt_tokens >= 1500
-    assert len(rows[0].acceptance) == 3 and rows[0].tau >= 1.0
+    pooled = rows[0].pooled
+    assert pooled.runs == 4 and pooled.min_prompt_tokens >= 1500
+    assert len(pooled.acceptance) == 3 and pooled.mean_acceptance_length >= 1.0
     assert "| long context | eagle3.1 | 4 |" in format_rows(rows)
     assert {r.template for r in eval_requests("perturbed format", "eagle3", 5, 8)} == {"plain", "markdown"}

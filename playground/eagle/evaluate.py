@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from playground.presets import long_document_prompt
 from playground.request import GenerationRequest
-from playground.stats import RunSummary, acceptance_by_depth, mean_acceptance_length, mean_by_depth, summarize
+from playground.stats import Pooled, pool
 
 CHAT = [
     "What should I pack for a weekend hiking trip in autumn?",
@@ -58,26 +58,13 @@ def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[Gene
 class EvalRow:
     drafter: str
     kind: str
-    prompts: int
-    min_prompt_tokens: int
-    tau: float
-    acceptance: tuple[float, ...]
-    sink_attention: tuple[float, ...]
-    hidden_norm: tuple[float, ...]
+    pooled: Pooled
 
 
 def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS) -> list[EvalRow]:
-    rows = []
-    for kind in kinds:
-        for drafter in drafters:
-            runs = [list(engine.generate(r)) for r in eval_requests(kind, drafter, k, max_tokens)]
-            events = [e for run in runs for e in run]   # tau and acceptance pooled over all steps
-            summaries: list[RunSummary] = [summarize(run) for run in runs]
-            rows.append(EvalRow(drafter, kind, len(runs), min(s.prompt_tokens for s in summaries),
-                                mean_acceptance_length(events), acceptance_by_depth(events)[0],
-                                mean_by_depth(e.sink_attention for e in events if e.drafted),
-                                mean_by_depth(e.hidden_norm for e in events if e.drafted)))
-    return rows
+    """One row per kind and drafter; tau and acceptance pooled over all the kind's steps."""
+    return [EvalRow(drafter, kind, pool([list(engine.generate(r)) for r in eval_requests(kind, drafter, k, max_tokens)]))
+            for kind in kinds for drafter in drafters]
 
 
 def format_rows(rows: list[EvalRow]) -> str:
@@ -85,6 +72,7 @@ def format_rows(rows: list[EvalRow]) -> str:
              "| fed-back RMS by depth |", "|---|---|---:|---:|---:|---|---|---|"]
     fmt = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
     for r in rows:
-        lines.append(f"| {r.kind} | {r.drafter} | {r.prompts} | {r.min_prompt_tokens} | {r.tau:.2f} | "
-                     f"{fmt(r.acceptance)} | {fmt(r.sink_attention, '{:.3f}')} | {fmt(r.hidden_norm)} |")
+        p = r.pooled
+        lines.append(f"| {r.kind} | {r.drafter} | {p.runs} | {p.min_prompt_tokens} | {p.mean_acceptance_length:.2f} | "
+                     f"{fmt(p.acceptance)} | {fmt(p.sink_attention, '{:.3f}')} | {fmt(p.hidden_norm)} |")
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 Kinds: chat, coding, math, writing, reasoning, multi-turn, each with a varied system prompt
 (none = the model's default, or one of many personas). Evaluation and benchmark prompts are
-written separately (playground/suite.py) and never come from this generator.
+written separately (playground/benchmark/suite.py, playground/eagle/evaluate.py) and never come from this generator.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from playground.engines.vllm_launch import Launched, LaunchConfig
 from playground.errors import PlaygroundError
 from playground.target import embedded_target_folder
 
-VLLM_MAX_CONTEXT = 4096
+VLLM_MAX_CONTEXT = 8192  # the target's own; long-context benchmark prompts reach about 4.1k tokens
 
 
 def drafter_folder(engine: ReferenceEngine, name: str) -> tuple[Path, bool]:

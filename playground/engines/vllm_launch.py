@@ -33,7 +33,7 @@ class LaunchConfig:
     base_port: int = 8101
     python: Path = DEFAULT_PYTHON
     dtype: str = "float32"                  # float32 keeps greedy output comparable with the reference engine
-    max_model_len: int = 4096
+    max_model_len: int = 8192
     kv_cache_gib: int = 1                   # VLLM_CPU_KVCACHE_SPACE on CPU
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
     extra_args: tuple[str, ...] = ()

@@ -3,6 +3,7 @@ streaming side by side, with overlaid plots and a summary table."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 import gradio as gr
@@ -15,6 +16,7 @@ from playground.ui.streams import (REPLAY_NOTE, Engine, Limits, backend, failure
                                    replayer)
 
 COLUMNS = ("eagle3", "eagle3.1", "none")
+STORED_BENCHMARK = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "results.md"
 TABLE_HEADERS = ["drafter", "tau", "tokens/s", "speedup vs none", "steps", "tokens", "acceptance by depth"]
 
 
@@ -103,3 +105,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     running = run.click(stream, inputs, outputs, api_name="compare", concurrency_id="engine",
                         concurrency_limit=limits.concurrency)
     stop.click(None, None, None, cancels=[running], api_name=False)
+    stored_benchmark()
+
+
+def stored_benchmark() -> None:
+    """The last `python -m playground bench` result shipped with the app, if there is one."""
+    if not STORED_BENCHMARK.exists():
+        return
+    with gr.Accordion("Stored benchmark: the prompt suite by category (python -m playground bench)", open=False,
+                      elem_id="stored-benchmark"):
+        gr.Markdown(STORED_BENCHMARK.read_text())

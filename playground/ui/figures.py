@@ -68,7 +68,11 @@ def all_figures(runs: Mapping[str, RunSummary]) -> tuple[go.Figure, go.Figure, g
     return acceptance(runs), attention(runs), hidden_norm(runs)
 
 
+def html_page(figures, title: str, path) -> None:
+    """Figures in one standalone HTML file (plotly.js inlined: it opens offline)."""
+    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
+    path.write_text(f"<!doctype html><meta charset='utf-8'><title>{title}</title>" + "".join(parts))
+
+
 def figures_file(runs: Mapping[str, RunSummary], path) -> None:
-    """The three figures in one standalone HTML file (plotly.js inlined: it opens offline)."""
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(all_figures(runs))]
-    path.write_text("<!doctype html><meta charset='utf-8'><title>EAGLE playground run</title>" + "".join(parts))
+    html_page(all_figures(runs), "EAGLE playground run", path)

@@ -1,0 +1,75 @@
+"""How fast this machine could run the target at best: a roofline from measured bandwidth and FLOP/s.
+
+One decode forward must read every weight once (memory-bound) and do about 2 FLOPs per weight
+per token (compute-bound); its floor is the larger of the two times. Speculative decoding at
+mean acceptance length tau can reach at most tau tokens per verify forward of k+1 tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from playground.target import Target
+
+
+def _best_seconds(fn, repeats: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def memory_bandwidth(megabytes: int = 512) -> float:
+    """Bytes/s reading a buffer far larger than the caches (a reduction: one read per element)."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    return x.numel() * 4 / _best_seconds(lambda: x.sum())
+
+
+def matmul_flops(n: int = 1024) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / _best_seconds(lambda: a @ b)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    weight_bytes: int
+    bandwidth_gb_s: float
+    matmul_gflop_s: float
+    floor_ms: dict[int, float]        # tokens in the forward -> roofline floor
+    measured_ms: dict[int, float]     # tokens in the forward -> our forward pass, median
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Plain decoding's ceiling: one token per floor-time forward."""
+        return 1e3 / self.floor_ms[1]
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+def measure(target: Target, token_counts: tuple[int, ...] = (1, 6), context: int = 128) -> Ceiling:
+    params = list(target.model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    flops_per_token = 2 * sum(p.numel() for p in params)   # the tied embedding is read as the lm_head
+    bandwidth, flops = memory_bandwidth(), matmul_flops()
+    floor = {t: 1e3 * max(weight_bytes / bandwidth, t * flops_per_token / flops) for t in token_counts}
+    measured = {}
+    cache = target.new_cache(context + max(token_counts))
+    target.forward(torch.arange(context)[None] + 100, cache)
+    for t in token_counts:
+        ids = torch.arange(t)[None] + 200
+        runs = []
+        for _ in range(15):
+            cache.truncate(context)
+            start = time.perf_counter()
+            target.forward(ids, cache)
+            runs.append((time.perf_counter() - start) * 1e3)
+        measured[t] = statistics.median(runs[3:])
+    return Ceiling(weight_bytes, bandwidth / 1e9, flops / 1e9, floor, measured)

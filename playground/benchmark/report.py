@@ -1,0 +1,131 @@
+"""The benchmark's results as a markdown table, JSON and plotly charts (one HTML file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from playground.ui.figures import COLORS, FALLBACK_COLOR, html_page, label
+
+
+def _fmt(xs, f: str = "{:.2f}") -> str:
+    return " ".join(f.format(x) for x in xs)
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def markdown(res: dict) -> str:
+    c = res["config"]
+    drafters = c["drafters"]
+    head = ["category", "prompt tokens", "generate tok/s", "none tok/s"]
+    for d in drafters:
+        head += [f"{label(d)} tau", f"{label(d)} tok/s", f"{label(d)} vs none", f"{label(d)} vs generate"]
+    if len(drafters) == 2:
+        head.append(f"tau {label(drafters[1])} / {label(drafters[0])}")
+    lines = [f"k={c['k']}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}; "
+             f"{res['machine']['processor']}, {res['machine']['threads']} threads, torch {res['machine']['torch']}",
+             "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    by = {(r["category"], r["method"]): r for r in res["rows"]}
+    for category in dict.fromkeys(r["category"] for r in res["rows"]):
+        none = by[(category, "none")]
+        gen = none["generate_tokens_per_s"]
+        cells = [category, str(none["min_prompt_tokens"]), "–" if gen is None else f"{gen:.1f}",
+                 f"{none['tokens_per_s']:.1f}"]
+        for d in drafters:
+            r = by[(category, d)]
+            cells += [f"{r['mean_acceptance_length']:.2f}", f"{r['tokens_per_s']:.1f}", _x(r["speedup_vs_none"]),
+                      _x(r["vs_generate"])]
+        if len(drafters) == 2:
+            a, b = by[(category, drafters[0])], by[(category, drafters[1])]
+            cells.append(f"{b['mean_acceptance_length'] / a['mean_acceptance_length']:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+
+    lines += ["", "Acceptance by depth (unconditional), drafter sink attention and fed-back RMS by depth:", "",
+              "| category | drafter | acceptance | sink attention | fed-back RMS |", "|---|---|---|---|---|"]
+    for r in res["rows"]:
+        if r["method"] != "none":
+            lines.append(f"| {r['category']} | {label(r['method'])} | {_fmt(r['acceptance'])} | "
+                         f"{_fmt(r['sink_attention'], '{:.3f}')} | {_fmt(r['hidden_norm'])} |")
+
+    if res["sweep"]:
+        lines += ["", f"k sweep, {label(c['sweep_drafter'])} on {', '.join(c['sweep_categories'])}:", "",
+                  "| k | tau | tok/s | vs none | vs generate | draft ms/step | verify ms/step | other ms/step |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in res["sweep"]:
+            lines.append(f"| {s['k']} | {s['mean_acceptance_length']:.2f} | {s['tokens_per_s']:.1f} | "
+                         f"{_x(s['speedup_vs_none'])} | {_x(s['vs_generate'])} | {s['draft_ms']:.1f} | "
+                         f"{s['verify_ms']:.1f} | {s['other_ms']:.1f} |")
+
+    lines += ["", "Time per verify step (ms), pooled over all categories:", "",
+              "| method | draft | verify | other (sampling, bookkeeping, events) |", "|---|---:|---:|---:|"]
+    for method in ("none", *drafters):
+        rows = [r for r in res["rows"] if r["method"] == method]
+        n = sum(r["steps"] for r in rows)
+        avg = lambda key: sum(r[key] * r["steps"] for r in rows) / max(1, n)
+        lines.append(f"| {label(method)} | {avg('draft_ms'):.1f} | {avg('verify_ms'):.1f} | {avg('other_ms'):.1f} |")
+
+    if res["ceiling"]:
+        ce = res["ceiling"]
+        lines += ["", f"Ceiling: {ce['weight_bytes'] / 2**20:.0f} MiB of weights per forward, memory "
+                      f"{ce['bandwidth_gb_s']:.1f} GB/s, matmul {ce['matmul_gflop_s']:.0f} GFLOP/s. Forward floor "
+                      + ", ".join(f"{t} token(s) {ms:.1f} ms" for t, ms in ce["floor_ms"].items())
+                      + "; measured " + ", ".join(f"{t} token(s) {ms:.1f} ms" for t, ms in ce["measured_ms"].items())
+                      + f". Plain decoding ceiling {ce['tokens_per_s']:.1f} tok/s.", ""]
+        lines += ["| category | drafter | tok/s | tau x ceiling | fraction |", "|---|---|---:|---:|---:|"]
+        for r in res["rows"]:
+            bound = r["mean_acceptance_length"] * ce["tokens_per_s"]
+            lines.append(f"| {r['category']} | {label(r['method'])} | {r['tokens_per_s']:.1f} | {bound:.1f} | "
+                         f"{r['tokens_per_s'] / bound:.2f} |")
+
+    lines += ["", "Lossless: every method emitted the same tokens as transformers' greedy generate on every prompt."
+              if res["lossless"] else f"NOT lossless: {json.dumps(res['mismatches'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def charts(res: dict) -> list[go.Figure]:
+    drafters = res["config"]["drafters"]
+    categories = list(dict.fromkeys(r["category"] for r in res["rows"]))
+    by = {(r["category"], r["method"]): r for r in res["rows"]}
+    color = lambda m: COLORS.get(m, FALLBACK_COLOR)
+    tau, speed = go.Figure(), go.Figure()
+    for d in drafters:
+        tau.add_bar(x=categories, y=[by[(c, d)]["mean_acceptance_length"] for c in categories], name=label(d),
+                    marker_color=color(d))
+        speed.add_bar(x=categories, y=[by[(c, d)]["speedup_vs_none"] for c in categories], name=label(d),
+                      marker_color=color(d))
+    tau.update_layout(title="Mean acceptance length (tau) by category", barmode="group", yaxis_title="tau")
+    speed.update_layout(title="Speedup over no speculation (same engine, same run)", barmode="group",
+                        yaxis_title="x")
+    accept = go.Figure()
+    for c in categories:
+        for d in drafters:
+            a = by[(c, d)]["acceptance"]
+            accept.add_scatter(x=list(range(1, len(a) + 1)), y=a, name=f"{label(d)} · {c}", mode="lines+markers",
+                               line=dict(color=color(d), dash="solid" if "long" not in c else "dot"))
+    accept.update_layout(title="Acceptance by depth", xaxis_title="draft depth", yaxis_title="acceptance rate")
+    figs = [tau, speed, accept]
+    if res["sweep"]:
+        sweep = go.Figure()
+        ks = [s["k"] for s in res["sweep"]]
+        sweep.add_scatter(x=ks, y=[s["tokens_per_s"] for s in res["sweep"]], name="tokens/s", mode="lines+markers")
+        sweep.add_scatter(x=ks, y=[s["mean_acceptance_length"] for s in res["sweep"]], name="tau",
+                          mode="lines+markers", yaxis="y2")
+        sweep.update_layout(title=f"k sweep ({label(res['config']['sweep_drafter'])})", xaxis_title="k",
+                            yaxis_title="tokens/s", yaxis2=dict(title="tau", overlaying="y", side="right"))
+        figs.append(sweep)
+    for f in figs:
+        f.update_layout(template="plotly_white", height=360)
+    return figs
+
+
+def write(res: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.md", out / "results.json", out / "charts.html"]
+    paths[0].write_text(markdown(res))
+    paths[1].write_text(json.dumps(res, indent=1))
+    html_page(charts(res), "EAGLE playground benchmark", paths[2])
+    return paths

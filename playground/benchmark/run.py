@@ -1,0 +1,120 @@
+"""`python -m playground bench`: the prompt suite through every drafter, side by side in one run.
+
+For each prompt the methods run back to back (transformers' generate, no speculation, each
+drafter), so machine drift hits them alike; rates are pooled per category. At temperature 0 all
+must emit the same tokens; any difference is recorded and reported, never hidden.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from playground.benchmark.generate_baseline import transformers_greedy
+from playground.benchmark.suite import CATEGORIES, BenchPrompt, suite
+from playground.engines.events import StepEvent
+from playground.stats import pool
+
+GENERATE = "transformers generate"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    drafters: tuple[str, ...] = ("eagle3", "eagle3.1")
+    k: int = 5
+    max_tokens: int = 128
+    categories: tuple[str, ...] = CATEGORIES
+    per_category: int | None = None
+    sweep_drafter: str = "eagle3.1"
+    sweep_ks: tuple[int, ...] = tuple(range(1, 9))
+    sweep_categories: tuple[str, ...] = ("chat", "coding")
+    compare_generate: bool = True      # the reference backend only
+    backend: str = "reference"
+
+
+@dataclass
+class Collected:
+    """Everything measured: runs[(category, method)] and sweep[(category, k)], lists of event lists."""
+    runs: dict[tuple[str, str], list[list[StepEvent]]] = field(default_factory=dict)
+    generate: dict[str, list[tuple[int, float]]] = field(default_factory=dict)   # category -> (tokens, s)
+    sweep: dict[tuple[str, int], list[list[StepEvent]]] = field(default_factory=dict)
+    mismatches: list[dict] = field(default_factory=list)
+
+
+def _tokens(events: list[StepEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+def collect(engine, reference, config: BenchConfig) -> Collected:
+    """Run the suite. `engine` streams (reference or vLLM); `reference` gives tokenizer and generate."""
+    prompts: list[BenchPrompt] = suite(reference.tokenizer, config.categories, config.per_category)
+    methods = ("none", *config.drafters)
+    sweeping = [p for p in prompts if p.category in config.sweep_categories] if config.sweep_ks else []
+    total = len(prompts) * (len(methods) + config.compare_generate) + len(sweeping) * len(config.sweep_ks)
+    out = Collected()
+    with tqdm(total=total, desc="bench", unit="run") as bar:
+        for p in prompts:
+            expected = None
+            if config.compare_generate:
+                expected, seconds = transformers_greedy(reference, p.request("none", config.k, config.max_tokens))
+                out.generate.setdefault(p.category, []).append((len(expected), seconds))
+                bar.update()
+            for method in methods:
+                bar.set_postfix_str(f"{p.category} · {method}")
+                events = list(engine.generate(p.request(method, config.k, config.max_tokens)))
+                out.runs.setdefault((p.category, method), []).append(events)
+                expected = _check(out, p, method, _tokens(events), expected)
+                bar.update()
+            if p in sweeping:
+                for k in config.sweep_ks:
+                    events = list(engine.generate(p.request(config.sweep_drafter, k, config.max_tokens)))
+                    out.sweep.setdefault((p.category, k), []).append(events)
+                    _check(out, p, f"{config.sweep_drafter} k={k}", _tokens(events), expected)
+                    bar.update()
+    return out
+
+
+def _check(out: Collected, p: BenchPrompt, method: str, tokens: list[int], expected: list[int] | None) -> list[int]:
+    if expected is not None and tokens != expected:
+        first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
+        out.mismatches.append({"category": p.category, "prompt": p.prompt[:60], "method": method,
+                               "first_differing_token": first})
+    return expected if expected is not None else tokens
+
+
+def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
+    """The JSON the report is written from."""
+    rows = []
+    for category in dict.fromkeys(c for c, _ in collected.runs):
+        none = pool(collected.runs[(category, "none")])
+        generate = collected.generate.get(category)
+        generate_tps = sum(t for t, _ in generate) / sum(s for _, s in generate) if generate else None
+        for method in ("none", *config.drafters):
+            p = pool(collected.runs[(category, method)])
+            rows.append({"category": category, "method": method, **p.to_json(),
+                         "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
+                         "vs_generate": p.tokens_per_s / generate_tps if generate_tps else None,
+                         "generate_tokens_per_s": generate_tps})
+    sweep = []
+    for k in config.sweep_ks:
+        runs = [r for (c, kk), rs in collected.sweep.items() if kk == k for r in rs]
+        if not runs:
+            continue
+        p = pool(runs)
+        gen = [g for c in config.sweep_categories for g in collected.generate.get(c, [])]
+        none = pool([r for c in config.sweep_categories for r in collected.runs.get((c, "none"), [])])
+        gen_tps = sum(t for t, _ in gen) / sum(s for _, s in gen) if gen else None
+        sweep.append({"k": k, "drafter": config.sweep_drafter, **p.to_json(),
+                      "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
+                      "vs_generate": p.tokens_per_s / gen_tps if gen_tps else None})
+    return {
+        "config": {**config.__dict__},
+        "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+        "rows": rows, "sweep": sweep,
+        "ceiling": ceiling.to_json() if ceiling is not None else None,
+        "lossless": not collected.mismatches, "mismatches": collected.mismatches,
+    }

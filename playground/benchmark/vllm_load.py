@@ -1,0 +1,55 @@
+"""`python -m playground bench vllm`: vLLM output throughput at concurrency 1, 4 and 16, greedy.
+
+The servers (EAGLE 3.1, EAGLE 3, none) run side by side; at each concurrency level they are
+measured one after another on the same prompts. Per-user throughput is each request's own
+tokens over its own wall time (what one user sees), the shape of the EAGLE 3.1 release's table.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from playground.eagle.prompts import conversation
+from playground.engines.vllm_client import VLLMEngine
+from playground.request import GenerationRequest
+from playground.stats import summarize
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    max_tokens: int = 64
+    k: int = 5
+
+
+def throughput(engine: VLLMEngine, config: LoadConfig = LoadConfig()) -> list[dict]:
+    rows = []
+    for c in config.concurrency:
+        prompts = [conversation(10_000 + i, seed=1)[-1]["content"] for i in range(c)]
+        for name in engine.servers:
+            def one(prompt: str) -> tuple[list, float]:
+                start = time.perf_counter()
+                events = list(engine.generate(GenerationRequest(prompt=prompt, drafter=name, k=config.k,
+                                                                max_tokens=config.max_tokens)))
+                return events, time.perf_counter() - start
+            start = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                runs = list(pool.map(one, prompts))
+            wall = time.perf_counter() - start
+            summaries = [summarize(events) for events, _ in runs]
+            tokens = sum(s.tokens for s in summaries)
+            rows.append({"concurrency": c, "drafter": name, "tokens": tokens, "seconds": wall,
+                         "tokens_per_s": tokens / wall,
+                         "per_user_tokens_per_s": sum(s.tokens / t for s, (_, t) in zip(summaries, runs)) / c,
+                         "tau": sum(s.mean_acceptance_length for s in summaries) / len(summaries)})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| concurrency | drafter | tokens | seconds | output tok/s | per-user tok/s | tau |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['concurrency']} | {r['drafter']} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
+              f"{r['per_user_tokens_per_s']:.1f} | {r['tau']:.2f} |" for r in rows]
+    return "\n".join(lines) + "\n"

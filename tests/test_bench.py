@@ -1,0 +1,49 @@
+"""`python -m playground bench`: the suite, its report, and its separation from the training prompts."""
+
+import json
+import subprocess
+import sys
+
+from playground import chat
+from playground.benchmark.suite import CATEGORIES, suite
+from playground.eagle.prompts import conversations
+
+
+def test_suite_covers_every_category_with_long_contexts_near_their_budget(engine):
+    prompts = suite(engine.tokenizer)
+    assert {p.category for p in prompts} == set(CATEGORIES)
+    for p in prompts:
+        n = len(engine.prompt_ids(p.request("none", 5, 8)))
+        if p.category.startswith("long context"):
+            budget = int(p.category.split()[-1].rstrip("k")) * 1000
+            assert 0.9 * budget <= n <= 1.1 * budget, (p.category, n)
+    assert {p.template for p in prompts if p.category == "perturbed template"} <= set(chat.TEMPLATES) - {"model"}
+    assert all(p.system for p in prompts if p.category == "odd system prompt")
+
+
+def test_suite_prompts_are_not_training_prompts(engine):
+    training = {m["content"] for conv in conversations(4000) for m in conv}
+    assert not [p.prompt for p in suite(engine.tokenizer) if p.prompt in training or (p.system or "") in training]
+
+
+def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "playground", "bench", "--categories", "coding", "perturbed template",
+                           "--per-category", "1", "--max-tokens", "12", "--sweep-ks", "1", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["lossless"] and not res["mismatches"]
+    assert {(r["category"], r["method"]) for r in res["rows"]} == {
+        (c, m) for c in ("coding", "perturbed template") for m in ("none", "eagle3", "eagle3.1")}
+    for r in res["rows"]:
+        assert r["tokens"] > 0 and r["tokens_per_s"] > 0 and r["generate_tokens_per_s"] > 0
+        assert r["mean_acceptance_length"] >= 1.0
+        assert (r["method"] == "none") == (r["steps"] > 0 and not r["acceptance"])
+    assert [s["k"] for s in res["sweep"]] == [1, 3] and len(res["sweep"][1]["acceptance"]) == 3
+    ceiling = res["ceiling"]
+    assert ceiling["bandwidth_gb_s"] > 0 and ceiling["measured_ms"]["1"] > 0 and ceiling["tokens_per_s"] > 0
+    table = (out / "results.md").read_text()
+    assert "| coding |" in table and "| perturbed template |" in table and "k sweep" in table
+    assert table in proc.stdout
+    assert "plotly" in (out / "charts.html").read_text()[:5_000_000]
