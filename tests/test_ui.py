@@ -125,3 +125,25 @@ def test_tokens_are_shown_as_text_never_markup():
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&amp;amp;" in html
     assert '<span class="tok rej" title="rejected at depth 3">&lt;img src=x&gt;</span>' in html
     assert "<script" not in render.inspector_html(event)
+
+
+def test_container_health_check_sees_the_page_and_a_dead_port(app_url):
+    from tests.app_server import free_port
+
+    def health(port, **env) -> int:
+        return subprocess.run([sys.executable, "-m", "playground.healthcheck"], cwd=ROOT, capture_output=True,
+                              env={"PATH": "/usr/bin:/bin", "PLAYGROUND_PORT": str(port), **env}).returncode
+
+    assert health(app_url.rsplit(":", 1)[1]) == 0
+    assert health(free_port()) == 1
+    # the GPU image's setting: launched vLLM servers must answer too (none runs here)
+    assert health(app_url.rsplit(":", 1)[1], PLAYGROUND_BACKEND="vllm", PLAYGROUND_VLLM_LAUNCH="1") == 1
+
+
+def test_stored_benchmark_is_offered_on_the_comparison_tab(app_url):
+    import urllib.request
+
+    from playground.ui.compare_tab import STORED_BENCHMARK
+
+    page = urllib.request.urlopen(app_url + "/config").read().decode()
+    assert ("stored-benchmark" in page) == STORED_BENCHMARK.exists()

@@ -125,8 +125,9 @@ class EagleProposer:
             keys, values = self.cache.write(0, start, k, v)  # [1, kv, start+T, hd]
             mask = None if T == 1 else torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            last_q = q[0, :, -1]                                   # [heads, hd]
-            scores = torch.einsum("hd,hsd->hs", last_q, keys[0].repeat_interleave(self.group, dim=0))
+            kv_heads, hd = keys.shape[1], keys.shape[3]
+            last_q = q[0, :, -1].view(kv_heads, self.group, hd)    # query head h reads kv head h // group
+            scores = torch.einsum("kgd,ksd->kgs", last_q, keys[0]).reshape(kv_heads * self.group, -1)
             probs = (scores.float() * self.scale).softmax(-1)      # [heads, start+T]
             self._probe = {"sink": float(probs[:, :self.sink_tokens].sum(-1).mean()),
                            "self": float(probs[:, committed_end:].sum(-1).mean())}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -31,12 +32,15 @@ class LaunchConfig:
     drafters: dict[str, tuple[Path, bool]]  # name -> (checkpoint folder, trained); "none" -> no speculation
     k: int = 5
     base_port: int = 8101
-    python: Path = DEFAULT_PYTHON
+    # the vLLM interpreter and extra server flags may come from the environment (the GPU image sets
+    # PLAYGROUND_VLLM_ARGS="--dtype bfloat16 --gpu-memory-utilization 0.28" for three servers on one GPU)
+    python: Path = field(default_factory=lambda: Path(os.environ.get("PLAYGROUND_VLLM_PYTHON", DEFAULT_PYTHON)))
     dtype: str = "float32"                  # float32 keeps greedy output comparable with the reference engine
     max_model_len: int = 8192
     kv_cache_gib: int = 1                   # VLLM_CPU_KVCACHE_SPACE on CPU
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
-    extra_args: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = field(default_factory=lambda: tuple(shlex.split(
+        os.environ.get("PLAYGROUND_VLLM_ARGS", ""))))
 
 
 def server_command(config: LaunchConfig, name: str, port: int) -> list[str]:
@@ -59,11 +63,13 @@ class Launched:
                                   "(or --gpu), or pass its python")
         self.processes: list[subprocess.Popen] = []
         self.servers: list[Server] = []
+        self.logs: dict[str, Path] = {}
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
         atexit.register(self.stop)
         for i, name in enumerate(config.drafters):
             port = config.base_port + i
-            log = open(Path(config.log_dir) / f"vllm-{name}-{port}.log", "w")
+            self.logs[name] = Path(config.log_dir) / f"vllm-{name}-{port}.log"
+            log = open(self.logs[name], "w")
             status(f"starting vLLM for {name} on port {port} (log: {log.name})")
             self.processes.append(subprocess.Popen(server_command(config, name, port), env=env, stdout=log,
                                                    stderr=subprocess.STDOUT, start_new_session=True))
@@ -78,8 +84,9 @@ class Launched:
             for server, process in list(waiting.items()):
                 if process.poll() is not None:
                     self.stop()
+                    log = self.logs[server.drafter]
                     raise PlaygroundError(f"the vLLM server for {server.drafter} exited with code "
-                                          f"{process.returncode}; see its log")
+                                          f"{process.returncode}; the end of its log ({log}):\n{_last_error(log)}")
                 if healthy(server.url):
                     status(f"vLLM for {server.drafter} is ready at {server.url}")
                     del waiting[server]
@@ -100,6 +107,13 @@ class Launched:
             except subprocess.TimeoutExpired:
                 pass
             _signal_group(p, signal.SIGKILL)
+
+
+def _last_error(log: Path, lines: int = 3) -> str:
+    """The last lines of a server log that name an error (or simply its last lines)."""
+    text = log.read_text(errors="replace").splitlines() if log.exists() else []
+    errors = [line for line in text if "Error" in line or "error" in line]
+    return "\n".join((errors or text)[-lines:])
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
