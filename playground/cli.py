@@ -145,6 +145,10 @@ def _add_train(sub) -> None:
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16,
                    help="bf16 autocast for the drafter (default on)")
 
+    p = train.add_parser("ship", help="evaluate trained runs and copy them to assets/drafters with model cards")
+    p.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders of train drafter")
+    p.add_argument("--max-tokens", type=int, default=128)
+
     p = train.add_parser("eval", help="tau and per-position acceptance on held-out chat, code, long-context "
                                       "and perturbed-format prompts")
     p.add_argument("--drafters", nargs="+", default=["eagle3", "eagle3.1"],
@@ -240,6 +244,13 @@ def train(args: argparse.Namespace) -> int:
         flags = dict(zip(["chat", "code", "long-context", "perturbed"], KINDS))
         kinds = [flags[x] for x in args.kinds] if args.kinds else KINDS
         print(format_rows(evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds)))
+        return 0
+    if args.stage == "ship":
+        from playground.eagle.ship import ship
+        from playground.engines.reference import ReferenceEngine
+
+        for folder in ship(args.runs, ReferenceEngine.load(), args.max_tokens):
+            print(f"wrote {folder}")
         return 0
     if args.stage == "data":
         from playground.eagle.data import DataConfig, generate as generate_data

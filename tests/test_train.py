@@ -73,3 +73,36 @@ def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(en
     assert len(pooled.acceptance) == 3 and pooled.mean_acceptance_length >= 1.0
     assert "| long context | eagle3.1 | 4 |" in format_rows(rows)
     assert {r.template for r in eval_requests("perturbed format", "eagle3", 5, 8)} == {"plain", "markdown"}
+
+
+def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
+    """The whole pipeline at toy scale with the real target: data, both variants trained with a
+    resume in between, then shipped with model cards that load as drafters."""
+    import json
+    import subprocess
+    import sys
+
+    from playground.eagle.drafter import load_drafter
+    from playground.eagle.ship import ship
+
+    data = tmp_path / "data"
+    cli = [sys.executable, "-m", "playground", "train"]
+    subprocess.run(cli + ["data", "--out", str(data), "--prompts", "4", "--batch", "2", "--max-new-tokens", "6"],
+                   check=True, capture_output=True)
+    assert len(list(data.glob("shard-*.pt"))) == 2
+    runs = []
+    for variant in ("eagle3", "eagle3.1"):
+        run = tmp_path / variant
+        args = ["drafter", "--variant", variant, "--data", str(data), "--out", str(run), "--batch", "2",
+                "--draft-vocab", "512", "--ttt-steps", "2", "--save-every", "1", "--warmup", "1", "--no-bf16"]
+        for steps in ("1", "2"):   # the second call resumes from the first one's checkpoint
+            subprocess.run(cli + args + ["--steps", steps], check=True, capture_output=True)
+        assert [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()] == [1, 2]
+        runs.append(run)
+    shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets")
+    assert [p.name for p in shipped] == ["eagle3", "eagle3.1"]
+    for folder in shipped:
+        assert load_drafter(folder).config.variant == folder.name
+        card = (folder / "README.md").read_text()
+        assert "Trained 2 steps of 2 scheduled" not in card and "Trained 2 steps." in card
+        assert "4 conversations" in card and "| long context | eagle3.1 |" in card and "| chat | eagle3 |" in card

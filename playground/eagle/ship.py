@@ -1,0 +1,113 @@
+"""`python -m playground train ship`: put trained drafters into assets/ with a model card each.
+
+    python -m playground train ship --runs runs/eagle3 runs/eagle3.1
+
+Each run folder's exported checkpoint (runs/<variant>/drafter) is evaluated with `train eval`
+(both drafters in one table), then copied to assets/drafters/<variant>/ with a README.md that
+records the data, the recipe, the hyper-parameters, the training curve, the evaluation and the
+commands that reproduce it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from playground.eagle.data import list_shards
+from playground.eagle.evaluate import evaluate, format_rows
+from playground.eagle.registry import shipped_path
+from playground.ui.figures import label
+
+
+def data_stats(folder: Path) -> dict:
+    """Conversations and answer tokens in the data folder (one shard in memory at a time)."""
+    conversations = answer_tokens = 0
+    for shard in list_shards(folder):
+        examples = torch.load(shard)
+        conversations += len(examples)
+        answer_tokens += sum(len(ex["ids"]) - ex["prompt_len"] for ex in examples)
+    return {"shards": len(list_shards(folder)), "conversations": conversations, "answer_tokens": answer_tokens}
+
+
+def training_summary(run: Path, last: int = 50) -> dict:
+    """The steps trained and the mean per-depth accuracy over the last `last` steps."""
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+    step = torch.load(run / "checkpoint.pt", weights_only=False)["step"]
+    log = [r for r in log if r["step"] <= step][-last:]
+    depths = len(log[-1]["step_acc"])
+    return {"steps": step, "accuracy_by_depth": [sum(r["step_acc"][d] for r in log) / len(log) for d in range(depths)],
+            "loss": sum(r["loss"] for r in log) / len(log)}
+
+
+def model_card(variant: str, config: dict, data: dict, trained: dict, table: str, eval_command: str) -> str:
+    switches = ("`fc_norm` and `norm_output` on (EAGLE 3.1)" if variant == "eagle3.1"
+                else "`fc_norm` and `norm_output` off (plain EAGLE 3)")
+    acc = " / ".join(f"{a:.2f}" for a in trained["accuracy_by_depth"])
+    partial = (f" of {config['steps']} scheduled (the cosine schedule was stopped early; training resumes from "
+               "the run folder)" if trained["steps"] < int(config["steps"]) else "")
+    return f"""# {label(variant)} drafter for SmolLM2-135M-Instruct
+
+An EAGLE-3 draft head (one decoder layer, hidden 576, draft vocabulary of {config['draft_vocab']} tokens,
+fused target layers 2, 15 and 27) with {switches}. vLLM's EAGLE-3 checkpoint format:
+`--speculative-config '{{"method": "eagle3", "model": "assets/drafters/{variant}", "num_speculative_tokens": 5}}'`.
+
+## Data
+
+Self-distillation from the target itself, no downloads: {data['conversations']} conversations from the
+project's own prompt generator (`playground/eagle/prompts.py`: chat, coding, math, writing,
+reasoning and multi-turn, with varied system prompts), answered by the target (even ones
+greedy, odd ones sampled at temperature 0.8, up to 256 new tokens): {data['answer_tokens']:,} answer tokens
+in {data['shards']} shards, with the target's fused features and final state at every position.
+
+    python -m playground train data --out data/train --prompts {data['conversations']} --batch 32 --max-new-tokens 256
+
+## Recipe
+
+Training-time test as in EAGLE-3: {config['ttt_steps']} unrolled steps per sequence, loss weights
+{config['decay']}^i, soft cross-entropy against the target's distribution over the draft vocabulary
+(masked where the target's top token is outside it), frozen target embeddings, the draft head and
+final norm initialised from the target's. EAGLE 3 and EAGLE 3.1 share data, order, seed, steps
+and every hyper-parameter below; only the two switches differ.
+
+| hyper-parameter | value |
+|---|---|
+""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "out", "variant")) + f"""
+
+Trained {trained['steps']} steps{partial}. Mean over the last 50 steps: loss {trained['loss']:.2f}, training
+accuracy by unroll depth {acc}.
+
+    python -m playground train drafter --variant {variant} --data data/train --out runs/{variant} \\
+        --steps {config['steps']} --save-every {config['save_every']}
+
+## Evaluation
+
+Held-out prompts (`playground/eagle/evaluate.py`), k=5, greedy, through the reference engine:
+
+{table}
+
+    {eval_command}
+"""
+
+
+def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = None) -> list[Path]:
+    configs = {json.loads((r / "train_config.json").read_text())["variant"]: r for r in runs}
+    folders = {variant: str(run / "drafter") for variant, run in configs.items()}
+    rows = evaluate(engine, list(folders.values()), max_tokens=max_tokens)
+    names = {folder: variant for variant, folder in folders.items()}
+    table = format_rows([type(r)(names[r.drafter], r.kind, r.pooled) for r in rows])
+    command = (f"python -m playground train eval --drafters {' '.join(configs)} --max-tokens {max_tokens}")
+    written = []
+    for variant, run in configs.items():
+        config = json.loads((run / "train_config.json").read_text())
+        dest = shipped_path(variant) if assets is None else assets / variant
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(run / "drafter", dest)
+        (dest / "README.md").write_text(model_card(variant, config, data_stats(Path(config["data"])),
+                                                   training_summary(run), table, command))
+        written.append(dest)
+    print(table)
+    return written
