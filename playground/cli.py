@@ -159,33 +159,49 @@ def _add_train(sub) -> None:
                    help="a subset of the prompt kinds (default: all four)")
 
 
-def _add_bench(sub) -> None:
+def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The suite's options, on `bench` and again on each subcommand (where an unset option leaves
+    the value given before the subcommand alone), so they may come before or after it."""
     from playground.benchmark.run import BenchConfig
     from playground.benchmark.suite import CATEGORIES
 
-    p = sub.add_parser("bench", help="the prompt suite by category: tau, acceptance, tokens/s, speedups "
-                                     "(subcommands: ui, vllm)")
-    p.add_argument("--drafters", nargs="+", default=list(BenchConfig.drafters))
-    p.add_argument("--k", type=int, default=BenchConfig.k)
-    p.add_argument("--max-tokens", type=int, default=BenchConfig.max_tokens)
-    p.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES, metavar="CATEGORY",
+    d = (lambda value: value) if defaults else (lambda value: argparse.SUPPRESS)
+    p.add_argument("--drafters", nargs="+", default=d(list(BenchConfig.drafters)))
+    p.add_argument("--k", type=int, default=d(BenchConfig.k))
+    p.add_argument("--max-tokens", type=int, default=d(BenchConfig.max_tokens))
+    p.add_argument("--categories", nargs="+", default=d(list(CATEGORIES)), choices=CATEGORIES, metavar="CATEGORY",
                    help=f"a subset of: {', '.join(CATEGORIES)}")
-    p.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
-    p.add_argument("--sweep-ks", type=int, nargs="*", default=list(BenchConfig.sweep_ks),
+    p.add_argument("--per-category", type=int, default=d(None), help="at most this many prompts per category")
+    p.add_argument("--sweep-ks", type=int, nargs="*", default=d(list(BenchConfig.sweep_ks)),
                    help="k values swept for EAGLE 3.1 on chat and coding (none: no sweep)")
-    p.add_argument("--out", type=Path, default=Path("assets/benchmark"),
+    p.add_argument("--out", type=Path, default=d(Path("assets/benchmark")),
                    help="folder for results.md, results.json and charts.html")
-    add_vllm_options(p)
+    p.add_argument("--backend", default=d("reference"), choices=["reference", "vllm"],
+                   help="reference: the embedded engine; vllm: vLLM servers (--vllm-url, or started here)")
+    p.add_argument("--vllm-url", action="append", default=d([]), metavar="NAME=URL",
+                   help="a running vLLM server for drafter NAME (eagle3, eagle3.1, none); repeatable")
+    p.add_argument("--launch", action="store_true", default=d(False), help="start the vLLM servers")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="the prompt suite by category: tau, acceptance, tokens/s, speedups "
+                                     "(subcommands: ui, vllm, profile, memory)")
+    _bench_options(p, defaults=True)
     suites = p.add_subparsers(dest="suite")
-    suites.add_parser("ui", help="server-side cost of one page update, by run length")
-    m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
-    m.add_argument("--runs", type=int, default=200)
+    _bench_options(suites.add_parser("ui", help="server-side cost of one page update, by run length"), False)
     v = suites.add_parser("vllm", help="vLLM servers (EAGLE 3.1, EAGLE 3, none): output tokens/s by concurrency")
+    _bench_options(v, False)
     v.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    _bench_options(suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, "
+                                                     "--k, --max-tokens)"), False)
+    m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
+    _bench_options(m, False)
+    m.add_argument("--runs", type=int, default=200)
 
 
 def bench(args: argparse.Namespace) -> int:
     from playground.engines.reference import ReferenceEngine
+    from playground.request import GenerationRequest
 
     if args.suite == "ui":
         from playground.benchmark.ui_cost import ui_update_cost
@@ -195,6 +211,13 @@ def bench(args: argparse.Namespace) -> int:
             print(f"| {steps} | {text_ms:.2f} | {plot_ms:.2f} |")
         return 0
 
+    if args.suite == "profile":
+        from playground.benchmark.profile import profile_run
+        from playground.benchmark.suite import CODING
+
+        request = GenerationRequest(prompt=CODING[0], drafter=args.drafters[-1], k=args.k, max_tokens=args.max_tokens)
+        print(profile_run(ReferenceEngine.load(), request))
+        return 0
     if args.suite == "memory":
         from playground.benchmark.memory import rss_over_runs
 

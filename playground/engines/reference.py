@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Iterator
 
 import torch
+from torch.profiler import record_function
 
 from playground import chat
 from playground.eagle.registry import DrafterInfo, DrafterStore
@@ -131,20 +132,23 @@ class ReferenceEngine:
             # drafts beyond what max_tokens or the context can still take would be wasted
             k_step = max(0, min(k, request.max_tokens - len(emitted) - 1, cache.capacity - cache.length - 1))
             t_draft = time.perf_counter()
-            proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
+            with record_function("draft"):
+                proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
             t_verify = time.perf_counter()
             start = cache.length
-            out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
-            accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
-            cache.truncate(start + accepted + 1)  # keep `last` and the accepted drafts
-            committed = proposal.ids[:accepted] + [next_id]
-            proposer.observe(out.features[0, :accepted + 1], committed)
+            with record_function("verify"):
+                out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
+                accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
+                cache.truncate(start + accepted + 1)  # keep `last` and the accepted drafts
+                committed = proposal.ids[:accepted] + [next_id]
+                proposer.observe(out.features[0, :accepted + 1], committed)
             t_done = time.perf_counter()
-            committed = self._clip(committed, request.max_tokens - len(emitted))
-            emitted += committed
-            event = self._event(step, start + 1, committed, proposal, accepted, detok,
-                                (t_verify - t_draft) * 1e3, (t_done - t_verify) * 1e3, clock,
-                                self._finish(emitted, request, cache))
+            with record_function("event"):
+                committed = self._clip(committed, request.max_tokens - len(emitted))
+                emitted += committed
+                event = self._event(step, start + 1, committed, proposal, accepted, detok,
+                                    (t_verify - t_draft) * 1e3, (t_done - t_verify) * 1e3, clock,
+                                    self._finish(emitted, request, cache))
             yield event
 
     def _target_token(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

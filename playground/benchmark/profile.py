@@ -1,0 +1,32 @@
+"""`python -m playground bench profile`: where a verify step's time goes, from torch.profiler.
+
+The reference engine labels each step's regions (draft, verify, event); the profile gives their
+CPU time per step and the operators that dominate the whole run. A warm-up run comes first.
+"""
+
+from __future__ import annotations
+
+from torch.profiler import ProfilerActivity, profile
+
+from playground.engines.reference import ReferenceEngine
+from playground.request import GenerationRequest
+from playground.stats import summarize
+
+REGIONS = ("draft", "verify", "event")
+
+
+def profile_run(engine: ReferenceEngine, request: GenerationRequest, top: int = 12) -> str:
+    list(engine.generate(request))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        events = list(engine.generate(request))
+    s = summarize(events)
+    averages = {a.key: a for a in prof.key_averages()}
+    wall_ms = s.elapsed_s * 1e3 - s.time_to_first_token_s * 1e3
+    lines = [f"{request.drafter}, k={request.k}: {s.tokens} tokens in {s.steps} verify steps, tau "
+             f"{s.mean_acceptance_length:.2f}, decode {wall_ms / max(1, s.steps):.1f} ms per step (profiled)", "",
+             "| region | ms per step | share of decode |", "|---|---:|---:|"]
+    for region in REGIONS:
+        ms = averages[region].cpu_time_total / 1e3 if region in averages else 0.0
+        lines.append(f"| {region} | {ms / max(1, s.steps):.2f} | {ms / wall_ms:.0%} |")
+    lines += ["", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)]
+    return "\n".join(lines)
