@@ -47,10 +47,16 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("eagle3", "eagle3.1"):
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
     backends = {"reference": engine}
-    if args.backend == "vllm":
+    if args.backend == "vllm" and args.launch:
+        from playground.engines.backends import StartingBackend, vllm_backend
+
+        # the page comes up at once; runs on vllm report the servers' start-up until they are healthy
+        backends["vllm"] = StartingBackend(lambda status: vllm_backend(engine, [], True, args.vllm_k, names=SERVERS,
+                                                                       status=status)[0])
+    elif args.backend == "vllm":
         from playground.engines.backends import vllm_backend
 
-        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, args.launch, args.vllm_k, names=SERVERS)
+        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, False, args.vllm_k, names=SERVERS)
     launch(create_ui(backends, limits), args.host, args.port)
 
 

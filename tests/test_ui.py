@@ -147,3 +147,37 @@ def test_stored_benchmark_is_offered_on_the_comparison_tab(app_url):
 
     page = urllib.request.urlopen(app_url + "/config").read().decode()
     assert ("stored-benchmark" in page) == STORED_BENCHMARK.exists()
+
+
+def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine):
+    import time
+
+    from playground.engines.backends import StartingBackend
+    from playground.errors import PlaygroundError
+    from playground.request import GenerationRequest
+
+    release = threading.Event()
+
+    def start(status):
+        status("vLLM for eagle3.1 is loading")
+        release.wait(30)
+        return engine
+
+    starting = StartingBackend(start)
+    request = GenerationRequest(prompt="Hi", max_tokens=4)
+    time.sleep(0.2)
+    with pytest.raises(PlaygroundError, match="still starting.*eagle3.1 is loading"):
+        starting.generate(request)
+    release.set()
+    deadline = time.time() + 10
+    while starting.engine is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert [t for e in starting.generate(request) for t in e.token_ids]
+
+    def fail(status):
+        raise PlaygroundError("the vLLM server for eagle3 exited with code 1")
+
+    failed = StartingBackend(fail)
+    time.sleep(0.2)
+    with pytest.raises(PlaygroundError, match="failed to start: the vLLM server for eagle3 exited"):
+        failed.drafter_info("eagle3")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from playground.eagle.drafter import save_drafter
 from playground.eagle.registry import SHIPPED, shipped_path
+from playground.engines.events import StepEvent
 from playground.engines.reference import ReferenceEngine
 from playground.engines.vllm_client import Server, VLLMEngine
 from playground.engines.vllm_launch import Launched, LaunchConfig
 from playground.errors import PlaygroundError
+from playground.request import GenerationRequest
 from playground.target import embedded_target_folder
 
 VLLM_MAX_CONTEXT = 8192  # the target's own; long-context benchmark prompts reach about 4.1k tokens
@@ -57,3 +60,43 @@ def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: bool, k: i
     engine = VLLMEngine(servers, target.tokenizer, min(VLLM_MAX_CONTEXT, target.max_context), target.eos_ids,
                         max_tokens_limit=reference.max_tokens_limit)
     return engine, launched
+
+
+class StartingBackend:
+    """The vLLM backend while its servers start: the page is up at once, and a run on this backend
+    gets the start-up status as its message until every server is healthy (or the reason it failed)."""
+
+    name = "vllm"
+
+    def __init__(self, start: Callable[[Callable[[str], None]], VLLMEngine]):
+        self.lines: list[str] = ["starting the vLLM servers"]
+        self.engine: VLLMEngine | None = None
+        self.error: str | None = None
+        threading.Thread(target=self._start, args=(start,), daemon=True, name="vllm-start").start()
+
+    def _start(self, start: Callable[[Callable[[str], None]], VLLMEngine]) -> None:
+        try:
+            self.engine = start(self._status)
+        except Exception as e:   # shown to every later run on this backend
+            self.error = str(e)
+
+    def _status(self, line: str) -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def ready(self) -> VLLMEngine:
+        if self.engine is not None:
+            return self.engine
+        if self.error is not None:
+            raise PlaygroundError(f"the vLLM backend failed to start: {self.error}")
+        raise PlaygroundError(f"the vLLM backend is still starting (servers load in a few minutes); "
+                              f"last status: {self.lines[-1]}")
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        return self.ready().generate(request)
+
+    def drafter_info(self, name: str):
+        return self.ready().drafter_info(name)
+
+    def server(self, drafter: str):
+        return self.ready().server(drafter)
