@@ -250,6 +250,10 @@ def bench(args: argparse.Namespace) -> int:
                              backend=args.backend)
         measured_ceiling = None if vllm else ceiling.measure(reference.target, (1, config.k + 1))
         res = results(collect(engine, reference, config), config, measured_ceiling)
+        if vllm:   # the same servers, under load
+            from playground.benchmark.vllm_load import LoadConfig, throughput
+
+            res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
         paths = report.write(res, args.out)
         print(report.markdown(res))
         print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)

@@ -67,6 +67,7 @@ def test_comparison_streams_both_drafters_side_by_side(client):
 @pytest.mark.parametrize("args, message", [
     (run_args(prompt="   "), "prompt is empty"),
     (run_args(prompt="x" * 25_000), "characters"),
+    (run_args(prompt="x" * 100_000), "100,000 characters"),
     (run_args(k=11), "greater than maximum value 10"),      # the sliders' own range checks
     (run_args(temperature=9), "greater than maximum value 5"),
     (run_args(top_p=0), "less than minimum value 0.01"),

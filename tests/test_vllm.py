@@ -163,3 +163,23 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
     finally:
         app.stop()
+
+
+def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
+    from playground.benchmark.report import markdown
+    from playground.benchmark.run import BenchConfig, collect, results
+    from playground.benchmark.vllm_load import LoadConfig, throughput
+
+    config = BenchConfig(k=K, max_tokens=12, categories=("coding", "long context 4k"), per_category=1, sweep_ks=(),
+                         compare_generate=False, backend="vllm")
+    res = results(collect(vllm, engine, config), config)
+    assert res["lossless"], res["mismatches"]    # each drafter's tokens equal the server without speculation
+    rows = {(r["category"], r["method"]): r for r in res["rows"]}
+    assert rows[("long context 4k", "none")]["min_prompt_tokens"] > 4000
+    assert all(r["tokens"] > 0 and r["generate_tokens_per_s"] is None for r in rows.values())
+    res["concurrency"] = throughput(vllm, LoadConfig(concurrency=(1, 4), max_tokens=8, k=K))
+    assert {(r["concurrency"], r["drafter"]) for r in res["concurrency"]} == {
+        (c, d) for c in (1, 4) for d in ("eagle3", "eagle3.1", "none")}
+    assert all(0 < r["per_user_tokens_per_s"] <= r["tokens_per_s"] * 1.01 for r in res["concurrency"])
+    table = markdown(res)
+    assert "vLLM under load" in table and "the server without speculation" in table

@@ -81,7 +81,14 @@ def markdown(res: dict) -> str:
             lines.append(f"| {r['category']} | {label(r['method'])} | {r['tokens_per_s']:.1f} | {bound:.1f} | "
                          f"{r['tokens_per_s'] / bound:.2f} |")
 
-    lines += ["", "Lossless: every method emitted the same tokens as transformers' greedy generate on every prompt."
+    if res.get("concurrency"):
+        from playground.benchmark.vllm_load import markdown as load_markdown
+
+        lines += ["", "vLLM under load: output tokens/s (all requests) and per user, greedy, same servers:", "",
+                  load_markdown(res["concurrency"]).rstrip()]
+
+    reference = "transformers' greedy generate" if c["compare_generate"] else "the server without speculation"
+    lines += ["", f"Lossless: every method emitted the same tokens as {reference} on every prompt."
               if res["lossless"] else f"NOT lossless: {json.dumps(res['mismatches'])}"]
     return "\n".join(lines) + "\n"
 
