@@ -180,6 +180,7 @@ def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
     res["concurrency"] = throughput(vllm, LoadConfig(concurrency=(1, 4), max_tokens=8, k=K))
     assert {(r["concurrency"], r["drafter"]) for r in res["concurrency"]} == {
         (c, d) for c in (1, 4) for d in ("eagle3", "eagle3.1", "none")}
-    assert all(0 < r["per_user_tokens_per_s"] <= r["tokens_per_s"] * 1.01 for r in res["concurrency"])
+    # each request lasts at most the whole wall time, so a user sees at least the aggregate rate shared out
+    assert all(r["per_user_tokens_per_s"] >= 0.99 * r["tokens_per_s"] / r["concurrency"] > 0 for r in res["concurrency"])
     table = markdown(res)
     assert "vLLM under load" in table and "the server without speculation" in table
