@@ -138,7 +138,7 @@ def _add_train(sub) -> None:
     p.add_argument("--variant", required=True, choices=["eagle3", "eagle3.1"])
     p.add_argument("--data", type=Path, default=Path("data/train"))
     p.add_argument("--out", type=Path, required=True)
-    for name in ("steps", "batch", "max_len", "warmup", "ttt_steps", "draft_vocab", "seed", "save_every"):
+    for name in ("steps", "batch", "max_len", "warmup", "ttt_steps", "draft_vocab", "seed", "save_every", "stop_at"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(TrainConfig, name))
     for name in ("lr", "decay"):
         p.add_argument(f"--{name}", type=float, default=getattr(TrainConfig, name))

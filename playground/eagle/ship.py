@@ -74,7 +74,7 @@ and every hyper-parameter below; only the two switches differ.
 
 | hyper-parameter | value |
 |---|---|
-""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "out", "variant")) + f"""
+""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "out", "variant", "stop_at")) + f"""
 
 Trained {trained['steps']} steps{partial}. Mean over the last 50 steps: loss {trained['loss']:.2f}, training
 accuracy by unroll depth {acc}.

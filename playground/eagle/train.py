@@ -4,7 +4,8 @@
     python -m playground train drafter --variant eagle3   --data data/train --out runs/eagle3   --steps 4000
 
 Both variants take the same data, seed, order, steps and hyper-parameters; only the two 3.1
-switches differ. A run checkpoints every --save-every steps and resumes from its folder.
+switches differ. A run checkpoints every --save-every steps and resumes from its folder;
+--stop-at N ends a session at step N without changing the schedule (to keep two runs in step).
 
 The recipe (EAGLE-3, "training-time test"): unroll the drafter `ttt_steps` times per sequence.
 Step 0 reads fc(target features); step i > 0 reads the drafter's own output state of step i-1
@@ -49,6 +50,7 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 200
     bf16: bool = True            # bf16 autocast for the drafter's matmuls (about 1.5x on CPUs with AVX512-BF16)
+    stop_at: int = 0             # > 0: save and stop after this step (the schedule still spans `steps`)
 
 
 def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
@@ -205,7 +207,8 @@ def train(config: TrainConfig) -> Path:
     (out / "train_config.json").write_text(json.dumps({k: str(v) for k, v in asdict(config).items()}, indent=2))
     batcher = Batcher(examples, config, head)
     log = open(out / "log.jsonl", "a")
-    bar = tqdm(range(start, config.steps), desc=f"train {config.variant}", initial=start, total=config.steps)
+    end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
+    bar = tqdm(range(start, end), desc=f"train {config.variant}", initial=start, total=config.steps)
     for step in bar:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             loss, losses, accs = ttt_loss(drafter, embed, head, in_vocab, batcher.batch(step), config)
@@ -217,7 +220,7 @@ def train(config: TrainConfig) -> Path:
         bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.2f}", acc_last=f"{accs[-1]:.2f}")
         log.write(json.dumps({"step": step + 1, "loss": float(loss), "step_loss": losses, "step_acc": accs,
                               "lr": schedule.get_last_lr()[0]}) + "\n")
-        if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+        if (step + 1) % config.save_every == 0 or step + 1 == end:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
                         "schedule": schedule.state_dict(), "step": step + 1}, tmp)
