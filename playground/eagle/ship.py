@@ -34,9 +34,10 @@ def data_stats(folder: Path) -> dict:
 
 def training_summary(run: Path, last: int = 50) -> dict:
     """The steps trained and the mean per-depth accuracy over the last `last` steps."""
-    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
     step = torch.load(run / "checkpoint.pt", weights_only=False)["step"]
-    log = [r for r in log if r["step"] <= step][-last:]
+    # an interrupted run logs steps past its last checkpoint, which the resumed run logs again: keep the last
+    by_step = {r["step"]: r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["step"] <= step}
+    log = [by_step[s] for s in sorted(by_step)][-last:]
     depths = len(log[-1]["step_acc"])
     return {"steps": step, "accuracy_by_depth": [sum(r["step_acc"][d] for r in log) / len(log) for d in range(depths)],
             "loss": sum(r["loss"] for r in log) / len(log)}
