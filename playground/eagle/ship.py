@@ -32,11 +32,20 @@ def data_stats(folder: Path) -> dict:
     return {"shards": len(list_shards(folder)), "conversations": conversations, "answer_tokens": answer_tokens}
 
 
+def _json_or_none(line: str) -> dict | None:
+    """A log line, or None for the partial line a killed run may leave."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
 def training_summary(run: Path, last: int = 50) -> dict:
     """The steps trained and the mean per-depth accuracy over the last `last` steps."""
     step = torch.load(run / "checkpoint.pt", weights_only=False)["step"]
     # an interrupted run logs steps past its last checkpoint, which the resumed run logs again: keep the last
-    by_step = {r["step"]: r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["step"] <= step}
+    by_step = {r["step"]: r for r in map(_json_or_none, (run / "log.jsonl").read_text().splitlines())
+               if r is not None and r["step"] <= step}
     log = [by_step[s] for s in sorted(by_step)][-last:]
     depths = len(log[-1]["step_acc"])
     return {"steps": step, "accuracy_by_depth": [sum(r["step_acc"][d] for r in log) / len(log) for d in range(depths)],
