@@ -174,8 +174,8 @@ def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--per-category", type=int, default=d(None), help="at most this many prompts per category")
     p.add_argument("--sweep-ks", type=int, nargs="*", default=d(list(BenchConfig.sweep_ks)),
                    help="k values swept for EAGLE 3.1 on chat and coding (none: no sweep)")
-    p.add_argument("--out", type=Path, default=d(Path("assets/benchmark")),
-                   help="folder for results.md, results.json and charts.html")
+    p.add_argument("--out", type=Path, default=d(None),
+                   help="folder for results.md, results.json and charts.html (default: assets/benchmark/BACKEND)")
     p.add_argument("--backend", default=d("reference"), choices=["reference", "vllm"],
                    help="reference: the embedded engine; vllm: vLLM servers (--vllm-url, or started here)")
     p.add_argument("--vllm-url", action="append", default=d([]), metavar="NAME=URL",
@@ -254,7 +254,7 @@ def bench(args: argparse.Namespace) -> int:
             from playground.benchmark.vllm_load import LoadConfig, throughput
 
             res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
-        paths = report.write(res, args.out)
+        paths = report.write(res, args.out or Path("assets/benchmark") / args.backend)
         print(report.markdown(res))
         print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
         return 0 if res["lossless"] or vllm else 1

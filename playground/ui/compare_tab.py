@@ -16,7 +16,7 @@ from playground.ui.streams import (REPLAY_NOTE, Engine, Limits, backend, failure
                                    replayer)
 
 COLUMNS = ("eagle3", "eagle3.1", "none")
-STORED_BENCHMARK = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "results.md"
+STORED_BENCHMARK = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.md"
 TABLE_HEADERS = ["drafter", "tau", "tokens/s", "speedup vs none", "steps", "tokens", "acceptance by depth"]
 
 
