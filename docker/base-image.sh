@@ -4,7 +4,8 @@
 set -euo pipefail
 IMAGE=${1:-local/py311}
 if docker image inspect "$IMAGE" > /dev/null 2>&1; then echo "$IMAGE exists"; exit 0; fi
-command -v debootstrap > /dev/null || apt-get install -y -qq debootstrap > /dev/null
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+command -v debootstrap > /dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq debootstrap > /dev/null; }
 ROOTFS=$(mktemp -d)
 trap 'rm -rf "$ROOTFS"' EXIT
 debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates bookworm "$ROOTFS" \

@@ -10,7 +10,12 @@ cd "$(dirname "$0")/.."
 GPU=; [ "${1:-}" = "--gpu" ] && { GPU=1; shift; }
 TAG=${1:-eagle-playground:$([ -n "$GPU" ] && echo gpu || echo cpu)}
 VLLM_VERSION=0.32.0
-docker info > /dev/null 2>&1 || { (dockerd > /tmp/dockerd.log 2>&1 &); sleep 5; }
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+command -v dockerd > /dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq docker.io > /dev/null; }
+if ! docker info > /dev/null 2>&1; then
+  ($SUDO dockerd > /tmp/dockerd.log 2>&1 &)
+  for _ in $(seq 30); do docker info > /dev/null 2>&1 && break; sleep 1; done
+fi
 bash docker/base-image.sh local/py311
 mkdir -p docker/wheels
 cp -n /opt/wheels/torch-2.13.0+cpu-*.whl docker/wheels/ 2>/dev/null || true
