@@ -136,6 +136,28 @@ def test_malformed_or_truncated_stream_is_a_clear_error(engine, body, message):
         server.shutdown()
 
 
+def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
+    # before the test below, which kills the `none` server
+    from playground.benchmark.report import markdown
+    from playground.benchmark.run import BenchConfig, collect, results
+    from playground.benchmark.vllm_load import LoadConfig, throughput
+
+    config = BenchConfig(k=K, max_tokens=12, categories=("coding", "long context 4k"), per_category=1, sweep_ks=(),
+                         compare_generate=False, backend="vllm")
+    res = results(collect(vllm, engine, config), config)
+    assert res["lossless"], res["mismatches"]    # each drafter's tokens equal the server without speculation
+    rows = {(r["category"], r["method"]): r for r in res["rows"]}
+    assert rows[("long context 4k", "none")]["min_prompt_tokens"] > 4000
+    assert all(r["tokens"] > 0 and r["generate_tokens_per_s"] is None for r in rows.values())
+    res["concurrency"] = throughput(vllm, LoadConfig(concurrency=(1, 4), max_tokens=8, k=K))
+    assert {(r["concurrency"], r["drafter"]) for r in res["concurrency"]} == {
+        (c, d) for c in (1, 4) for d in ("eagle3", "eagle3.1", "none")}
+    # each request lasts at most the whole wall time, so a user sees at least the aggregate rate shared out
+    assert all(r["per_user_tokens_per_s"] >= 0.99 * r["tokens_per_s"] / r["concurrency"] > 0 for r in res["concurrency"])
+    table = markdown(res)
+    assert "vLLM under load" in table and "the server without speculation" in table
+
+
 def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine):
     vllm, launched = servers
     urls = [f"--vllm-url={s.drafter}={s.url}" for s in vllm.servers.values()]
@@ -163,24 +185,3 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
     finally:
         app.stop()
-
-
-def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
-    from playground.benchmark.report import markdown
-    from playground.benchmark.run import BenchConfig, collect, results
-    from playground.benchmark.vllm_load import LoadConfig, throughput
-
-    config = BenchConfig(k=K, max_tokens=12, categories=("coding", "long context 4k"), per_category=1, sweep_ks=(),
-                         compare_generate=False, backend="vllm")
-    res = results(collect(vllm, engine, config), config)
-    assert res["lossless"], res["mismatches"]    # each drafter's tokens equal the server without speculation
-    rows = {(r["category"], r["method"]): r for r in res["rows"]}
-    assert rows[("long context 4k", "none")]["min_prompt_tokens"] > 4000
-    assert all(r["tokens"] > 0 and r["generate_tokens_per_s"] is None for r in rows.values())
-    res["concurrency"] = throughput(vllm, LoadConfig(concurrency=(1, 4), max_tokens=8, k=K))
-    assert {(r["concurrency"], r["drafter"]) for r in res["concurrency"]} == {
-        (c, d) for c in (1, 4) for d in ("eagle3", "eagle3.1", "none")}
-    # each request lasts at most the whole wall time, so a user sees at least the aggregate rate shared out
-    assert all(r["per_user_tokens_per_s"] >= 0.99 * r["tokens_per_s"] / r["concurrency"] > 0 for r in res["concurrency"])
-    table = markdown(res)
-    assert "vLLM under load" in table and "the server without speculation" in table
