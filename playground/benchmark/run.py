@@ -85,13 +85,17 @@ def _check(out: Collected, p: BenchPrompt, method: str, tokens: list[int], expec
     return expected if expected is not None else tokens
 
 
+def _rate(runs: list[tuple[int, float]]) -> float | None:
+    """Pooled tokens/s of (tokens, seconds) runs; None when there are none."""
+    return sum(t for t, _ in runs) / sum(s for _, s in runs) if runs else None
+
+
 def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
     """The JSON the report is written from."""
     rows = []
     for category in dict.fromkeys(c for c, _ in collected.runs):
         none = pool(collected.runs[(category, "none")])
-        generate = collected.generate.get(category)
-        generate_tps = sum(t for t, _ in generate) / sum(s for _, s in generate) if generate else None
+        generate_tps = _rate(collected.generate.get(category, []))
         for method in ("none", *config.drafters):
             p = pool(collected.runs[(category, method)])
             rows.append({"category": category, "method": method, **p.to_json(),
@@ -104,9 +108,8 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
         if not runs:
             continue
         p = pool(runs)
-        gen = [g for c in config.sweep_categories for g in collected.generate.get(c, [])]
         none = pool([r for c in config.sweep_categories for r in collected.runs.get((c, "none"), [])])
-        gen_tps = sum(t for t, _ in gen) / sum(s for _, s in gen) if gen else None
+        gen_tps = _rate([g for c in config.sweep_categories for g in collected.generate.get(c, [])])
         sweep.append({"k": k, "drafter": config.sweep_drafter, **p.to_json(),
                       "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
                       "vs_generate": p.tokens_per_s / gen_tps if gen_tps else None})
