@@ -47,5 +47,13 @@ def render(tokenizer, messages: Sequence[dict], template: str = DEFAULT_TEMPLATE
     raise KeyError(template)
 
 
+def user_turn_prefix(tokenizer, system: str | None = None) -> str:
+    """The model's template up to the start of a user message's text (after the system turn):
+    what the model continues when it writes a user prompt itself."""
+    sentinel = "\x00USER\x00"
+    rendered = tokenizer.apply_chat_template(build_messages(sentinel, system), tokenize=False)
+    return rendered[:rendered.index(sentinel)]
+
+
 def encode(tokenizer, messages: Sequence[dict], template: str = DEFAULT_TEMPLATE) -> list[int]:
     return tokenizer(render(tokenizer, messages, template), add_special_tokens=False).input_ids

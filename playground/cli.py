@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train(sub) -> None:
-    from playground.eagle.data import DataConfig
+    from playground.eagle.data import SOURCES, DataConfig
 
     train = sub.add_parser("train", help="build drafters: data, drafter, eval").add_subparsers(dest="stage", required=True)
     p = train.add_parser("data", help="self-distillation data from the embedded target")
@@ -131,12 +131,14 @@ def _add_train(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=DataConfig.max_new_tokens)
     p.add_argument("--temperature", type=float, default=DataConfig.temperature)
     p.add_argument("--seed", type=int, default=DataConfig.seed)
+    p.add_argument("--source", choices=SOURCES, default=DataConfig.source,
+                   help="templates: the prompt generator; self: the target writes the user turns itself")
 
     from playground.eagle.train import TrainConfig
 
     p = train.add_parser("drafter", help="training-time-test training of one drafter variant")
     p.add_argument("--variant", required=True, choices=["eagle3", "eagle3.1"])
-    p.add_argument("--data", type=Path, default=Path("data/train"))
+    p.add_argument("--data", type=Path, nargs="+", default=[Path("data/train")], help="data folders, pooled")
     p.add_argument("--out", type=Path, required=True)
     for name in ("steps", "batch", "max_len", "warmup", "ttt_steps", "draft_vocab", "seed", "save_every", "stop_at"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(TrainConfig, name))
@@ -283,11 +285,13 @@ def train(args: argparse.Namespace) -> int:
         from playground.eagle.data import DataConfig, generate as generate_data
 
         generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
-                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed))
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                                 source=args.source))
         return 0
     from playground.eagle.train import TrainConfig, train as train_drafter
 
     fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage")}
+    fields["data"] = tuple(fields["data"])
     print(f"wrote {train_drafter(TrainConfig(**fields))}")
     return 0
 

@@ -85,18 +85,22 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
     from playground.eagle.drafter import load_drafter
     from playground.eagle.ship import ship
 
-    data = tmp_path / "data"
+    data, self_data = tmp_path / "data", tmp_path / "self"
     cli = [sys.executable, "-m", "playground", "train"]
     subprocess.run(cli + ["data", "--out", str(data), "--prompts", "4", "--batch", "2", "--max-new-tokens", "6"],
                    check=True, capture_output=True)
+    subprocess.run(cli + ["data", "--out", str(self_data), "--source", "self", "--prompts", "2", "--batch", "2",
+                          "--max-new-tokens", "6"], check=True, capture_output=True)
     assert len(list(data.glob("shard-*.pt"))) == 2
+    assert 1 <= sum(len(torch.load(s)) for s in self_data.glob("shard-*.pt")) <= 2
     runs = []
     for variant in ("eagle3", "eagle3.1"):
         run = tmp_path / variant
-        args = ["drafter", "--variant", variant, "--data", str(data), "--out", str(run), "--batch", "2",
-                "--draft-vocab", "512", "--ttt-steps", "2", "--save-every", "1", "--warmup", "1", "--no-bf16"]
-        for steps in ("1", "2"):   # the second call resumes from the first one's checkpoint
-            subprocess.run(cli + args + ["--steps", steps], check=True, capture_output=True)
+        args = ["drafter", "--variant", variant, "--out", str(run), "--batch", "2", "--draft-vocab", "512",
+                "--ttt-steps", "2", "--save-every", "1", "--warmup", "1", "--no-bf16"]
+        # the second call resumes from the first one's checkpoint, with one more data folder
+        for steps, folders in (("1", [data]), ("2", [data, self_data])):
+            subprocess.run(cli + args + ["--steps", steps, "--data", *map(str, folders)], check=True, capture_output=True)
         assert [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()] == [1, 2]
         runs.append(run)
     shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets")
@@ -105,4 +109,5 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         assert load_drafter(folder).config.variant == folder.name
         card = (folder / "README.md").read_text()
         assert "Trained 2 steps of 2 scheduled" not in card and "Trained 2 steps." in card
+        assert f"from step 1: {data} + {self_data}" in card and "--source self" in card
         assert "4 conversations" in card and "| long context | eagle3.1 |" in card and "| chat | eagle3 |" in card

@@ -2,18 +2,22 @@
 
     python -m playground train data --out data/train --prompts 6000 --batch 32 --max-new-tokens 256
 
+    python -m playground train data --out data/self --source self --prompts 2000
+
 Each shard holds, per conversation: the token ids (prompt + answer, ending at EOS or the
 length cap), the prompt length, the target features at the three fused layers for every
 position but the last, and the target's final normed state there (its logits, cheaply:
 lm_head(final) restricted to the draft vocabulary is the training target). Even-numbered
-conversations are answered greedily, odd ones sampled. Shards are written atomically and
+conversations are answered greedily, odd ones sampled. With `--source self` the
+target first writes the user turns itself (prompts.py); a shard keeps those that came out whole. Shards are written atomically and
 skipped when present, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +38,12 @@ class DataConfig:
     temperature: float = 0.8     # for the sampled half
     seed: int = 0
     dtype: str = "float32"
+    source: str = "templates"    # templates | self (the target writes the user turns)
+
+
+SOURCES = ("templates", "self")
+SELF_PROMPT_TOKENS = 64
+SELF_PROMPT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
 
 
 def shard_path(out: Path, index: int) -> Path:
@@ -44,12 +54,19 @@ def list_shards(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob("shard-*.pt"))
 
 
+@dataclass
+class Continuations:
+    prompt_ids: list[list[int]]
+    replies: list[list[int]]          # each ends at (and includes) EOS, or at the length cap
+    pads: list[int]                   # left padding of each row
+    features: torch.Tensor | None     # [B, P + n - 1, 3 * H]: the states of every position but the last
+    finals: torch.Tensor | None       # [B, P + n - 1, H]
+
+
 @torch.inference_mode()
-def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[bool],
-                 max_new_tokens: int, temperature: float, generator: torch.Generator) -> list[dict]:
-    """Generate answers for a batch (left-padded) and collect the per-position target states."""
-    tok = target.tokenizer
-    prompt_ids = [chat.encode(tok, conv) for conv in conversations]
+def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
+                   params: SamplingParams, generator: torch.Generator, keep_states: bool = True) -> Continuations:
+    """Continue a batch of prompts (left-padded) greedily or by sampling, row by row."""
     B, P = len(prompt_ids), max(len(x) for x in prompt_ids)
     eos = min(target.eos_ids)
     pads = [P - len(x) for x in prompt_ids]
@@ -59,7 +76,6 @@ def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[
     for b, pad in enumerate(pads):
         key_padding[b, :pad] = True
     sample_rows = torch.tensor(sampled)
-    params = SamplingParams(temperature=temperature)
     is_eos = torch.tensor(sorted(target.eos_ids))
 
     out = target.forward(ids, cache, last_only=True, key_padding=key_padding)
@@ -77,38 +93,73 @@ def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[
         if done.all() or len(answer) == max_new_tokens:
             break
         out = target.forward(next_ids[:, None], cache, last_only=True, key_padding=key_padding)
-        features.append(out.features)
-        finals.append(out.final_hidden)
+        if keep_states:
+            features.append(out.features)
+            finals.append(out.final_hidden)
 
-    features, finals = torch.cat(features, 1), torch.cat(finals, 1)  # [B, P + n - 1, .]
-    answer = torch.stack(answer, 1).tolist()                          # [B, n]
-    examples = []
-    for b in range(B):
-        reply = answer[b]
+    replies = []
+    for reply in torch.stack(answer, 1).tolist():
         stop = next((i + 1 for i, t in enumerate(reply) if t in target.eos_ids), len(reply))
-        seq = prompt_ids[b] + reply[:stop]
-        end = pads[b] + len(seq) - 1  # states for every position but the last
+        replies.append(reply[:stop])
+    if not keep_states:
+        return Continuations(prompt_ids, replies, pads, None, None)
+    return Continuations(prompt_ids, replies, pads, torch.cat(features, 1), torch.cat(finals, 1))
+
+
+def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[bool],
+                 max_new_tokens: int, temperature: float, generator: torch.Generator) -> list[dict]:
+    """The target's answers to a batch of conversations, with its states at every position."""
+    prompt_ids = [chat.encode(target.tokenizer, conv) for conv in conversations]
+    c = continue_batch(target, prompt_ids, sampled, max_new_tokens, SamplingParams(temperature=temperature), generator)
+    examples = []
+    for b, (prompt, reply) in enumerate(zip(c.prompt_ids, c.replies)):
+        seq = prompt + reply
+        end = c.pads[b] + len(seq) - 1
         examples.append({
             "ids": torch.tensor(seq, dtype=torch.int32),
-            "prompt_len": len(prompt_ids[b]),
-            "features": features[b, pads[b]:end].to(torch.bfloat16).clone(),
-            "final": finals[b, pads[b]:end].to(torch.bfloat16).clone(),
+            "prompt_len": len(prompt),
+            "features": c.features[b, c.pads[b]:end].to(torch.bfloat16).clone(),
+            "final": c.finals[b, c.pads[b]:end].to(torch.bfloat16).clone(),
         })
     return examples
+
+
+def self_written_conversations(target: Target, first: int, count: int, seed: int,
+                               generator: torch.Generator) -> list[list[dict]]:
+    """Up to `count` conversations whose user turn the target wrote itself (prompts.self_prompt_start).
+    Twice as many are drafted; those that end within SELF_PROMPT_TOKENS, non-empty and unique, are kept."""
+    tok = target.tokenizer
+    starts = [prompts.self_prompt_start(first * 2 + i, seed) for i in range(2 * count)]
+    prompt_ids = [tok(chat.user_turn_prefix(tok, system) + opening, add_special_tokens=False).input_ids
+                  for system, opening in starts]
+    c = continue_batch(target, prompt_ids, [True] * len(starts), SELF_PROMPT_TOKENS, SELF_PROMPT_SAMPLING,
+                       generator, keep_states=False)
+    kept, seen = [], set()
+    for (system, opening), reply in zip(starts, c.replies):
+        if reply[-1:] and reply[-1] in target.eos_ids:
+            text = (opening + tok.decode(reply[:-1])).strip()
+            if text != opening and text not in seen:
+                seen.add(text)
+                kept.append(chat.build_messages(text, system))
+    return kept[:count]
 
 
 def generate(config: DataConfig) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "data_config.json").write_text(json.dumps({k: str(v) for k, v in asdict(config).items()}, indent=2))
     target = Target.load(None, config.dtype)
     num_shards = (config.prompts + config.batch - 1) // config.batch
     todo = [i for i in range(num_shards) if not shard_path(out, i).exists()]
     for index in tqdm(todo, desc="self-distillation", unit="shard", initial=num_shards - len(todo), total=num_shards):
         first = index * config.batch
         count = min(config.batch, config.prompts - first)
-        convs = list(prompts.conversations(count, config.seed, start=first))
-        sampled = [(first + i) % 2 == 1 for i in range(count)]
         generator = torch.Generator().manual_seed(config.seed * 100003 + index)
+        if config.source == "self":
+            convs = self_written_conversations(target, first, count, config.seed, generator)
+        else:
+            convs = list(prompts.conversations(count, config.seed, start=first))
+        sampled = [(first + i) % 2 == 1 for i in range(len(convs))]
         examples = answer_batch(target, convs, sampled, config.max_new_tokens, config.temperature, generator)
         tmp = shard_path(out, index).with_suffix(".tmp")
         torch.save(examples, tmp)
@@ -116,7 +167,7 @@ def generate(config: DataConfig) -> Path:
     return out
 
 
-def load_examples(folder: Path) -> list[dict]:
-    """All examples, memory-mapped: the tensors stay in the page cache, shared by the training
-    runs of both variants instead of one private copy each."""
-    return [ex for shard in list_shards(folder) for ex in torch.load(shard, mmap=True)]
+def load_examples(folders: list[Path]) -> list[dict]:
+    """All examples of the folders, memory-mapped: the tensors stay in the page cache, shared by
+    the training runs of both variants instead of one private copy each."""
+    return [ex for folder in folders for shard in list_shards(folder) for ex in torch.load(shard, mmap=True)]

@@ -1,8 +1,11 @@
-"""The training prompt set, built here from templates (nothing downloaded).
+"""The training prompt set, built here (nothing downloaded), from two sources.
 
-Kinds: chat, coding, math, writing, reasoning, multi-turn, each with a varied system prompt
-(none = the model's default, or one of many personas). Evaluation and benchmark prompts are
-written separately (playground/benchmark/suite.py, playground/eagle/evaluate.py) and never come from this generator.
+Templates: kinds chat, coding, math, writing, reasoning, multi-turn, each with a varied system
+prompt (none = the model's default, or one of many personas).
+Self-written: the target writes the user turn itself, continuing its own chat template after a
+system turn and a few opening words (the "Magpie" trick); far more varied than any template.
+Evaluation and benchmark prompts are written separately (playground/benchmark/suite.py,
+playground/eagle/evaluate.py) and never come from these generators.
 """
 
 from __future__ import annotations
@@ -83,6 +86,12 @@ FOLLOW_UPS = [
     "Can you explain that in simpler terms?", "Give me an example.", "Can you make it shorter?",
     "Why?", "What else should I know?", "Can you put that in a list?", "Thanks! One more detail, please.",
 ]
+OPENINGS = [
+    "How", "How do I", "What", "What is the best way to", "Why", "Can you", "Could you", "Write", "Explain",
+    "I", "I need", "Give me", "Help me", "Is it", "My", "Create", "Tell me", "Which", "Should I", "Describe",
+    "Please", "Summarize", "List", "Compare", "Translate", "Fix", "Suggest", "Plan", "Do you", "When",
+    "Where", "Who", "Imagine", "Draft", "Rewrite", "Solve", "Calculate", "In Python,", "Hi!", "Hey,",
+]
 KINDS = ("chat", "code", "math", "writing", "reasoning", "multiturn")
 
 
@@ -126,3 +135,9 @@ def conversation(index: int, seed: int = 0) -> list[dict]:
 def conversations(count: int, seed: int = 0, start: int = 0) -> Iterator[list[dict]]:
     for i in range(start, start + count):
         yield conversation(i, seed)
+
+
+def self_prompt_start(index: int, seed: int = 0) -> tuple[str | None, str]:
+    """The system prompt and the opening words of the index-th self-written prompt (deterministic)."""
+    rng = random.Random(f"{seed}:self:{index}")
+    return rng.choice(SYSTEMS), rng.choice(OPENINGS)

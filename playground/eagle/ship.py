@@ -22,14 +22,38 @@ from playground.eagle.registry import shipped_path
 from playground.ui.figures import label
 
 
+SOURCE_TEXT = {
+    "templates": "prompts from the project's templates (`playground/eagle/prompts.py`: chat, coding, math, "
+                 "writing, reasoning and multi-turn, with varied system prompts)",
+    "self": "user turns the target wrote itself after one of the system prompts and a few opening words "
+            "(`--source self`, `playground/eagle/prompts.py`)",
+}
+
+
 def data_stats(folder: Path) -> dict:
-    """Conversations and answer tokens in the data folder (one shard in memory at a time)."""
+    """How a data folder was made, and its conversations and answer tokens (one shard in memory at a time)."""
     conversations = answer_tokens = 0
     for shard in list_shards(folder):
         examples = torch.load(shard)
         conversations += len(examples)
         answer_tokens += sum(len(ex["ids"]) - ex["prompt_len"] for ex in examples)
-    return {"shards": len(list_shards(folder)), "conversations": conversations, "answer_tokens": answer_tokens}
+    made = json.loads((folder / "data_config.json").read_text())
+    return {"folder": str(folder), "source": made["source"], "temperature": made["temperature"],
+            "max_new_tokens": made["max_new_tokens"], "prompts": made["prompts"], "shards": len(list_shards(folder)),
+            "conversations": conversations, "answer_tokens": answer_tokens}
+
+
+def data_section(data: list[dict], schedule: list[dict]) -> str:
+    lines = [f"- `{d['folder']}`: {d['conversations']} conversations, {SOURCE_TEXT[d['source']]}; answered by the "
+             f"target (even ones greedy, odd ones sampled at temperature {d['temperature']}, up to "
+             f"{d['max_new_tokens']} new tokens): {d['answer_tokens']:,} answer tokens in {d['shards']} shards."
+             for d in data]
+    if len(schedule) > 1:
+        lines.append("- Data by step: " + "; ".join(f"from step {s['from_step']}: {' + '.join(s['data'])}"
+                                                    for s in schedule) + ".")
+    commands = [f"    python -m playground train data --out {d['folder']} --source {d['source']} "
+                f"--prompts {d['prompts']} --batch 32 --max-new-tokens {d['max_new_tokens']}" for d in data]
+    return "\n".join(lines) + "\n\n" + "\n".join(commands)
 
 
 def _json_or_none(line: str) -> dict | None:
@@ -52,7 +76,7 @@ def training_summary(run: Path, last: int = 50) -> dict:
             "loss": sum(r["loss"] for r in log) / len(log)}
 
 
-def model_card(variant: str, config: dict, data: dict, trained: dict, table: str, eval_command: str) -> str:
+def model_card(variant: str, config: dict, data: list[dict], trained: dict, table: str, eval_command: str) -> str:
     switches = ("`fc_norm` and `norm_output` on (EAGLE 3.1)" if variant == "eagle3.1"
                 else "`fc_norm` and `norm_output` off (plain EAGLE 3)")
     acc = " / ".join(f"{a:.2f}" for a in trained["accuracy_by_depth"])
@@ -66,13 +90,10 @@ fused target layers 2, 15 and 27) with {switches}. vLLM's EAGLE-3 checkpoint for
 
 ## Data
 
-Self-distillation from the target itself, no downloads: {data['conversations']} conversations from the
-project's own prompt generator (`playground/eagle/prompts.py`: chat, coding, math, writing,
-reasoning and multi-turn, with varied system prompts), answered by the target (even ones
-greedy, odd ones sampled at temperature 0.8, up to 256 new tokens): {data['answer_tokens']:,} answer tokens
-in {data['shards']} shards, with the target's fused features and final state at every position.
+Self-distillation from the target itself, no downloads; every example keeps the target's fused
+features and final state at every position.
 
-    python -m playground train data --out data/train --prompts {data['conversations']} --batch 32 --max-new-tokens 256
+{data_section(data, config.get('data_schedule', []))}
 
 ## Recipe
 
@@ -84,12 +105,12 @@ and every hyper-parameter below; only the two switches differ.
 
 | hyper-parameter | value |
 |---|---|
-""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "out", "variant", "stop_at")) + f"""
+""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "data_schedule", "out", "variant", "stop_at")) + f"""
 
 Trained {trained['steps']} steps{partial}. Mean over the last 50 steps: loss {trained['loss']:.2f}, training
 accuracy by unroll depth {acc}.
 
-    python -m playground train drafter --variant {variant} --data data/train --out runs/{variant} \\
+    python -m playground train drafter --variant {variant} --data {' '.join(config['data'])} --out runs/{variant} \\
         --steps {config['steps']} --save-every {config['save_every']}
 
 ## Evaluation
@@ -116,7 +137,7 @@ def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = 
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(run / "drafter", dest)
-        (dest / "README.md").write_text(model_card(variant, config, data_stats(Path(config["data"])),
+        (dest / "README.md").write_text(model_card(variant, config, [data_stats(Path(f)) for f in config["data"]],
                                                    training_summary(run), table, command))
         written.append(dest)
     print(table)

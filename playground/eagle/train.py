@@ -1,11 +1,12 @@
 """Training-time-test training of an EAGLE 3 / EAGLE 3.1 drafter on self-distillation data.
 
-    python -m playground train drafter --variant eagle3.1 --data data/train --out runs/eagle3.1 --steps 4000
-    python -m playground train drafter --variant eagle3   --data data/train --out runs/eagle3   --steps 4000
+    python -m playground train drafter --variant eagle3.1 --data data/train data/self --out runs/eagle3.1 --steps 3000
+    python -m playground train drafter --variant eagle3   --data data/train data/self --out runs/eagle3   --steps 3000
 
 Both variants take the same data, seed, order, steps and hyper-parameters; only the two 3.1
 switches differ. A run checkpoints every --save-every steps and resumes from its folder;
 --stop-at N ends a session at step N without changing the schedule (to keep two runs in step).
+A run resumed with other data folders records from which step it used them (train_config.json).
 
 The recipe (EAGLE-3, "training-time test"): unroll the drafter `ttt_steps` times per sequence.
 Step 0 reads fc(target features); step i > 0 reads the drafter's own output state of step i-1
@@ -37,7 +38,7 @@ from playground.eagle.registry import SHIPPED
 @dataclass(frozen=True)
 class TrainConfig:
     variant: str                 # eagle3 | eagle3.1
-    data: Path
+    data: tuple[Path, ...]       # data folders (train data), pooled
     out: Path
     steps: int = 4000
     batch: int = 8               # sequences per step
@@ -172,6 +173,16 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
     return total, losses, accs
 
 
+def write_train_config(path: Path, config: TrainConfig, start: int) -> None:
+    """The run's configuration, plus `data_schedule`: which data folders it used from which step."""
+    fields = {k: ([str(f) for f in v] if k == "data" else str(v)) for k, v in asdict(config).items()}
+    schedule = json.loads(path.read_text()).get("data_schedule", []) if path.exists() else []
+    schedule = [s for s in schedule if s["from_step"] < start]
+    if not schedule or schedule[-1]["data"] != fields["data"]:
+        schedule.append({"from_step": start, "data": fields["data"]})
+    path.write_text(json.dumps({**fields, "data_schedule": schedule}, indent=2))
+
+
 def train(config: TrainConfig) -> Path:
     from playground.target import aux_layer_ids, load_hf_target
 
@@ -204,7 +215,7 @@ def train(config: TrainConfig) -> Path:
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         start = state["step"]
-    (out / "train_config.json").write_text(json.dumps({k: str(v) for k, v in asdict(config).items()}, indent=2))
+    write_train_config(out / "train_config.json", config, start)
     batcher = Batcher(examples, config, head)
     log = open(out / "log.jsonl", "a")
     end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
