@@ -17,8 +17,8 @@ def target(engine):
 
 @pytest.fixture(scope="session")
 def app_url():
-    from tests.app_server import AppServer
+    from playground.app_process import ROOT, AppServer
 
-    server = AppServer("--max-tokens", "512")
+    server = AppServer("--max-tokens", "512", log_dir=ROOT / ".pytest_cache" / "app-logs")
     yield server.url
     server.stop()

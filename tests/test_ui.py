@@ -10,7 +10,7 @@ from gradio_client import Client
 
 from playground.engines.events import StepEvent
 from playground.ui import render
-from tests.app_server import ROOT
+from playground.app_process import ROOT
 
 PROMPT = "Write a haiku about the sea."
 ANSWER, TEXT, STATE_FILES = 0, 1, 8
@@ -129,7 +129,7 @@ def test_tokens_are_shown_as_text_never_markup():
 
 
 def test_container_health_check_sees_the_page_and_a_dead_port(app_url):
-    from tests.app_server import free_port
+    from playground.app_process import free_port
 
     def health(port, **env) -> int:
         return subprocess.run([sys.executable, "-m", "playground.healthcheck"], cwd=ROOT, capture_output=True,

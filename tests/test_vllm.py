@@ -8,13 +8,13 @@ import time
 import pytest
 from gradio_client import Client
 
+from playground.app_process import ROOT, AppServer, free_port
 from playground.engines.backends import vllm_backend
 from playground.engines.vllm_client import Server, VLLMEngine
 from playground.engines.vllm_launch import spec_metrics
 from playground.errors import PlaygroundError
 from playground.request import GenerationRequest
 from playground.stats import summarize
-from tests.app_server import AppServer, free_port
 
 PROMPTS = ["Write a haiku about the sea.", "Write a Python function that reverses a list.",
            "What is the capital of France? Answer in one sentence."]
@@ -161,7 +161,8 @@ def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
 def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine):
     vllm, launched = servers
     urls = [f"--vllm-url={s.drafter}={s.url}" for s in vllm.servers.values()]
-    app = AppServer("--backend", "vllm", *urls, "--vllm-k", str(K), "--max-tokens", "512")
+    app = AppServer("--backend", "vllm", *urls, "--vllm-k", str(K), "--max-tokens", "512",
+                    log_dir=ROOT / ".pytest_cache" / "app-logs")
     try:
         client = Client(app.url, verbose=False)
         request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=K, max_tokens=32)

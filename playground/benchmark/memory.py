@@ -6,14 +6,10 @@ gradio_client, and reads the server's VmRSS / VmHWM from /proc ten times along t
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from playground.app_process import AppServer
+
 PROMPTS = ("Tell me about the Moon.", "Write a Python function that adds two numbers.",
            "Give me three tips for a job interview.", "What is a rainbow?")
 
@@ -23,39 +19,22 @@ def _rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_over_runs(runs: int = 200, max_tokens: int = 24) -> list[tuple[int, float, float]]:
     """(runs done, RSS MiB, peak RSS MiB) of the app process, sampled ten times over the runs."""
     every = max(1, runs // 10)
     from gradio_client import Client
 
-    port = _free_port()
-    app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port)],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    app = AppServer()
     try:
-        url = f"http://127.0.0.1:{port}/"
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(url, timeout=2)
-                break
-            except OSError:
-                if app.poll() is not None:
-                    raise RuntimeError(f"the app exited with code {app.returncode}")
-                time.sleep(1)
-        client = Client(url, verbose=False)
-        samples = [(0, *_rss_mib(app.pid))]
+        client = Client(app.url, verbose=False)
+        pid = app.process.pid
+        samples = [(0, *_rss_mib(pid))]
         for i in range(runs):
             drafter = ("eagle3.1", "eagle3", "none")[i % 3]
             client.predict(PROMPTS[i % len(PROMPTS)], "", "model", drafter, 5, 0.0, 1.0, max_tokens, "reference",
                            api_name="/run")
             if (i + 1) % every == 0:
-                samples.append((i + 1, *_rss_mib(app.pid)))
+                samples.append((i + 1, *_rss_mib(pid)))
         return samples
     finally:
-        app.terminate()
-        app.wait(30)
+        app.stop()

@@ -1,4 +1,4 @@
-"""The real playground app in a subprocess, for client and browser tests."""
+"""The real playground app in a subprocess: for the memory benchmark and the client and browser tests."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ def free_port() -> int:
 
 
 class AppServer:
-    def __init__(self, *args: str, timeout_s: float = 240):
+    """`python app.py ARGS` on a free local port; the constructor returns once the page answers."""
+
+    def __init__(self, *args: str, timeout_s: float = 240, log_dir: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(ROOT / ".pytest_cache" / f"app-{self.port}.log", "w") if (ROOT / ".pytest_cache").is_dir() \
-            else subprocess.DEVNULL
+        if log_dir:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(log_dir / f"app-{self.port}.log", "w") if log_dir else subprocess.DEVNULL
         self.process = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1",
                                          "--port", str(self.port), *args], cwd=ROOT,
                                         stdout=self.log, stderr=subprocess.STDOUT)
