@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         from playground.engines.backends import vllm_backend
 
         backends["vllm"], _ = vllm_backend(engine, args.vllm_url, False, args.vllm_k, names=SERVERS)
-    launch(create_ui(backends, limits), args.host, args.port)
+    launch(create_ui(backends, limits), args.host, args.port, limits)
 
 
 if __name__ == "__main__":

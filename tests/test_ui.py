@@ -8,9 +8,9 @@ import threading
 import pytest
 from gradio_client import Client
 
+from playground.app_process import ROOT
 from playground.engines.events import StepEvent
 from playground.ui import render
-from playground.app_process import ROOT
 
 PROMPT = "Write a haiku about the sea."
 ANSWER, TEXT, STATE_FILES = 0, 1, 8
@@ -182,3 +182,38 @@ def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine
     time.sleep(0.2)
     with pytest.raises(PlaygroundError, match="failed to start: the vLLM server for eagle3 exited"):
         failed.drafter_info("eagle3")
+
+
+def test_exports_older_than_their_keep_time_are_removed(tmp_path):
+    import os
+
+    from playground.request import GenerationRequest
+    from playground.ui.runs import RunLog, export
+
+    runs = {"none": RunLog(GenerationRequest(prompt="hi", drafter="none"))}
+    old = export(runs, root=tmp_path, keep_s=60)
+    os.utime(os.path.dirname(old[0]), (1, 1))   # as if written long ago
+    new = export(runs, root=tmp_path, keep_s=60)
+    assert not os.path.exists(old[0]) and all(os.path.exists(p) for p in new)
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_streamed_runs_do_not_pile_up_components_in_the_session(engine):
+    """Gradio keeps a new component in the session for every gr.skip() or prop update; the page
+    sends values instead, so a run adds at most one (the step slider's new range)."""
+    from playground.app_process import free_port
+    from playground.ui.app import create_ui, launch
+
+    demo = create_ui({"reference": engine})
+    port = free_port()
+    launch(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        sizes = []
+        for drafter in ("eagle3.1", "eagle3", "none", "eagle3.1"):
+            client.predict(*run_args(drafter=drafter, max_tokens=24), api_name="/run")
+            session = next(iter(demo.state_holder.session_data.values()))
+            sizes.append(len(session.blocks_config.blocks))
+        assert sizes[-1] - sizes[0] <= len(sizes) - 1, sizes
+    finally:
+        demo.close()

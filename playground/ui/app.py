@@ -12,11 +12,12 @@ from playground.ui.streams import Engine, Limits
 
 EXPLAINER = (Path(__file__).with_name("explainer.md")).read_text()
 TITLE = "EAGLE 3.1 Playground"
+CACHE_SWEEP = (600, 1800)   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
 
 
 def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.Blocks:
     """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine."""
-    with gr.Blocks(title=TITLE) as demo:
+    with gr.Blocks(title=TITLE, delete_cache=CACHE_SWEEP) as demo:
         gr.Markdown(f"# {TITLE}\nSpeculative decoding with an EAGLE 3.1 drafter next to an EAGLE 3 baseline, "
                     "verified token by token on SmolLM2-135M-Instruct.")
         with gr.Accordion("What am I looking at?", open=False):
@@ -29,6 +30,6 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.B
     return demo
 
 
-def launch(demo: gr.Blocks, host: str, port: int, **kwargs) -> None:
+def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:
     demo.launch(server_name=host, server_port=port, css=render.CSS, footer_links=["api"], show_error=True,
-                **kwargs)
+                state_session_capacity=limits.sessions, **kwargs)

@@ -11,7 +11,7 @@ import gradio as gr
 from playground.stats import RunSummary
 from playground.ui import figures, render
 from playground.ui.playground_tab import drafter_note, settings
-from playground.ui.runs import Pacer, RunLog, export
+from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import (REPLAY_NOTE, Engine, Limits, backend, failure_message, interleave, make_request,
                                    replayer)
 
@@ -64,8 +64,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         except Exception as e:
             raise gr.Error(failure_message(e)) from None
         logs = {n: RunLog(r) for n, r in requests.items()}
-        pacer = Pacer()
-        yield update(logs, notes, names, True, False, start=True)
+        pacer, plots = Pacer(), LivePlots()
+        yield update(logs, notes, names, plots, True, False)
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
@@ -73,13 +73,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                     logs[name].events, notes[name] = probe.replay(requests[name], logs[name].events), REPLAY_NOTE
                 final = all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
-                    yield update(logs, notes, names, final or pacer.due("plots"), final)
+                    yield update(logs, notes, names, plots, final or pacer.due("plots"), final)
         except Exception as e:
-            yield update(logs, notes, names, True, True)
+            yield update(logs, notes, names, plots, True, True)
             raise gr.Error(failure_message(e)) from None
 
-    def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str], plots: bool, final: bool,
-               start: bool = False):
+    def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str], plots: LivePlots, redraw: bool,
+               final: bool):
         summaries = {n: log.summary for n, log in logs.items() if log.events}
         drafted = {n: s for n, s in summaries.items() if n != "none"}
         out = []
@@ -90,12 +90,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             waiting = "" if logs[name].events else "waiting for the engine…"
             out += [render.figures_html(summaries.get(name)),
                     render.answer_html(logs[name].events, notes[name] or waiting), logs[name].text]
-        out += figures.all_figures(drafted) if plots else (gr.skip(),) * 3
+        out += plots.get(lambda: figures.all_figures(drafted), redraw)
         out.append(summary_table(summaries))
-        if final:
-            out.append(export(logs, lambda path: figures.figures_file(drafted, path)))
-        else:
-            out.append(None if start else gr.skip())
+        out.append(export(logs, lambda path: figures.figures_file(drafted, path)) if final else None)
         return tuple(out)
 
     inputs = [c[n] for n in ("prompt", "system", "template", "k", "temperature", "top_p", "max_tokens")]

@@ -10,7 +10,7 @@ from playground.chat import TEMPLATES
 from playground.presets import PRESETS
 from playground.request import K_RANGE, MAX_TEMPERATURE
 from playground.ui import figures, render
-from playground.ui.runs import Pacer, RunLog, export
+from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import REPLAY_NOTE, Engine, Limits, backend, failure_message, make_request, replayer
 
 DRAFTER_CHOICES = [("EAGLE 3.1", "eagle3.1"), ("EAGLE 3", "eagle3"), ("none (no speculation)", "none")]
@@ -94,9 +94,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
             raise gr.Error(failure_message(e)) from None
-        run_log, pacer = RunLog(request), Pacer()
+        run_log, pacer, plots = RunLog(request), Pacer(), LivePlots()
         yield (render.answer_html([], note or "waiting for the engine…"), "", render.figures_html(None),
-               None, None, None, gr.update(value=0, maximum=1), render.inspector_html(None), None, [])
+               *plots.last, 0, render.inspector_html(None), None, [])
         try:
             for event in steps:
                 run_log.events.append(event)
@@ -104,22 +104,22 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                 if final and probe is not None:
                     run_log.events, note = probe.replay(request, run_log.events), REPLAY_NOTE
                 if final or pacer.due("text"):
-                    yield update(run_log, note, final or pacer.due("plots"), final)
+                    yield update(run_log, note, plots, final or pacer.due("plots"), final)
         except Exception as e:
-            yield update(run_log, note, True, True, failure_message(e))
+            yield update(run_log, note, plots, True, True, failure_message(e))
             raise gr.Error(failure_message(e)) from None
 
-    def update(run_log: RunLog, note: str, plots: bool, final: bool, error: str = ""):
+    def update(run_log: RunLog, note: str, plots: LivePlots, redraw: bool, final: bool, error: str = ""):
+        # every output gets a value, never gr.skip(): see LivePlots
         summary = run_log.summary
         runs = {run_log.request.drafter: summary}
         html = render.answer_html(run_log.events, note) + (render.error_html(error) if error else "")
         return (html, run_log.text, render.figures_html(summary),
-                *(figures.all_figures(runs) if plots else (gr.skip(),) * 3),
-                gr.update(maximum=max(1, len(run_log.events) - 1), value=len(run_log.events) - 1) if final
-                else gr.skip(),
-                render.inspector_html(run_log.events[-1]) if final else gr.skip(),
+                *plots.get(lambda: figures.all_figures(runs), redraw),
+                gr.update(maximum=max(1, len(run_log.events) - 1), value=len(run_log.events) - 1) if final else 0,
+                render.inspector_html(run_log.events[-1] if final else None),
                 export({run_log.request.drafter: run_log},
-                       lambda path: figures.figures_file(runs, path)) if final else gr.skip(),
+                       lambda path: figures.figures_file(runs, path)) if final else None,
                 list(run_log.events))
 
     inputs = [c[n] for n in ("prompt", "system", "template", "drafter", "k", "temperature", "top_p",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from playground.engines.events import StepEvent
 from playground.request import GenerationRequest
@@ -41,9 +43,28 @@ class RunLog:
                 "summary": summary.to_json() if summary else None}
 
 
-def export(runs: dict[str, RunLog], figures_writer=None) -> list[str]:
-    """Write the runs as JSON and CSV (one row per verify step) into a fresh temporary folder."""
-    folder = Path(tempfile.mkdtemp(prefix="eagle-run-"))
+EXPORTS_ROOT = Path(tempfile.gettempdir()) / "eagle-playground-exports"
+EXPORTS_KEEP_S = 600.0   # Gradio copies the files into its own cache at once; ours only need to outlive that
+
+
+def _prune(root: Path, keep_s: float) -> None:
+    """Remove export folders older than keep_s, so a long-running public app does not fill its disk."""
+    cutoff = time.time() - keep_s
+    for folder in root.glob("run-*"):
+        try:
+            if folder.stat().st_mtime < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+        except FileNotFoundError:   # another request pruned it first
+            pass
+
+
+def export(runs: dict[str, RunLog], figures_writer=None, root: Path = EXPORTS_ROOT,
+           keep_s: float = EXPORTS_KEEP_S) -> list[str]:
+    """Write the runs as JSON and CSV (one row per verify step), and the plots as HTML, into a fresh
+    folder under `root`; older export folders are removed."""
+    root.mkdir(parents=True, exist_ok=True)
+    _prune(root, keep_s)
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=root))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     json_path = folder / f"run-{stamp}.json"
     json_path.write_text(json.dumps({name: run.to_json() for name, run in runs.items()}, indent=1))
@@ -84,3 +105,19 @@ class Pacer:
             self.last[kind] = now
             return True
         return False
+
+
+class LivePlots:
+    """A run's plots: rebuilt when due, otherwise the last ones sent again.
+
+    Sending them again instead of gr.skip() is deliberate: Gradio turns every skip or prop
+    update into a new component instance that it keeps in the session's config for the
+    session's life, so skipping on every streamed step grows the server's memory run after run."""
+
+    def __init__(self):
+        self.last: tuple = (None, None, None)
+
+    def get(self, build: Callable[[], tuple], due: bool) -> tuple:
+        if due:
+            self.last = tuple(build())
+        return self.last
