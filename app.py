@@ -28,6 +28,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-prompt-chars", type=int,
                    default=int(env("PLAYGROUND_MAX_PROMPT_CHARS", Limits.max_prompt_chars)))
     p.add_argument("--queue-size", type=int, default=int(env("PLAYGROUND_QUEUE_SIZE", Limits.queue_size)))
+    p.add_argument("--sessions", type=int, default=int(env("PLAYGROUND_SESSIONS", Limits.sessions)),
+                   help="browser sessions whose page state is kept in memory")
     p.add_argument("--vllm-k", type=int, default=5, help="drafts per step of the vLLM servers")
     add_vllm_options(p)
     # the GPU image sets these: the vLLM backend with servers started in the container
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     from playground.engines.reference import ReferenceEngine
     from playground.ui.app import create_ui, launch
 
-    limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size)
+    limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
+                    sessions=args.sessions)
     engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
     for name in ("eagle3", "eagle3.1"):
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
