@@ -5,7 +5,6 @@ from dataclasses import replace
 import pytest
 
 from playground.benchmark.generate_baseline import transformers_greedy
-from playground.engines.reference import ReferenceEngine
 from playground.request import GenerationRequest
 from playground.stats import summarize
 
@@ -18,14 +17,10 @@ PROMPTS = [
 NEW_TOKENS = 128
 
 
-def hf_greedy(engine: ReferenceEngine, request: GenerationRequest) -> list[int]:
-    return transformers_greedy(engine, request)[0]
-
-
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_equals_transformers_generate(engine, prompt):
     base = GenerationRequest(prompt=prompt, max_tokens=NEW_TOKENS)
-    expected = hf_greedy(engine, base)
+    expected = transformers_greedy(engine, base)[0]
     assert len(expected) == NEW_TOKENS  # the prompts are chosen to run the full length
     for drafter in ("eagle3", "eagle3.1", "none"):
         request = GenerationRequest(prompt=prompt, max_tokens=NEW_TOKENS, drafter=drafter, k=5)
@@ -38,14 +33,14 @@ def test_greedy_equals_transformers_generate(engine, prompt):
 def test_greedy_lossless_for_any_k(engine, k):
     request = GenerationRequest(prompt=PROMPTS[0], max_tokens=48, drafter="eagle3.1", k=k)
     events = list(engine.generate(request))
-    assert list(summarize(events).token_ids) == hf_greedy(engine, request)
+    assert list(summarize(events).token_ids) == transformers_greedy(engine, request)[0]
     assert max(e.drafted for e in events) == k
 
 
 def test_stops_at_eos_like_generate(engine):
     request = GenerationRequest(prompt="Say only the word yes.", max_tokens=64, drafter="eagle3")
     events = list(engine.generate(request))
-    expected = hf_greedy(engine, request)
+    expected = transformers_greedy(engine, request)[0]
     assert list(summarize(events).token_ids) == expected
     assert expected[-1] in engine.target.eos_ids and events[-1].finish_reason == "eos"
 

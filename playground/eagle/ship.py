@@ -43,14 +43,14 @@ def data_stats(folder: Path) -> dict:
             "conversations": conversations, "answer_tokens": answer_tokens}
 
 
-def data_section(data: list[dict], schedule: list[dict]) -> str:
+def data_section(data: list[dict], phases: list[dict]) -> str:
     lines = [f"- `{d['folder']}`: {d['conversations']} conversations, {SOURCE_TEXT[d['source']]}; answered by the "
              f"target (even ones greedy, odd ones sampled at temperature {d['temperature']}, up to "
              f"{d['max_new_tokens']} new tokens): {d['answer_tokens']:,} answer tokens in {d['shards']} shards."
              for d in data]
-    if len(schedule) > 1:
-        lines.append("- Data by step: " + "; ".join(f"from step {s['from_step']}: {' + '.join(s['data'])}"
-                                                    for s in schedule) + ".")
+    if len(phases) > 1:
+        lines.append("- By step: " + "; ".join(f"from step {p['from_step']}: {' + '.join(p['data'])}, cosine schedule "
+                                               f"over {p['steps']} steps" for p in phases) + ".")
     commands = [f"    python -m playground train data --out {d['folder']} --source {d['source']} "
                 f"--prompts {d['prompts']} --batch 32 --max-new-tokens {d['max_new_tokens']}" for d in data]
     return "\n".join(lines) + "\n\n" + "\n".join(commands)
@@ -93,7 +93,7 @@ fused target layers 2, 15 and 27) with {switches}. vLLM's EAGLE-3 checkpoint for
 Self-distillation from the target itself, no downloads; every example keeps the target's fused
 features and final state at every position.
 
-{data_section(data, config.get('data_schedule', []))}
+{data_section(data, config.get('phases', []))}
 
 ## Recipe
 
@@ -105,7 +105,7 @@ and every hyper-parameter below; only the two switches differ.
 
 | hyper-parameter | value |
 |---|---|
-""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "data_schedule", "out", "variant", "stop_at")) + f"""
+""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "phases", "out", "variant", "stop_at")) + f"""
 
 Trained {trained['steps']} steps{partial}. Mean over the last 50 steps: loss {trained['loss']:.2f}, training
 accuracy by unroll depth {acc}.

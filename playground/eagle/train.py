@@ -174,13 +174,14 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
 
 
 def write_train_config(path: Path, config: TrainConfig, start: int) -> None:
-    """The run's configuration, plus `data_schedule`: which data folders it used from which step."""
+    """The run's configuration, plus `phases`: from which step it used which data folders and schedule length."""
     fields = {k: ([str(f) for f in v] if k == "data" else str(v)) for k, v in asdict(config).items()}
-    schedule = json.loads(path.read_text()).get("data_schedule", []) if path.exists() else []
-    schedule = [s for s in schedule if s["from_step"] < start]
-    if not schedule or schedule[-1]["data"] != fields["data"]:
-        schedule.append({"from_step": start, "data": fields["data"]})
-    path.write_text(json.dumps({**fields, "data_schedule": schedule}, indent=2))
+    phases = json.loads(path.read_text()).get("phases", []) if path.exists() else []
+    phases = [p for p in phases if p["from_step"] < start]
+    phase = {"from_step": start, "data": fields["data"], "steps": config.steps}
+    if not phases or {**phases[-1], "from_step": start} != phase:
+        phases.append(phase)
+    path.write_text(json.dumps({**fields, "phases": phases}, indent=2))
 
 
 def train(config: TrainConfig) -> Path:
