@@ -251,12 +251,15 @@ def bench(args: argparse.Namespace) -> int:
                              sweep_ks=() if vllm else tuple(args.sweep_ks), compare_generate=not vllm,
                              backend=args.backend)
         measured_ceiling = None if vllm else ceiling.measure(reference.target, (1, config.k + 1))
-        res = results(collect(engine, reference, config), config, measured_ceiling)
+        out_dir = args.out or Path("assets/benchmark") / args.backend
+        progress = out_dir / "progress.pkl"
+        res = results(collect(engine, reference, config, progress), config, measured_ceiling)
         if vllm:   # the same servers, under load
             from playground.benchmark.vllm_load import LoadConfig, throughput
 
             res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
-        paths = report.write(res, args.out or Path("assets/benchmark") / args.backend)
+        paths = report.write(res, out_dir)
+        progress.unlink(missing_ok=True)
         print(report.markdown(res))
         print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
         return 0 if res["lossless"] or vllm else 1

@@ -3,8 +3,12 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
+
+import pytest
 
 from playground import chat
+from playground.benchmark.run import BenchConfig, collect
 from playground.benchmark.suite import CATEGORIES, suite
 from playground.eagle.prompts import conversations
 
@@ -47,3 +51,32 @@ def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
     assert "| coding |" in table and "| perturbed template |" in table and "k sweep" in table
     assert table in proc.stdout
     assert "plotly" in (out / "charts.html").read_text()[:5_000_000]
+
+
+class CountingEngine:
+    """The real engine, counting its runs and interrupted (like Ctrl-C) at run number `stop_at`."""
+
+    def __init__(self, engine, stop_at: int | None = None):
+        self.engine, self.stop_at, self.calls = engine, stop_at, 0
+
+    def generate(self, request):
+        self.calls += 1
+        if self.calls == self.stop_at:
+            raise KeyboardInterrupt
+        return self.engine.generate(request)
+
+
+def test_an_interrupted_bench_goes_on_from_its_last_finished_prompt(engine, tmp_path):
+    config = BenchConfig(drafters=("eagle3.1",), max_tokens=6, categories=("coding",), per_category=2, sweep_ks=())
+    progress = tmp_path / "progress.pkl"
+    with pytest.raises(KeyboardInterrupt):   # stopped in the second prompt's second run
+        collect(CountingEngine(engine, stop_at=4), engine, config, progress)
+    resumed = CountingEngine(engine)
+    out = collect(resumed, engine, config, progress)
+    assert resumed.calls == 2 and out.prompts_done == 2
+    assert [len(out.runs[("coding", m)]) for m in ("none", "eagle3.1")] == [2, 2] and len(out.generate["coding"]) == 2
+    assert not out.mismatches
+
+    other = CountingEngine(engine)   # another configuration does not reuse the saved runs
+    collect(other, engine, replace(config, max_tokens=5), progress)
+    assert other.calls == 4

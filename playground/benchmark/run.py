@@ -7,8 +7,11 @@ must emit the same tokens; any difference is recorded and reported, never hidden
 
 from __future__ import annotations
 
+import os
+import pickle
 import platform
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -42,21 +45,46 @@ class Collected:
     generate: dict[str, list[tuple[int, float]]] = field(default_factory=dict)   # category -> (tokens, s)
     sweep: dict[tuple[str, int], list[list[StepEvent]]] = field(default_factory=dict)
     mismatches: list[dict] = field(default_factory=list)
+    prompts_done: int = 0
+
+
+def _resume(progress: Path | None, config: BenchConfig) -> Collected:
+    """What an interrupted run of the same configuration measured, else a fresh start."""
+    if progress is None or not progress.exists():
+        return Collected()
+    saved = pickle.loads(progress.read_bytes())
+    return saved["collected"] if saved["config"] == asdict(config) else Collected()
+
+
+def _save(progress: Path | None, config: BenchConfig, out: Collected) -> None:
+    if progress is not None:
+        progress.parent.mkdir(parents=True, exist_ok=True)
+        tmp = progress.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps({"config": asdict(config), "collected": out}))
+        os.replace(tmp, progress)
 
 
 def _tokens(events: list[StepEvent]) -> list[int]:
     return [t for e in events for t in e.token_ids]
 
 
-def collect(engine, reference, config: BenchConfig) -> Collected:
-    """Run the suite. `engine` streams (reference or vLLM); `reference` gives tokenizer and generate."""
+def collect(engine, reference, config: BenchConfig, progress: Path | None = None) -> Collected:
+    """Run the suite. `engine` streams (reference or vLLM); `reference` gives tokenizer and generate.
+
+    With `progress`, what is measured is saved after every prompt and a rerun of the same
+    configuration goes on from there.
+    """
     prompts: list[BenchPrompt] = suite(reference.tokenizer, config.categories, config.per_category)
     methods = ("none", *config.drafters)
     sweeping = [p for p in prompts if p.category in config.sweep_categories] if config.sweep_ks else []
-    total = len(prompts) * (len(methods) + config.compare_generate) + len(sweeping) * len(config.sweep_ks)
-    out = Collected()
-    with tqdm(total=total, desc="bench", unit="run") as bar:
-        for p in prompts:
+
+    def runs_of(p: BenchPrompt) -> int:
+        return len(methods) + config.compare_generate + (p in sweeping) * len(config.sweep_ks)
+
+    out = _resume(progress, config)
+    with tqdm(total=sum(map(runs_of, prompts)), initial=sum(map(runs_of, prompts[:out.prompts_done])),
+              desc="bench", unit="run") as bar:
+        for p in prompts[out.prompts_done:]:
             expected = None
             if config.compare_generate:
                 expected, seconds = transformers_greedy(reference, p.request("none", config.k, config.max_tokens))
@@ -74,6 +102,8 @@ def collect(engine, reference, config: BenchConfig) -> Collected:
                     out.sweep.setdefault((p.category, k), []).append(events)
                     _check(out, p, f"{config.sweep_drafter} k={k}", _tokens(events), expected)
                     bar.update()
+            out.prompts_done += 1
+            _save(progress, config, out)
     return out
 
 
