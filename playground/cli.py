@@ -133,6 +133,7 @@ def _add_train(sub) -> None:
     p.add_argument("--seed", type=int, default=DataConfig.seed)
     p.add_argument("--source", choices=SOURCES, default=DataConfig.source,
                    help="templates: the prompt generator; self: the target writes the user turns itself")
+    p.add_argument("--device", default=DataConfig.device, help="where the target runs: cpu or cuda")
 
     from playground.eagle.train import TrainConfig
 
@@ -146,6 +147,7 @@ def _add_train(sub) -> None:
         p.add_argument(f"--{name}", type=float, default=getattr(TrainConfig, name))
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16,
                    help="bf16 autocast for the drafter (default on)")
+    p.add_argument("--device", default=TrainConfig.device, help="where the drafter trains: cpu or cuda")
 
     p = train.add_parser("ship", help="evaluate trained runs and copy them to assets/drafters with model cards")
     p.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders of train drafter")
@@ -289,7 +291,7 @@ def train(args: argparse.Namespace) -> int:
 
         generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                 source=args.source))
+                                 source=args.source, device=args.device))
         return 0
     from playground.eagle.train import TrainConfig, train as train_drafter
 

@@ -118,6 +118,7 @@ class Target:
 
     def __init__(self, model, tokenizer, name: str):
         self.model = model
+        self.device = next(model.parameters()).device
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config
@@ -136,14 +137,14 @@ class Target:
         self.embed_tokens = model.model.embed_tokens
 
     @classmethod
-    def load(cls, path: str | None = None, dtype: str = "float32") -> "Target":
+    def load(cls, path: str | None = None, dtype: str = "float32", device: str = "cpu") -> "Target":
         if dtype not in DTYPES:
             raise PlaygroundError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
         model, tokenizer = load_hf_target(path, dtype)
-        return cls(model, tokenizer, EMBEDDED_NAME if path is None else str(path))
+        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path))
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
-        return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype, batch)
+        return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype, batch, self.device)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False,
@@ -155,10 +156,10 @@ class Target:
         """
         B, T = ids.shape
         start = cache.length
-        positions = torch.arange(start, start + T)
+        positions = torch.arange(start, start + T, device=ids.device)
         h = self.embed_tokens(ids)  # [B, T, H]
         cos, sin = self.model.model.rotary_emb(h, positions[None])  # [1, T, head_dim]
-        mask = _attention_mask(start, T, key_padding)
+        mask = _attention_mask(start, T, key_padding, ids.device)
         taps = []
         for i, layer in enumerate(self.model.model.layers):
             if i in self.aux_layers:
@@ -183,11 +184,12 @@ class Target:
         return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
-def _attention_mask(start: int, T: int, key_padding: torch.Tensor | None) -> torch.Tensor | None:
+def _attention_mask(start: int, T: int, key_padding: torch.Tensor | None,
+                    device: torch.device) -> torch.Tensor | None:
     """[B|1, 1, T, start+T] bool (True = attend), or None where SDPA's own causal path does."""
     if key_padding is None and (T == 1 or start == 0):
         return None
-    mask = torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)[None, None]
+    mask = torch.ones(T, start + T, dtype=torch.bool, device=device).tril(diagonal=start)[None, None]
     if key_padding is not None:
         mask = mask & ~key_padding[:, None, None, :start + T]
     return mask

@@ -39,6 +39,7 @@ class DataConfig:
     seed: int = 0
     dtype: str = "float32"
     source: str = "templates"    # templates | self (the target writes the user turns)
+    device: str = "cpu"          # where the target runs (cuda: far larger batches)
 
 
 SOURCES = ("templates", "self")
@@ -69,18 +70,17 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
     """Continue a batch of prompts (left-padded) greedily or by sampling, row by row."""
     B, P = len(prompt_ids), max(len(x) for x in prompt_ids)
     eos = min(target.eos_ids)
+    device = target.device
     pads = [P - len(x) for x in prompt_ids]
-    ids = torch.tensor([[eos] * pad + x for pad, x in zip(pads, prompt_ids)])
+    ids = torch.tensor([[eos] * pad + x for pad, x in zip(pads, prompt_ids)], device=device)
     cache = target.new_cache(P + max_new_tokens, batch=B)
-    key_padding = torch.zeros(B, P + max_new_tokens, dtype=torch.bool)
-    for b, pad in enumerate(pads):
-        key_padding[b, :pad] = True
-    sample_rows = torch.tensor(sampled)
-    is_eos = torch.tensor(sorted(target.eos_ids))
+    key_padding = torch.arange(P + max_new_tokens, device=device)[None, :] < torch.tensor(pads, device=device)[:, None]
+    sample_rows = torch.tensor(sampled, device=device)
+    is_eos = torch.tensor(sorted(target.eos_ids), device=device)
 
     out = target.forward(ids, cache, last_only=True, key_padding=key_padding)
     features, finals, answer = [out.features], [out.final_hidden], []
-    done = torch.zeros(B, dtype=torch.bool)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
         logits = out.logits[:, -1]
         next_ids = logits.argmax(-1)
@@ -118,8 +118,8 @@ def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[
         examples.append({
             "ids": torch.tensor(seq, dtype=torch.int32),
             "prompt_len": len(prompt),
-            "features": c.features[b, c.pads[b]:end].to(torch.bfloat16).clone(),
-            "final": c.finals[b, c.pads[b]:end].to(torch.bfloat16).clone(),
+            "features": c.features[b, c.pads[b]:end].to("cpu", torch.bfloat16).clone(),
+            "final": c.finals[b, c.pads[b]:end].to("cpu", torch.bfloat16).clone(),
         })
     return examples
 
@@ -148,13 +148,13 @@ def generate(config: DataConfig) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "data_config.json").write_text(json.dumps({k: str(v) for k, v in asdict(config).items()}, indent=2))
-    target = Target.load(None, config.dtype)
+    target = Target.load(None, config.dtype, config.device)
     num_shards = (config.prompts + config.batch - 1) // config.batch
     todo = [i for i in range(num_shards) if not shard_path(out, i).exists()]
     for index in tqdm(todo, desc="self-distillation", unit="shard", initial=num_shards - len(todo), total=num_shards):
         first = index * config.batch
         count = min(config.batch, config.prompts - first)
-        generator = torch.Generator().manual_seed(config.seed * 100003 + index)
+        generator = torch.Generator(target.device).manual_seed(config.seed * 100003 + index)
         if config.source == "self":
             convs = self_written_conversations(target, first, count, config.seed, generator)
         else:

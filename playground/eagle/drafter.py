@@ -12,6 +12,7 @@ EAGLE 3.1 adds two config switches, both off by default (an EAGLE 3 checkpoint i
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -193,7 +194,7 @@ class Eagle3Drafter(nn.Module):
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [*positions.shape, head_dim] (Llama convention, matching the target's)."""
-        freqs = positions.float()[..., None] * self.inv_freq
+        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -237,9 +238,11 @@ def save_drafter(drafter: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
+    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous().cpu()
              for k, v in drafter.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tmp = out / "model.safetensors.tmp"   # replaced atomically: a reader never sees half a file
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(drafter.config.to_vllm_json(), indent=2) + "\n")
     return out
 

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import random
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class TrainConfig:
     save_every: int = 200
     bf16: bool = True            # bf16 autocast for the drafter's matmuls (about 1.5x on CPUs with AVX512-BF16)
     stop_at: int = 0             # > 0: save and stop after this step (the schedule still spans `steps`)
+    device: str = "cpu"          # cpu | cuda (the recipe is the same; the data stays on the host)
 
 
 def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
@@ -70,7 +72,7 @@ def ttt_attend(keys: list[torch.Tensor], values: list[torch.Tensor], group: int)
         values.append(v.repeat_interleave(group, dim=1))
         T = q.shape[2]
         scale = q.shape[-1] ** -0.5
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         s0 = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, h, T, T]
         diag = [((q * kj).sum(-1) * scale)[..., None] for kj in keys[1:]]                  # [B, h, T, 1] each
         probs = torch.cat([s0, *diag], dim=-1).softmax(-1)
@@ -96,15 +98,22 @@ class Batcher:
 
     def __init__(self, examples: list[dict], config: TrainConfig, head: torch.Tensor):
         self.examples, self.config, self.head = examples, config, head
+        self._orders: dict[int, list[list[int]]] = {}
+        self.per_epoch = len(self.order(0))
 
     def target_top(self, ex: dict) -> torch.Tensor:
         """The target's argmax at each position, over the full vocabulary (computed once per example)."""
         if "top" not in ex:
             with torch.no_grad():
-                ex["top"] = (ex["final"].float() @ self.head.T).argmax(-1)
+                ex["top"] = (ex["final"].to(self.head.device).float() @ self.head.T).argmax(-1).cpu()
         return ex["top"]
 
     def order(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._orders:
+            self._orders = {epoch: self._shuffled(epoch)}
+        return self._orders[epoch]
+
+    def _shuffled(self, epoch: int) -> list[list[int]]:
         """The epoch's batches: shuffled, then grouped by similar length (little padding), in random order."""
         rng = random.Random(f"{self.config.seed}:{epoch}")
         idx = list(range(len(self.examples)))
@@ -118,24 +127,25 @@ class Batcher:
         return batches
 
     def batch(self, step: int) -> dict:
-        per_epoch = len(self.order(0))
-        epoch, i = divmod(step, per_epoch)
+        epoch, i = divmod(step, self.per_epoch)
         chosen = [self.examples[j] for j in self.order(epoch)[i]]
         T = min(self.config.max_len, max(len(ex["features"]) for ex in chosen))
         B = len(chosen)
         ids = torch.zeros(B, T + 1, dtype=torch.long)
-        features = torch.zeros(B, T, chosen[0]["features"].shape[-1])
-        final = torch.zeros(B, T, chosen[0]["final"].shape[-1])
+        features = torch.zeros(B, T, chosen[0]["features"].shape[-1], dtype=torch.bfloat16)   # as stored
+        final = torch.zeros(B, T, chosen[0]["final"].shape[-1], dtype=torch.bfloat16)
         answer = torch.zeros(B, T + 1, dtype=torch.bool)
         top = torch.zeros(B, T, dtype=torch.long)
         for b, ex in enumerate(chosen):
             n = min(T, len(ex["features"]))
             top[b, :n] = self.target_top(ex)[:n]
             ids[b, :n + 1] = ex["ids"][:n + 1].long()
-            features[b, :n] = ex["features"][:n].float()
-            final[b, :n] = ex["final"][:n].float()
+            features[b, :n] = ex["features"][:n]
+            final[b, :n] = ex["final"][:n]
             answer[b, ex["prompt_len"]:n + 1] = True
-        return {"ids": ids, "features": features, "final": final, "answer": answer, "top": top}
+        batch = {"ids": ids, "features": features, "final": final, "answer": answer, "top": top}
+        batch = {k: v.to(self.config.device) for k, v in batch.items()}
+        return {**batch, "features": batch["features"].float(), "final": batch["final"].float()}
 
 
 def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
@@ -158,7 +168,7 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
         if n <= 0:
             break
         tokens = F.pad(ids[:, 1 + i:1 + i + n], (0, T - n))  # token t+1+i at position t
-        normed, fed = drafter.step(hidden, F.embedding(tokens, embed), torch.arange(T) + i,
+        normed, fed = drafter.step(hidden, F.embedding(tokens, embed), torch.arange(T, device=ids.device) + i,
                                    ttt_attend(keys, values, group))
         logits = drafter.draft_logits(normed[:, :n])         # [B, n, draft_vocab]
         p = target_p[:, 1 + i:1 + i + n]
@@ -191,8 +201,8 @@ def train(config: TrainConfig) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     model, _ = load_hf_target(None)
-    embed = model.model.embed_tokens.weight.detach()   # frozen, shared with the target
-    head = model.lm_head.weight.detach()
+    embed = model.model.embed_tokens.weight.detach().to(config.device)   # frozen, shared with the target
+    head = model.lm_head.weight.detach().to(config.device)
     examples = load_examples(config.data)
     vocab_file = out / "draft_vocab.pt"
     if not vocab_file.exists():
@@ -204,6 +214,7 @@ def train(config: TrainConfig) -> Path:
     drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
     drafter.set_draft_vocab(draft_ids)
     init_from_target(drafter, model)
+    drafter.to(config.device)
     in_vocab = drafter.t2d.clone()
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / config.warmup) * 0.5 * (
@@ -211,7 +222,7 @@ def train(config: TrainConfig) -> Path:
     start = 0
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
-        state = torch.load(ckpt)
+        state = torch.load(ckpt, map_location=config.device)
         drafter.load_state_dict(state["drafter"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
@@ -220,18 +231,19 @@ def train(config: TrainConfig) -> Path:
     batcher = Batcher(examples, config, head)
     log = open(out / "log.jsonl", "a")
     end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
+    began = time.monotonic()
     bar = tqdm(range(start, end), desc=f"train {config.variant}", initial=start, total=config.steps)
     for step in bar:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+        with torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16, enabled=config.bf16):
             loss, losses, accs = ttt_loss(drafter, embed, head, in_vocab, batcher.batch(step), config)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
         optimizer.step()
         schedule.step()
-        bar.set_postfix(loss=f"{float(loss):.3f}", acc0=f"{accs[0]:.2f}", acc_last=f"{accs[-1]:.2f}")
-        log.write(json.dumps({"step": step + 1, "loss": float(loss), "step_loss": losses, "step_acc": accs,
-                              "lr": schedule.get_last_lr()[0]}) + "\n")
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{accs[0]:.2f}", acc_last=f"{accs[-1]:.2f}")
+        log.write(json.dumps({"step": step + 1, "loss": float(loss.detach()), "step_loss": losses, "step_acc": accs,
+                              "lr": schedule.get_last_lr()[0], "elapsed_s": round(time.monotonic() - began, 3)}) + "\n")
         if (step + 1) % config.save_every == 0 or step + 1 == end:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
