@@ -102,6 +102,9 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         for steps, folders in (("1", [data]), ("2", [data, self_data])):
             subprocess.run(cli + args + ["--steps", steps, "--data", *map(str, folders)], check=True, capture_output=True)
         assert [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()] == [1, 2]
+        recorded = json.loads((run / "train_config.json").read_text())["data_stats"]   # the run describes its data
+        assert [(d["folder"], d["conversations"]) for d in recorded][0] == (str(data), 4)
+        assert recorded[1]["source"] == "self" and recorded[1]["answer_tokens"] > 0
         runs.append(run)
     shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets")
     assert [p.name for p in shipped] == ["eagle3", "eagle3.1"]

@@ -167,6 +167,17 @@ def generate(config: DataConfig) -> Path:
     return out
 
 
+def describe(folder: Path, examples: list[dict]) -> dict:
+    """How a data folder was made (its data_config.json) and what it holds."""
+    made = json.loads((Path(folder) / "data_config.json").read_text())
+    return {"folder": str(folder), "source": made["source"], "temperature": float(made["temperature"]),
+            "max_new_tokens": int(made["max_new_tokens"]), "prompts": int(made["prompts"]),
+            "batch": int(made["batch"]), "seed": int(made["seed"]), "device": made.get("device", "cpu"),
+            "shards": len(list_shards(folder)),
+            "conversations": len(examples),
+            "answer_tokens": sum(len(ex["ids"]) - ex["prompt_len"] for ex in examples)}
+
+
 def load_examples(folders: list[Path]) -> list[dict]:
     """All examples of the folders, memory-mapped: the tensors stay in the page cache, shared by
     the training runs of both variants instead of one private copy each."""

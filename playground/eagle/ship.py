@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from playground.eagle.data import list_shards
+from playground.eagle.data import describe, load_examples
 from playground.eagle.evaluate import evaluate, format_rows
 from playground.eagle.registry import shipped_path
 from playground.ui.figures import label
@@ -30,29 +30,32 @@ SOURCE_TEXT = {
 }
 
 
-def data_stats(folder: Path) -> dict:
-    """How a data folder was made, and its conversations and answer tokens (one shard in memory at a time)."""
-    conversations = answer_tokens = 0
-    for shard in list_shards(folder):
-        examples = torch.load(shard)
-        conversations += len(examples)
-        answer_tokens += sum(len(ex["ids"]) - ex["prompt_len"] for ex in examples)
-    made = json.loads((folder / "data_config.json").read_text())
-    return {"folder": str(folder), "source": made["source"], "temperature": made["temperature"],
-            "max_new_tokens": made["max_new_tokens"], "prompts": made["prompts"], "shards": len(list_shards(folder)),
-            "conversations": conversations, "answer_tokens": answer_tokens}
+NOT_HYPER_PARAMETERS = ("data", "phases", "data_stats", "out", "variant", "stop_at")
+
+
+def recorded_data(config: dict) -> list[dict]:
+    """The data a run trained on, as it recorded it (older runs: described from the folders)."""
+    if "data_stats" in config:
+        return config["data_stats"]
+    return [describe(Path(f), load_examples([Path(f)])) for f in config["data"]]
+
+
+def _count(value: int | None, what: str) -> str:
+    return f"{what}: not recorded" if value is None else f"{value:,} {what}"
 
 
 def data_section(data: list[dict], phases: list[dict]) -> str:
-    lines = [f"- `{d['folder']}`: {d['conversations']} conversations, {SOURCE_TEXT[d['source']]}; answered by the "
-             f"target (even ones greedy, odd ones sampled at temperature {d['temperature']}, up to "
-             f"{d['max_new_tokens']} new tokens): {d['answer_tokens']:,} answer tokens in {d['shards']} shards."
+    lines = [f"- `{d['folder']}`: {SOURCE_TEXT[d['source']]}; answered by the target (even ones greedy, odd ones "
+             f"sampled at temperature {d['temperature']}, up to {d['max_new_tokens']} new tokens). {d['shards']} shards, "
+             f"{_count(d['conversations'], 'conversations')}, {_count(d['answer_tokens'], 'answer tokens')}."
              for d in data]
     if len(phases) > 1:
         lines.append("- By step: " + "; ".join(f"from step {p['from_step']}: {' + '.join(p['data'])}, cosine schedule "
                                                f"over {p['steps']} steps" for p in phases) + ".")
     commands = [f"    python -m playground train data --out {d['folder']} --source {d['source']} "
-                f"--prompts {d['prompts']} --batch 32 --max-new-tokens {d['max_new_tokens']}" for d in data]
+                f"--prompts {d['prompts']} --batch {d.get('batch', 32)} --max-new-tokens {d['max_new_tokens']}"
+                + (f" --seed {d['seed']}" if d.get("seed", 0) else "")
+                + (f" --device {d['device']}" if d.get("device", "cpu") != "cpu" else "") for d in data]
     return "\n".join(lines) + "\n\n" + "\n".join(commands)
 
 
@@ -65,11 +68,14 @@ def _json_or_none(line: str) -> dict | None:
 
 
 def training_summary(run: Path, last: int = 50) -> dict:
-    """The steps trained and the mean per-depth accuracy over the last `last` steps."""
-    step = torch.load(run / "checkpoint.pt", weights_only=False)["step"]
+    """The steps trained and the mean per-depth accuracy over the last `last` steps. The exported
+    drafter is the checkpoint's; a run folder without checkpoint.pt (copied from another machine)
+    holds the drafter of its last logged step."""
+    records = [r for r in map(_json_or_none, (run / "log.jsonl").read_text().splitlines()) if r is not None]
+    ckpt = run / "checkpoint.pt"
+    step = torch.load(ckpt, weights_only=False)["step"] if ckpt.exists() else max(r["step"] for r in records)
     # an interrupted run logs steps past its last checkpoint, which the resumed run logs again: keep the last
-    by_step = {r["step"]: r for r in map(_json_or_none, (run / "log.jsonl").read_text().splitlines())
-               if r is not None and r["step"] <= step}
+    by_step = {r["step"]: r for r in records if r["step"] <= step}
     log = [by_step[s] for s in sorted(by_step)][-last:]
     depths = len(log[-1]["step_acc"])
     return {"steps": step, "accuracy_by_depth": [sum(r["step_acc"][d] for r in log) / len(log) for d in range(depths)],
@@ -105,13 +111,14 @@ and every hyper-parameter below; only the two switches differ.
 
 | hyper-parameter | value |
 |---|---|
-""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in ("data", "phases", "out", "variant", "stop_at")) + f"""
+""" + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in NOT_HYPER_PARAMETERS) + f"""
 
 Trained {trained['steps']} steps{partial}. Mean over the last 50 steps: loss {trained['loss']:.2f}, training
 accuracy by unroll depth {acc}.
 
     python -m playground train drafter --variant {variant} --data {' '.join(config['data'])} --out runs/{variant} \\
-        --steps {config['steps']} --save-every {config['save_every']}
+        --steps {config['steps']} --batch {config['batch']} --save-every {config['save_every']} \\
+        --device {config.get('device', 'cpu')}
 
 ## Evaluation
 
@@ -137,7 +144,7 @@ def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = 
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(run / "drafter", dest)
-        (dest / "README.md").write_text(model_card(variant, config, [data_stats(Path(f)) for f in config["data"]],
+        (dest / "README.md").write_text(model_card(variant, config, recorded_data(config),
                                                    training_summary(run), table, command))
         written.append(dest)
     print(table)

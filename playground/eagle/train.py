@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from playground.eagle.data import load_examples
+from playground.eagle.data import describe, load_examples
 from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, save_drafter
 from playground.eagle.registry import SHIPPED
 
@@ -183,15 +183,16 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
     return total, losses, accs
 
 
-def write_train_config(path: Path, config: TrainConfig, start: int) -> None:
-    """The run's configuration, plus `phases`: from which step it used which data folders and schedule length."""
+def write_train_config(path: Path, config: TrainConfig, start: int, data_stats: list[dict]) -> None:
+    """The run's configuration, plus `phases` (from which step it used which data folders and schedule
+    length) and `data_stats` (how the current data was made and its size; describe())."""
     fields = {k: ([str(f) for f in v] if k == "data" else str(v)) for k, v in asdict(config).items()}
     phases = json.loads(path.read_text()).get("phases", []) if path.exists() else []
     phases = [p for p in phases if p["from_step"] < start]
     phase = {"from_step": start, "data": fields["data"], "steps": config.steps}
     if not phases or {**phases[-1], "from_step": start} != phase:
         phases.append(phase)
-    path.write_text(json.dumps({**fields, "phases": phases}, indent=2))
+    path.write_text(json.dumps({**fields, "phases": phases, "data_stats": data_stats}, indent=2))
 
 
 def train(config: TrainConfig) -> Path:
@@ -203,7 +204,8 @@ def train(config: TrainConfig) -> Path:
     model, _ = load_hf_target(None)
     embed = model.model.embed_tokens.weight.detach().to(config.device)   # frozen, shared with the target
     head = model.lm_head.weight.detach().to(config.device)
-    examples = load_examples(config.data)
+    by_folder = {folder: load_examples([folder]) for folder in config.data}
+    examples = [ex for folder_examples in by_folder.values() for ex in folder_examples]
     vocab_file = out / "draft_vocab.pt"
     if not vocab_file.exists():
         torch.save(pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab), vocab_file)
@@ -227,7 +229,8 @@ def train(config: TrainConfig) -> Path:
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         start = state["step"]
-    write_train_config(out / "train_config.json", config, start)
+    write_train_config(out / "train_config.json", config, start,
+                       [describe(folder, folder_examples) for folder, folder_examples in by_folder.items()])
     batcher = Batcher(examples, config, head)
     log = open(out / "log.jsonl", "a")
     end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
