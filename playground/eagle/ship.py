@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from playground.eagle.data import describe, load_examples
 from playground.eagle.evaluate import evaluate, format_rows
 from playground.eagle.registry import shipped_path
 from playground.ui.figures import label
@@ -31,13 +30,6 @@ SOURCE_TEXT = {
 
 
 NOT_HYPER_PARAMETERS = ("data", "phases", "data_stats", "out", "variant", "stop_at")
-
-
-def recorded_data(config: dict) -> list[dict]:
-    """The data a run trained on, as it recorded it (older runs: described from the folders)."""
-    if "data_stats" in config:
-        return config["data_stats"]
-    return [describe(Path(f), load_examples([Path(f)])) for f in config["data"]]
 
 
 def _count(value: int | None, what: str) -> str:
@@ -144,7 +136,7 @@ def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = 
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(run / "drafter", dest)
-        (dest / "README.md").write_text(model_card(variant, config, recorded_data(config),
+        (dest / "README.md").write_text(model_card(variant, config, config["data_stats"],
                                                    training_summary(run), table, command))
         written.append(dest)
     print(table)
