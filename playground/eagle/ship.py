@@ -38,16 +38,16 @@ def _count(value: int | None, what: str) -> str:
 
 def data_section(data: list[dict], phases: list[dict]) -> str:
     lines = [f"- `{d['folder']}`: {SOURCE_TEXT[d['source']]}; answered by the target (even ones greedy, odd ones "
-             f"sampled at temperature {d['temperature']}, up to {d['max_new_tokens']} new tokens). {d['shards']} shards, "
-             f"{_count(d['conversations'], 'conversations')}, {_count(d['answer_tokens'], 'answer tokens')}."
-             for d in data]
+             f"sampled at temperature {d['temperature']}, up to {d['max_new_tokens']} new tokens). "
+             f"{d['shards']} shards, {_count(d['conversations'], 'conversations')}, "
+             f"{_count(d['answer_tokens'], 'answer tokens')}." for d in data]
     if len(phases) > 1:
         lines.append("- By step: " + "; ".join(f"from step {p['from_step']}: {' + '.join(p['data'])}, cosine schedule "
                                                f"over {p['steps']} steps" for p in phases) + ".")
     commands = [f"    python -m playground train data --out {d['folder']} --source {d['source']} "
-                f"--prompts {d['prompts']} --batch {d.get('batch', 32)} --max-new-tokens {d['max_new_tokens']}"
-                + (f" --seed {d['seed']}" if d.get("seed", 0) else "")
-                + (f" --device {d['device']}" if d.get("device", "cpu") != "cpu" else "") for d in data]
+                f"--prompts {d['prompts']} --batch {d['batch']} --max-new-tokens {d['max_new_tokens']}"
+                + (f" --seed {d['seed']}" if d["seed"] else "")
+                + (f" --device {d['device']}" if d["device"] != "cpu" else "") for d in data]
     return "\n".join(lines) + "\n\n" + "\n".join(commands)
 
 
@@ -110,7 +110,7 @@ accuracy by unroll depth {acc}.
 
     python -m playground train drafter --variant {variant} --data {' '.join(config['data'])} --out runs/{variant} \\
         --steps {config['steps']} --batch {config['batch']} --save-every {config['save_every']} \\
-        --device {config.get('device', 'cpu')}
+        --device {config['device']}
 
 ## Evaluation
 

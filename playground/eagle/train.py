@@ -109,6 +109,7 @@ class Batcher:
         return ex["top"]
 
     def order(self, epoch: int) -> list[list[int]]:
+        """The epoch's batches (the current epoch's are kept: every step of an epoch reads them)."""
         if epoch not in self._orders:
             self._orders = {epoch: self._shuffled(epoch)}
         return self._orders[epoch]
