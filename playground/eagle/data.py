@@ -74,7 +74,8 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
     pads = [P - len(x) for x in prompt_ids]
     ids = torch.tensor([[eos] * pad + x for pad, x in zip(pads, prompt_ids)], device=device)
     cache = target.new_cache(P + max_new_tokens, batch=B)
-    key_padding = torch.arange(P + max_new_tokens, device=device)[None, :] < torch.tensor(pads, device=device)[:, None]
+    columns = torch.arange(P + max_new_tokens, device=device)
+    key_padding = columns[None, :] < torch.tensor(pads, device=device)[:, None]   # True over each row's left padding
     sample_rows = torch.tensor(sampled, device=device)
     is_eos = torch.tensor(sorted(target.eos_ids), device=device)
 

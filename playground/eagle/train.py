@@ -245,8 +245,9 @@ def train(config: TrainConfig) -> Path:
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
         optimizer.step()
         schedule.step()
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc0=f"{accs[0]:.2f}", acc_last=f"{accs[-1]:.2f}")
-        log.write(json.dumps({"step": step + 1, "loss": float(loss.detach()), "step_loss": losses, "step_acc": accs,
+        loss_value = float(loss.detach())
+        bar.set_postfix(loss=f"{loss_value:.3f}", acc0=f"{accs[0]:.2f}", acc_last=f"{accs[-1]:.2f}")
+        log.write(json.dumps({"step": step + 1, "loss": loss_value, "step_loss": losses, "step_acc": accs,
                               "lr": schedule.get_last_lr()[0], "elapsed_s": round(time.monotonic() - began, 3)}) + "\n")
         if (step + 1) % config.save_every == 0 or step + 1 == end:
             tmp = ckpt.with_suffix(".tmp")
