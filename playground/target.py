@@ -2,7 +2,9 @@
 
 The forward pass is our own loop over the transformers Llama modules' weights, with a static
 KV cache (see kv_cache.py) and the EAGLE-3 target features collected on the way: the inputs of
-layers (2, L//2, L-3), i.e. transformers' `hidden_states[i]` for those i.
+layers (2, L//2, L-3), i.e. transformers' `hidden_states[i]` for those i. Its projections are
+packed copies (packed_linear.py: q/k/v and gate/up fused); the transformers model itself stays
+as loaded, the reference that `generate` and the tests compare against.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
 from playground.kv_cache import KVCache
+from playground.packed_linear import PackedLinear
 from playground.rope import apply_rope
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
@@ -113,6 +116,27 @@ class TargetOutput:
     final_hidden: torch.Tensor  # [B, T, hidden]: the normed state lm_head reads
 
 
+@dataclass(frozen=True)
+class DecodeLayer:
+    """One Llama decoder layer as our forward reads it."""
+    input_norm: torch.nn.Module
+    qkv: PackedLinear
+    o: PackedLinear
+    post_norm: torch.nn.Module
+    gate_up: PackedLinear
+    down: PackedLinear
+    act: torch.nn.Module
+
+    @classmethod
+    def of(cls, layer) -> "DecodeLayer":
+        attn, mlp = layer.self_attn, layer.mlp
+        return cls(input_norm=layer.input_layernorm,
+                   qkv=PackedLinear(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
+                   o=PackedLinear(attn.o_proj.weight), post_norm=layer.post_attention_layernorm,
+                   gate_up=PackedLinear(mlp.gate_proj.weight, mlp.up_proj.weight),
+                   down=PackedLinear(mlp.down_proj.weight), act=mlp.act_fn)
+
+
 class Target:
     """A Llama-family causal LM with a static KV cache and EAGLE-3 feature taps."""
 
@@ -135,6 +159,8 @@ class Target:
             eos = self.config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
         self.embed_tokens = model.model.embed_tokens
+        self.layers = [DecodeLayer.of(layer) for layer in model.model.layers]
+        self.lm_head = PackedLinear(model.lm_head.weight)
 
     @classmethod
     def load(cls, path: str | None = None, dtype: str = "float32", device: str = "cpu") -> "Target":
@@ -161,27 +187,28 @@ class Target:
         cos, sin = self.model.model.rotary_emb(h, positions[None])  # [1, T, head_dim]
         mask = _attention_mask(start, T, key_padding, ids.device)
         taps = []
-        for i, layer in enumerate(self.model.model.layers):
+        for i, layer in enumerate(self.layers):
             if i in self.aux_layers:
                 taps.append(h)
-            h = h + self._attention(layer, i, layer.input_layernorm(h), cos, sin, cache, start, mask)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + self._attention(layer, i, layer.input_norm(h), cos, sin, cache, start, mask)
+            gate, up = layer.gate_up.split(layer.post_norm(h))
+            h = h + layer.down(layer.act(gate) * up)
         cache.truncate(start + T)
         final = self.model.model.norm(h)
-        logits = self.model.lm_head(final[:, -1:] if last_only else final).float()
+        logits = self.lm_head(final[:, -1:] if last_only else final).float()
         return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
 
-    def _attention(self, layer, i, x, cos, sin, cache, start, mask):
-        attn = layer.self_attn
+    def _attention(self, layer: DecodeLayer, i, x, cos, sin, cache, start, mask):
         B, T, _ = x.shape
-        q = attn.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)     # [B, heads, T, hd]
-        k = attn.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [B, kv, T, hd]
-        v = attn.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = layer.qkv.split(x)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)     # [B, heads, T, hd]
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)  # [B, kv, T, hd]
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
         q, k = apply_rope(q, k, cos[:, None], sin[:, None])
         keys, values = cache.write(i, start, k, v)  # [B, kv, start+T, hd]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                              is_causal=(mask is None and start == 0 and T > 1), enable_gqa=True)
-        return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return layer.o(out.transpose(1, 2).reshape(B, T, -1))
 
 
 def _attention_mask(start: int, T: int, key_padding: torch.Tensor | None,

@@ -185,6 +185,10 @@ class Eagle3Drafter(nn.Module):
         # a plain attribute, not a buffer: .to(bfloat16) must not round the frequencies
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [.., n_aux * Ht] -> the first step's hidden input [.., H]."""
         if self.fc_norm is not None:

@@ -13,6 +13,7 @@ import torch
 
 from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, load_drafter
 from playground.errors import PlaygroundError
+from playground.packed_linear import pack_linears
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
 SHIPPED = {"eagle3": False, "eagle3.1": True}   # name -> EAGLE 3.1 switches on
@@ -69,7 +70,7 @@ class DrafterStore:
             drafter = load_drafter(path, self.dtype)
             info = DrafterInfo(path.name, drafter.config.variant, str(path), trained=True)
         self._check_fits(drafter, name)
-        return drafter, info
+        return pack_linears(drafter), info
 
     def random(self, eagle31: bool) -> Eagle3Drafter:
         config = DrafterConfig.for_target(self.target.config, RANDOM_DRAFT_VOCAB, self.target.aux_layers, eagle31)

@@ -61,8 +61,7 @@ class EagleProposer:
         self.drafter = drafter
         self.embed_tokens = embed_tokens
         self.sink_tokens = sink_tokens
-        dtype = drafter.lm_head.weight.dtype
-        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, dtype)
+        self.cache = KVCache(1, c.num_key_value_heads, c.head_dim, capacity, drafter.dtype)
         self.scale = c.head_dim ** -0.5
         self.group = c.num_attention_heads // c.num_key_value_heads
         self.pending_features: list[torch.Tensor] = []
@@ -79,7 +78,7 @@ class EagleProposer:
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         proposal = Proposal()
         committed = self.cache.length
-        features = torch.cat(self.pending_features).to(self.drafter.fc.weight.dtype)
+        features = torch.cat(self.pending_features).to(self.drafter.dtype)
         hidden = self.drafter.fuse(features)[None]  # [1, m, H]
         ids = torch.tensor(self.pending_ids)
         self.pending_features, self.pending_ids = [], []
