@@ -21,6 +21,7 @@ from playground.engines.events import StepEvent, reconcile
 from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Proposer
 from playground.engines.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_sampling
 from playground.errors import PlaygroundError
+from playground.packed_linear import drafting_dtype
 from playground.request import GenerationRequest
 from playground.target import Target
 from playground.text import IncrementalDetokenizer, token_text
@@ -32,7 +33,7 @@ class ReferenceEngine:
     def __init__(self, target: Target, max_tokens_limit: int | None = None):
         self.target = target
         self.tokenizer = target.tokenizer
-        self.drafters = DrafterStore(target, target.dtype)
+        self.drafters = DrafterStore(target, drafting_dtype(target.dtype, target.device))
         self.max_tokens_limit = max_tokens_limit
         # Held for one step at a time, never while a consumer holds the stream: concurrent or
         # interleaved requests take turns step by step, and an abandoned stream blocks nobody.
