@@ -5,12 +5,17 @@ code, long context (a ~1,500-token report and a question about it), and perturbe
 (chat prompts in the plain and markdown templates the drafters never saw in training).
 Every run goes through the reference engine at k=5, greedy, so it is also lossless-checked
 by construction (the engine's greedy output is the target's).
+
+One more kind, on request only, is not held out: "training prompts", the first six conversations
+of the template source (seed 0, one per prompt kind), which the shipped drafters trained on. Its
+gap to "chat" and "code" measures how far the drafters generalise beyond their training prompts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playground.eagle.prompts import conversation
 from playground.presets import long_document_prompt
 from playground.request import GenerationRequest
 from playground.stats import Pooled, pool
@@ -38,6 +43,7 @@ LONG_QUESTIONS = [
     "Summarise what happened with the smart meter project.",
 ]
 KINDS = ("chat", "code", "long context", "perturbed format")
+TRAINING_PROMPTS = "training prompts"
 
 
 def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
@@ -51,7 +57,16 @@ def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[Gene
         return [make(long_document_prompt(q)) for q in LONG_QUESTIONS]
     if kind == "perturbed format":
         return [make(p, template) for p in CHAT[:3] for template in ("plain", "markdown")]
+    if kind == TRAINING_PROMPTS:
+        return [_training_request(conversation(i), drafter, k, max_tokens) for i in range(6)]
     raise KeyError(kind)
+
+
+def _training_request(messages: list[dict], drafter: str, k: int, max_tokens: int) -> GenerationRequest:
+    system = messages[0]["content"] if messages[0]["role"] == "system" else None
+    turns = messages[1:] if system else messages
+    return GenerationRequest(prompt=turns[-1]["content"], system=system, history=tuple(turns[:-1]),
+                             drafter=drafter, k=k, max_tokens=max_tokens)
 
 
 @dataclass(frozen=True)
