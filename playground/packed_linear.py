@@ -33,6 +33,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         weight = torch.cat([w.detach() for w in weights])
         self.split_sizes = [w.shape[0] for w in weights]
+        self.out_features, self.in_features = weight.shape
         self.onednn = _onednn_packs(weight)
         # a plain attribute: an opaque oneDNN tensor is neither a parameter nor movable by .to()
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_ROWS) if self.onednn else weight

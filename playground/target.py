@@ -3,8 +3,9 @@
 The forward pass is our own loop over the transformers Llama modules' weights, with a static
 KV cache (see kv_cache.py) and the EAGLE-3 target features collected on the way: the inputs of
 layers (2, L//2, L-3), i.e. transformers' `hidden_states[i]` for those i. Its projections are
-packed copies (packed_linear.py: q/k/v and gate/up fused); the transformers model itself stays
-as loaded, the reference that `generate` and the tests compare against.
+packed for the CPU (packed_linear.py: q/k/v and gate/up fused); the transformers model they
+came from is not kept, and `Target.reference()` loads it again, as loaded, for what compares
+against transformers itself (its `generate`, the tests).
 """
 
 from __future__ import annotations
@@ -140,8 +141,9 @@ class DecodeLayer:
 class Target:
     """A Llama-family causal LM with a static KV cache and EAGLE-3 feature taps."""
 
-    def __init__(self, model, tokenizer, name: str):
-        self.model = model
+    def __init__(self, model, tokenizer, name: str, path: str | None = None):
+        """Takes what it needs from a transformers Llama `model`, which it does not keep."""
+        self.path = path
         self.device = next(model.parameters()).device
         self.tokenizer = tokenizer
         self.name = name
@@ -158,16 +160,35 @@ class Target:
         if eos is None:
             eos = self.config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
-        self.embed_tokens = model.model.embed_tokens
         self.layers = [DecodeLayer.of(layer) for layer in model.model.layers]
         self.lm_head = PackedLinear(model.lm_head.weight)
+        self.embed_tokens = _owning(model.model.embed_tokens)
+        self.norm = _owning(model.model.norm)
+        for layer in self.layers:
+            _owning(layer.input_norm), _owning(layer.post_norm)
+        self.rotary_emb = model.model.rotary_emb
+        self._reference = None
 
     @classmethod
     def load(cls, path: str | None = None, dtype: str = "float32", device: str = "cpu") -> "Target":
         if dtype not in DTYPES:
             raise PlaygroundError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
         model, tokenizer = load_hf_target(path, dtype)
-        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path))
+        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path), path)
+
+    def reference(self):
+        """The same target as transformers' own model (loaded once, on first use)."""
+        if self._reference is None:
+            dtype = next(name for name, d in DTYPES.items() if d == self.dtype)
+            self._reference = load_hf_target(self.path, dtype)[0].to(self.device)
+        return self._reference
+
+    def weight_bytes(self) -> int:
+        """What one forward reads: every projection, the head and the norms."""
+        linears = [self.lm_head] + [x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        norms = [self.norm] + [x for layer in self.layers for x in (layer.input_norm, layer.post_norm)]
+        return (sum(x.out_features * x.in_features for x in linears) * self.dtype.itemsize
+                + sum(n.weight.numel() * n.weight.element_size() for n in norms))
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype, batch, self.device)
@@ -184,7 +205,7 @@ class Target:
         start = cache.length
         positions = torch.arange(start, start + T, device=ids.device)
         h = self.embed_tokens(ids)  # [B, T, H]
-        cos, sin = self.model.model.rotary_emb(h, positions[None])  # [1, T, head_dim]
+        cos, sin = self.rotary_emb(h, positions[None])  # [1, T, head_dim]
         mask = _attention_mask(start, T, key_padding, ids.device)
         taps = []
         for i, layer in enumerate(self.layers):
@@ -194,7 +215,7 @@ class Target:
             gate, up = layer.gate_up.split(layer.post_norm(h))
             h = h + layer.down(layer.act(gate) * up)
         cache.truncate(start + T)
-        final = self.model.model.norm(h)
+        final = self.norm(h)
         logits = self.lm_head(final[:, -1:] if last_only else final).float()
         return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
 
@@ -209,6 +230,14 @@ class Target:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                              is_causal=(mask is None and start == 0 and T > 1), enable_gqa=True)
         return layer.o(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def _owning(module: torch.nn.Module) -> torch.nn.Module:
+    """The module with its parameters copied out of the checkpoint's memory map: a kept view
+    would keep the whole mapped file resident, every weight of it, after the model is dropped."""
+    for param in module.parameters():
+        param.data = param.data.clone()
+    return module
 
 
 def _attention_mask(start: int, T: int, key_padding: torch.Tensor | None,

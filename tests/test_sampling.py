@@ -89,7 +89,7 @@ def test_engine_sampling_matches_target_distribution(engine):
     assert len(seen) >= 40
     ids = torch.tensor([engine.prompt_ids(GenerationRequest(prompt=prompt)) + [first]])
     with torch.inference_mode():
-        p = probabilities(engine.target.model(ids).logits[0, -1], params)
+        p = probabilities(engine.target.reference()(ids).logits[0, -1], params)
     # buckets: the likeliest tokens expected at least 5 times each, and everything else
     order = torch.argsort(p, descending=True)
     top = order[:int((p[order] * len(seen) >= 5).sum())][:5]

@@ -55,9 +55,8 @@ class Ceiling:
 
 
 def measure(target: Target, token_counts: tuple[int, ...] = (1, 6), context: int = 128) -> Ceiling:
-    params = list(target.model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in params)
-    flops_per_token = 2 * sum(p.numel() for p in params)   # the tied embedding is read as the lm_head
+    weight_bytes = target.weight_bytes()
+    flops_per_token = 2 * weight_bytes // target.dtype.itemsize
     bandwidth, flops = memory_bandwidth(), matmul_flops()
     floor = {t: 1e3 * max(weight_bytes / bandwidth, t * flops_per_token / flops) for t in token_counts}
     measured = {}

@@ -14,7 +14,7 @@ def transformers_greedy(engine: ReferenceEngine, request: GenerationRequest) -> 
     """(new token ids, seconds) of `model.generate(do_sample=False)` on the request's prompt."""
     ids = torch.tensor([engine.prompt_ids(request)])
     start = time.perf_counter()
-    out = engine.target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_tokens,
+    out = engine.target.reference().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_tokens,
                                        do_sample=False, pad_token_id=min(engine.target.eos_ids))
     seconds = time.perf_counter() - start
     return out[0, ids.shape[1]:].tolist(), seconds
