@@ -16,6 +16,6 @@ def transformers_greedy(engine: ReferenceEngine, request: GenerationRequest) -> 
     model = engine.target.reference()   # loaded on first use: not part of the timing
     start = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=request.max_tokens,
-                                       do_sample=False, pad_token_id=min(engine.target.eos_ids))
+                         do_sample=False, pad_token_id=min(engine.target.eos_ids))
     seconds = time.perf_counter() - start
     return out[0, ids.shape[1]:].tolist(), seconds
