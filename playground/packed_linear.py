@@ -37,7 +37,6 @@ class PackedLinear(nn.Module):
         self.onednn = _onednn_packs(weight)
         # a plain attribute: an opaque oneDNN tensor is neither a parameter nor movable by .to()
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_ROWS) if self.onednn else weight
-        self.dtype = weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:

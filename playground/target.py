@@ -131,9 +131,9 @@ class DecodeLayer:
     @classmethod
     def of(cls, layer) -> "DecodeLayer":
         attn, mlp = layer.self_attn, layer.mlp
-        return cls(input_norm=layer.input_layernorm,
+        return cls(input_norm=_owning(layer.input_layernorm),
                    qkv=PackedLinear(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
-                   o=PackedLinear(attn.o_proj.weight), post_norm=layer.post_attention_layernorm,
+                   o=PackedLinear(attn.o_proj.weight), post_norm=_owning(layer.post_attention_layernorm),
                    gate_up=PackedLinear(mlp.gate_proj.weight, mlp.up_proj.weight),
                    down=PackedLinear(mlp.down_proj.weight), act=mlp.act_fn)
 
@@ -164,8 +164,6 @@ class Target:
         self.lm_head = PackedLinear(model.lm_head.weight)
         self.embed_tokens = _owning(model.model.embed_tokens)
         self.norm = _owning(model.model.norm)
-        for layer in self.layers:
-            _owning(layer.input_norm), _owning(layer.post_norm)
         self.rotary_emb = model.model.rotary_emb
         self._reference = None
 
