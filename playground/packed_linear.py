@@ -6,7 +6,8 @@ sgemm) reads them on one core at about a third of this machine's memory bandwidt
 linear reads them on every core, and with the weight reordered into its blocked layout for a
 batch of a few rows, a verify block of 6 tokens costs about what 1 token does. Projections of the
 same input (q, k, v; gate, up) pack into one matrix: fewer and larger calls. Where oneDNN cannot
-run (CUDA, other dtypes) a PackedLinear is plain F.linear.
+run (CUDA, other dtypes) a PackedLinear is plain F.linear. Drafters run in bf16 where oneDNN
+has it natively (drafting_dtype).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from torch import nn
 LAYOUT_ROWS = 8
 
 
+def _onednn_runs_on(device: torch.device) -> bool:
+    return device.type == "cpu" and torch.backends.mkldnn.is_available()
+
+
 def _onednn_packs(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (_onednn_runs_on(weight.device) and weight.dtype in (torch.float32, torch.bfloat16)
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class PackedLinear(nn.Module):
@@ -54,8 +58,7 @@ def drafting_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dty
     bytes is close to half the time; the drafter was trained under bf16 autocast, and drafts only
     propose: their precision cannot change what the target emits.
     """
-    native = (device.type == "cpu" and torch.backends.mkldnn.is_available()
-              and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    native = _onednn_runs_on(device) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.bfloat16 if native and target_dtype == torch.float32 else target_dtype
 
 

@@ -47,4 +47,5 @@ def test_converted_folder_reloads_with_identical_logits(target, tmp_path):
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
     reloaded = Target.load(str(folder))
     ids = torch.tensor([[1, 504, 3426, 314, 260]])
-    assert torch.equal(reloaded.forward(ids, reloaded.new_cache(8)).logits, target.forward(ids, target.new_cache(8)).logits)
+    ours = target.forward(ids, target.new_cache(8)).logits
+    assert torch.equal(reloaded.forward(ids, reloaded.new_cache(8)).logits, ours)

@@ -88,7 +88,8 @@ class EagleProposer:
         for depth in range(k):
             proposal.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
             attend = self._attend_fn(start=positions[0].item(), committed_end=end)
-            normed, fed_back = self.drafter.step(hidden, self.embed_tokens(ids)[None].to(self.drafter.dtype), positions, attend)
+            embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
+            normed, fed_back = self.drafter.step(hidden, embeds, positions, attend)
             if depth == 0:
                 self.cache.truncate(end)
             logits = self.drafter.draft_logits(normed[0, -1]).float()  # [draft_vocab]
