@@ -12,6 +12,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def api_client(url: str):
+    """A gradio_client for the app at `url`. The client fetches a run's files with httpx's default
+    5 s timeout, which a busy 2-core machine (vLLM servers beside the app) can exceed; a minute
+    still fails a page that hangs."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, httpx_kwargs={"timeout": 60})
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

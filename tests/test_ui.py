@@ -6,9 +6,8 @@ import sys
 import threading
 
 import pytest
-from gradio_client import Client
 
-from playground.app_process import ROOT
+from playground.app_process import ROOT, api_client
 from playground.engines.events import StepEvent
 from playground.ui import render
 
@@ -25,7 +24,7 @@ def cli_text(prompt: str, max_tokens: int, drafter: str = "eagle3.1", k: int = 4
 
 @pytest.fixture(scope="module")
 def client(app_url):
-    return Client(app_url, verbose=False)
+    return api_client(app_url)
 
 
 def run_args(prompt=PROMPT, drafter="eagle3.1", k=4, temperature=0.0, top_p=1.0, max_tokens=40,
@@ -102,7 +101,7 @@ def test_sixteen_clients_at_once_all_finish(app_url):
 
     def one():
         try:
-            results.append(Client(app_url, verbose=False).predict(*run_args(max_tokens=8), api_name="/run")[TEXT])
+            results.append(api_client(app_url).predict(*run_args(max_tokens=8), api_name="/run")[TEXT])
         except Exception as e:  # noqa: BLE001 - collected and asserted below
             errors.append(e)
 
@@ -208,7 +207,7 @@ def test_streamed_runs_do_not_pile_up_components_in_the_session(engine):
     port = free_port()
     launch(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
     try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        client = api_client(f"http://127.0.0.1:{port}/")
         sizes = []
         for drafter in ("eagle3.1", "eagle3", "none", "eagle3.1"):
             client.predict(*run_args(drafter=drafter, max_tokens=24), api_name="/run")

@@ -6,9 +6,8 @@ import threading
 import time
 
 import pytest
-from gradio_client import Client
 
-from playground.app_process import ROOT, AppServer, free_port
+from playground.app_process import ROOT, AppServer, api_client, free_port
 from playground.engines.backends import vllm_backend
 from playground.engines.vllm_client import Server, VLLMEngine
 from playground.engines.vllm_launch import spec_metrics
@@ -164,7 +163,7 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
     app = AppServer("--backend", "vllm", *urls, "--vllm-k", str(K), "--max-tokens", "512",
                     log_dir=ROOT / ".pytest_cache" / "app-logs")
     try:
-        client = Client(app.url, verbose=False)
+        client = api_client(app.url)
         request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=K, max_tokens=32)
         expected = summarize(list(engine.generate(request))).text
         out = client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 32, "vllm", api_name="/run")

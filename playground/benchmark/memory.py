@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from playground.app_process import AppServer
+from playground.app_process import AppServer, api_client
 
 PROMPTS = ("Tell me about the Moon.", "Write a Python function that adds two numbers.",
            "Give me three tips for a job interview.", "What is a rainbow?")
@@ -22,11 +22,9 @@ def _rss_mib(pid: int) -> tuple[float, float]:
 def rss_over_runs(runs: int = 200, max_tokens: int = 24) -> list[tuple[int, float, float]]:
     """(runs done, RSS MiB, peak RSS MiB) of the app process, sampled ten times over the runs."""
     every = max(1, runs // 10)
-    from gradio_client import Client
-
     app = AppServer()
     try:
-        client = Client(app.url, verbose=False)
+        client = api_client(app.url)
         pid = app.process.pid
         samples = [(0, *_rss_mib(pid))]
         for i in range(runs):
