@@ -137,10 +137,10 @@ def _add_train(sub) -> None:
 
     from playground.eagle.train import TrainConfig
 
-    p = train.add_parser("drafter", help="training-time-test training of one drafter variant")
-    p.add_argument("--variant", required=True, choices=["eagle3", "eagle3.1"])
+    p = train.add_parser("drafter", help="training-time-test training of drafter variants, side by side")
+    p.add_argument("--variant", required=True, nargs="+", choices=["eagle3", "eagle3.1"])
     p.add_argument("--data", type=Path, nargs="+", default=[Path("data/train")], help="data folders, pooled")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, nargs="+", required=True, help="one run folder per variant, in order")
     for name in ("steps", "batch", "max_len", "warmup", "ttt_steps", "draft_vocab", "seed", "save_every", "stop_at"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(TrainConfig, name))
     for name in ("lr", "decay"):
@@ -297,9 +297,13 @@ def train(args: argparse.Namespace) -> int:
         return 0
     from playground.eagle.train import TrainConfig, train as train_drafter
 
-    fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage")}
+    if len(args.variant) != len(args.out):
+        raise PlaygroundError(f"{len(args.variant)} variants but {len(args.out)} run folders: give one --out per variant")
+    fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage", "variant", "out")}
     fields["data"] = tuple(fields["data"])
-    print(f"wrote {train_drafter(TrainConfig(**fields))}")
+    configs = [TrainConfig(variant=variant, out=out, **fields) for variant, out in zip(args.variant, args.out)]
+    for folder in train_drafter(configs):
+        print(f"wrote {folder}")
     return 0
 
 

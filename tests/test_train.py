@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from playground.eagle.drafter import Eagle3Drafter
-from playground.eagle.train import TrainConfig, pick_draft_vocab, ttt_attend, ttt_loss
+from playground.eagle.train import TrainConfig, pick_draft_vocab, target_states, ttt_attend, ttt_loss
 from playground.engines.proposers import EagleProposer
 from playground.engines.sampling import SamplingParams
 from tests.test_drafter_checkpoint import small_config
@@ -61,7 +61,26 @@ def test_a_few_steps_lower_the_loss():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    assert len(losses) == 3 and float(loss) < 0.8 * first
+    assert len(losses) == 3 and float(loss.detach()) < 0.8 * first
+
+
+def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
+    """Training recomputes the target's states over right-padded batches; each row must get what
+    the target computes for its sequence alone (what the drafter reads when it drafts)."""
+    from playground import chat
+
+    seqs = [chat.encode(target.tokenizer, [{"role": "user", "content": p}])
+            for p in ("Why is the sky blue?", "Write a Python function that adds two numbers, with a docstring.")]
+    T = max(map(len, seqs))
+    ids = torch.tensor([s + [0] * (T - len(s)) for s in seqs])
+    states = target_states(target, ids)
+    for b, seq in enumerate(seqs):
+        alone = target.forward(torch.tensor([seq]), target.new_cache(len(seq)))
+        n = len(seq)
+        torch.testing.assert_close(states["features"][b, :n], alone.features[0], atol=5e-4, rtol=1e-4)
+        torch.testing.assert_close(states["final"][b, :n], alone.final_hidden[0], atol=5e-4, rtol=1e-4)
+        assert states["top"][b, :n].tolist() == alone.logits[0].argmax(-1).tolist()
+    assert states["features"].requires_grad is False and not states["features"].is_inference()
 
 
 def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine):
@@ -93,19 +112,24 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
                           "--max-new-tokens", "6"], check=True, capture_output=True)
     assert len(list(data.glob("shard-*.pt"))) == 2
     assert 1 <= sum(len(torch.load(s)) for s in self_data.glob("shard-*.pt")) <= 2
-    runs = []
-    for variant in ("eagle3", "eagle3.1"):
-        run = tmp_path / variant
-        args = ["drafter", "--variant", variant, "--out", str(run), "--batch", "2", "--draft-vocab", "512",
-                "--ttt-steps", "2", "--save-every", "1", "--warmup", "1", "--no-bf16"]
-        # the second call resumes from the first one's checkpoint, with one more data folder
-        for steps, folders in (("1", [data]), ("2", [data, self_data])):
-            subprocess.run(cli + args + ["--steps", steps, "--data", *map(str, folders)], check=True, capture_output=True)
-        assert [json.loads(line)["step"] for line in (run / "log.jsonl").read_text().splitlines()] == [1, 2]
+    runs = [tmp_path / "eagle3", tmp_path / "eagle3.1"]
+    args = ["drafter", "--variant", "eagle3", "eagle3.1", "--out", *map(str, runs), "--batch", "2",
+            "--draft-vocab", "512", "--ttt-steps", "2", "--save-every", "1", "--warmup", "1", "--no-bf16"]
+    # the second call resumes both runs from their checkpoints, with one more data folder
+    for steps, folders in (("1", [data]), ("2", [data, self_data])):
+        subprocess.run(cli + args + ["--steps", steps, "--data", *map(str, folders)], check=True, capture_output=True)
+    logs = [[json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()] for run in runs]
+    for run, log in zip(runs, logs):
+        assert [r["step"] for r in log] == [1, 2]
         recorded = json.loads((run / "train_config.json").read_text())["data_stats"]   # the run describes its data
         assert [(d["folder"], d["conversations"]) for d in recorded][0] == (str(data), 4)
         assert recorded[1]["source"] == "self" and recorded[1]["answer_tokens"] > 0
-        runs.append(run)
+    # the same batches, different drafters: the losses differ, and the two switches are the difference
+    assert [r["loss"] for r in logs[0]] != [r["loss"] for r in logs[1]]
+    one_folder = subprocess.run(cli + ["drafter", "--variant", "eagle3", "eagle3.1", "--out", str(runs[0])],
+                                capture_output=True, text=True)
+    assert one_folder.returncode != 0 and "give one --out per variant" in one_folder.stderr
+    assert "Traceback" not in one_folder.stderr
     shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets")
     assert [p.name for p in shipped] == ["eagle3", "eagle3.1"]
     for folder in shipped:

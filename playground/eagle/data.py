@@ -1,16 +1,16 @@
-"""Self-distillation data: the target's own answers to the training prompts, with its states.
+"""Self-distillation data: the target's own answers to the training prompts.
 
     python -m playground train data --out data/train --prompts 6000 --batch 32 --max-new-tokens 256
 
     python -m playground train data --out data/self --source self --prompts 2000
 
-Each shard holds, per conversation: the token ids (prompt + answer, ending at EOS or the
-length cap), the prompt length, the target features at the three fused layers for every
-position but the last, and the target's final normed state there (its logits, cheaply:
-lm_head(final) restricted to the draft vocabulary is the training target). Even-numbered
-conversations are answered greedily, odd ones sampled. With `--source self` the
-target first writes the user turns itself (prompts.py); a shard keeps those that came out whole. Shards are written atomically and
-skipped when present, so an interrupted run resumes where it stopped.
+Each shard holds, per conversation, the token ids (prompt + answer, ending at EOS or the length
+cap) and the prompt length. The target's states are not stored: training recomputes them
+(train.target_states), which costs one target forward per batch but keeps a shard at 4 bytes per
+token instead of 4.6 KB, so the data can grow as far as the prompt sources go.
+Even-numbered conversations are answered greedily, odd ones sampled. With `--source self` the
+target first writes the user turns itself (prompts.py); a shard keeps those that came out whole.
+Shards are written atomically and skipped when present, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -55,19 +55,11 @@ def list_shards(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob("shard-*.pt"))
 
 
-@dataclass
-class Continuations:
-    prompt_ids: list[list[int]]
-    replies: list[list[int]]          # each ends at (and includes) EOS, or at the length cap
-    pads: list[int]                   # left padding of each row
-    features: torch.Tensor | None     # [B, P + n - 1, 3 * H]: the states of every position but the last
-    finals: torch.Tensor | None       # [B, P + n - 1, H]
-
-
 @torch.inference_mode()
 def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
-                   params: SamplingParams, generator: torch.Generator, keep_states: bool = True) -> Continuations:
-    """Continue a batch of prompts (left-padded) greedily or by sampling, row by row."""
+                   params: SamplingParams, generator: torch.Generator) -> list[list[int]]:
+    """Continue a batch of prompts (left-padded) greedily or by sampling, row by row. Each reply
+    ends at (and includes) EOS, or at the length cap."""
     B, P = len(prompt_ids), max(len(x) for x in prompt_ids)
     eos = min(target.eos_ids)
     device = target.device
@@ -80,7 +72,7 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
     is_eos = torch.tensor(sorted(target.eos_ids), device=device)
 
     out = target.forward(ids, cache, last_only=True, key_padding=key_padding)
-    features, finals, answer = [out.features], [out.final_hidden], []
+    answer = []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
         logits = out.logits[:, -1]
@@ -94,35 +86,22 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
         if done.all() or len(answer) == max_new_tokens:
             break
         out = target.forward(next_ids[:, None], cache, last_only=True, key_padding=key_padding)
-        if keep_states:
-            features.append(out.features)
-            finals.append(out.final_hidden)
 
     replies = []
     for reply in torch.stack(answer, 1).tolist():
         stop = next((i + 1 for i, t in enumerate(reply) if t in target.eos_ids), len(reply))
         replies.append(reply[:stop])
-    if not keep_states:
-        return Continuations(prompt_ids, replies, pads, None, None)
-    return Continuations(prompt_ids, replies, pads, torch.cat(features, 1), torch.cat(finals, 1))
+    return replies
 
 
 def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[bool],
                  max_new_tokens: int, temperature: float, generator: torch.Generator) -> list[dict]:
-    """The target's answers to a batch of conversations, with its states at every position."""
+    """The target's answers to a batch of conversations: {"ids": prompt + answer, "prompt_len"} each."""
     prompt_ids = [chat.encode(target.tokenizer, conv) for conv in conversations]
-    c = continue_batch(target, prompt_ids, sampled, max_new_tokens, SamplingParams(temperature=temperature), generator)
-    examples = []
-    for b, (prompt, reply) in enumerate(zip(c.prompt_ids, c.replies)):
-        seq = prompt + reply
-        end = c.pads[b] + len(seq) - 1
-        examples.append({
-            "ids": torch.tensor(seq, dtype=torch.int32),
-            "prompt_len": len(prompt),
-            "features": c.features[b, c.pads[b]:end].to("cpu", torch.bfloat16).clone(),
-            "final": c.finals[b, c.pads[b]:end].to("cpu", torch.bfloat16).clone(),
-        })
-    return examples
+    replies = continue_batch(target, prompt_ids, sampled, max_new_tokens, SamplingParams(temperature=temperature),
+                             generator)
+    return [{"ids": torch.tensor(prompt + reply, dtype=torch.int32), "prompt_len": len(prompt)}
+            for prompt, reply in zip(prompt_ids, replies)]
 
 
 def self_written_conversations(target: Target, first: int, count: int, seed: int,
@@ -133,10 +112,10 @@ def self_written_conversations(target: Target, first: int, count: int, seed: int
     starts = [prompts.self_prompt_start(first * 2 + i, seed) for i in range(2 * count)]
     prompt_ids = [tok(chat.user_turn_prefix(tok, system) + opening, add_special_tokens=False).input_ids
                   for system, opening in starts]
-    c = continue_batch(target, prompt_ids, [True] * len(starts), SELF_PROMPT_TOKENS, SELF_PROMPT_SAMPLING,
-                       generator, keep_states=False)
+    replies = continue_batch(target, prompt_ids, [True] * len(starts), SELF_PROMPT_TOKENS, SELF_PROMPT_SAMPLING,
+                             generator)
     kept, seen = [], set()
-    for (system, opening), reply in zip(starts, c.replies):
+    for (system, opening), reply in zip(starts, replies):
         if reply[-1:] and reply[-1] in target.eos_ids:
             text = (opening + tok.decode(reply[:-1])).strip()
             if text != opening and text not in seen:
@@ -180,6 +159,4 @@ def describe(folder: Path, examples: list[dict]) -> dict:
 
 
 def load_examples(folders: list[Path]) -> list[dict]:
-    """All examples of the folders, memory-mapped: the tensors stay in the page cache, shared by
-    the training runs of both variants instead of one private copy each."""
-    return [ex for folder in folders for shard in list_shards(folder) for ex in torch.load(shard, mmap=True)]
+    return [ex for folder in folders for shard in list_shards(folder) for ex in torch.load(shard)]

@@ -88,8 +88,8 @@ fused target layers 2, 15 and 27) with {switches}. vLLM's EAGLE-3 checkpoint for
 
 ## Data
 
-Self-distillation from the target itself, no downloads; every example keeps the target's fused
-features and final state at every position.
+Self-distillation from the target itself, no downloads: the target's answers as token ids. Training
+recomputes the target's fused features and distribution from the ids for every batch.
 
 {data_section(data, config.get('phases', []))}
 

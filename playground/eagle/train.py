@@ -1,12 +1,15 @@
-"""Training-time-test training of an EAGLE 3 / EAGLE 3.1 drafter on self-distillation data.
+"""Training-time-test training of EAGLE 3 and EAGLE 3.1 drafters on self-distillation data.
 
-    python -m playground train drafter --variant eagle3.1 --data data/train data/self --out runs/eagle3.1 --steps 3000
-    python -m playground train drafter --variant eagle3   --data data/train data/self --out runs/eagle3   --steps 3000
+    python -m playground train drafter --variant eagle3 eagle3.1 --out runs/eagle3 runs/eagle3.1 \
+        --data data/train data/self --steps 3000
 
-Both variants take the same data, seed, order, steps and hyper-parameters; only the two 3.1
-switches differ. A run checkpoints every --save-every steps and resumes from its folder;
---stop-at N ends a session at step N without changing the schedule (to keep two runs in step).
-A run resumed with other data folders records from which step it used them (train_config.json).
+The variants named together train side by side in one process, on the same batches in the same
+order, with the same seed, steps and hyper-parameters: only the two 3.1 switches differ. The
+target runs beside them: every batch's features and target distribution come from one target
+forward over its token ids (target_states), shared by all the drafters, so the data is only token ids.
+Each run checkpoints every --save-every steps and resumes from its folder; --stop-at N ends a
+session at step N without changing the schedule. A run resumed with other data folders records
+from which step it used them (train_config.json).
 
 The recipe (EAGLE-3, "training-time test"): unroll the drafter `ttt_steps` times per sequence.
 Step 0 reads fc(target features); step i > 0 reads the drafter's own output state of step i-1
@@ -24,7 +27,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,6 +37,8 @@ from tqdm import tqdm
 from playground.eagle.data import describe, load_examples
 from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, save_drafter
 from playground.eagle.registry import SHIPPED
+from playground.errors import PlaygroundError
+from playground.target import Target, aux_layer_ids
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class TrainConfig:
     save_every: int = 200
     bf16: bool = True            # bf16 autocast for the drafter's matmuls (about 1.5x on CPUs with AVX512-BF16)
     stop_at: int = 0             # > 0: save and stop after this step (the schedule still spans `steps`)
-    device: str = "cpu"          # cpu | cuda (the recipe is the same; the data stays on the host)
+    device: str = "cpu"          # cpu | cuda (the recipe is the same; the target runs there too)
 
 
 def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
@@ -93,20 +98,24 @@ def init_from_target(drafter: Eagle3Drafter, model) -> None:
         drafter.norm.weight.copy_(model.model.norm.weight)
 
 
-class Batcher:
-    """Padded batches of examples in a seeded order; the position in the order is resumable."""
+@torch.no_grad()
+def target_states(target: Target, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The target's fused features [B, T, 3H], final normed states [B, T, H] and full-vocabulary
+    argmax [B, T] over right-padded ids [B, T] (attention is causal: padding changes no real position)."""
+    out = target.forward(ids, target.new_cache(ids.shape[1], batch=ids.shape[0]), last_only=True)
+    top = torch.stack([target.lm_head(final).argmax(-1) for final in out.final_hidden])  # a row's logits at a time
+    # clones: the forward runs in inference mode, and autograd may not save inference tensors
+    return {"features": out.features.clone(), "final": out.final_hidden.clone(), "top": top.clone()}
 
-    def __init__(self, examples: list[dict], config: TrainConfig, head: torch.Tensor):
-        self.examples, self.config, self.head = examples, config, head
+
+class Batcher:
+    """Padded batches of examples in a seeded order, with the target's states; the position in the
+    order is resumable."""
+
+    def __init__(self, examples: list[dict], config: TrainConfig, target: Target):
+        self.examples, self.config, self.target = examples, config, target
         self._orders: dict[int, list[list[int]]] = {}
         self.per_epoch = len(self.order(0))
-
-    def target_top(self, ex: dict) -> torch.Tensor:
-        """The target's argmax at each position, over the full vocabulary (computed once per example)."""
-        if "top" not in ex:
-            with torch.no_grad():
-                ex["top"] = (ex["final"].to(self.head.device).float() @ self.head.T).argmax(-1).cpu()
-        return ex["top"]
 
     def order(self, epoch: int) -> list[list[int]]:
         """The epoch's batches (the current epoch's are kept: every step of an epoch reads them)."""
@@ -122,31 +131,24 @@ class Batcher:
         size, pool = self.config.batch, self.config.batch * 32
         batches = []
         for start in range(0, len(idx) - size + 1, pool):
-            group = sorted(idx[start:start + pool], key=lambda j: len(self.examples[j]["features"]))
+            group = sorted(idx[start:start + pool], key=lambda j: len(self.examples[j]["ids"]))
             batches += [group[b:b + size] for b in range(0, len(group) - size + 1, size)]
         rng.shuffle(batches)
         return batches
 
     def batch(self, step: int) -> dict:
+        """ids [B, T + 1], the answer mask [B, T + 1], and the target's states at positions 0..T-1."""
         epoch, i = divmod(step, self.per_epoch)
         chosen = [self.examples[j] for j in self.order(epoch)[i]]
-        T = min(self.config.max_len, max(len(ex["features"]) for ex in chosen))
-        B = len(chosen)
-        ids = torch.zeros(B, T + 1, dtype=torch.long)
-        features = torch.zeros(B, T, chosen[0]["features"].shape[-1], dtype=torch.bfloat16)   # as stored
-        final = torch.zeros(B, T, chosen[0]["final"].shape[-1], dtype=torch.bfloat16)
-        answer = torch.zeros(B, T + 1, dtype=torch.bool)
-        top = torch.zeros(B, T, dtype=torch.long)
+        T = min(self.config.max_len, max(len(ex["ids"]) - 1 for ex in chosen))
+        ids = torch.zeros(len(chosen), T + 1, dtype=torch.long)
+        answer = torch.zeros(len(chosen), T + 1, dtype=torch.bool)
         for b, ex in enumerate(chosen):
-            n = min(T, len(ex["features"]))
-            top[b, :n] = self.target_top(ex)[:n]
-            ids[b, :n + 1] = ex["ids"][:n + 1].long()
-            features[b, :n] = ex["features"][:n]
-            final[b, :n] = ex["final"][:n]
-            answer[b, ex["prompt_len"]:n + 1] = True
-        batch = {"ids": ids, "features": features, "final": final, "answer": answer, "top": top}
-        batch = {k: v.to(self.config.device) for k, v in batch.items()}
-        return {**batch, "features": batch["features"].float(), "final": batch["final"].float()}
+            n = min(T + 1, len(ex["ids"]))
+            ids[b, :n] = ex["ids"][:n].long()
+            answer[b, ex["prompt_len"]:n] = True
+        ids, answer = ids.to(self.config.device), answer.to(self.config.device)
+        return {"ids": ids, "answer": answer, **target_states(self.target, ids[:, :T])}
 
 
 def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
@@ -196,65 +198,93 @@ def write_train_config(path: Path, config: TrainConfig, start: int, data_stats: 
     path.write_text(json.dumps({**fields, "phases": phases, "data_stats": data_stats}, indent=2))
 
 
-def train(config: TrainConfig) -> Path:
-    from playground.target import aux_layer_ids, load_hf_target
+class Run:
+    """One variant's training in its run folder: drafter, optimizer, schedule, log and checkpoint.
+    `start` is the step its checkpoint reached (0 for a new run)."""
 
+    def __init__(self, config: TrainConfig, model, examples: list[dict], data_stats: list[dict]):
+        self.config = config
+        self.out = Path(config.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        vocab_file = self.out / "draft_vocab.pt"
+        if not vocab_file.exists():
+            torch.save(pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab), vocab_file)
+        drafter_config = DrafterConfig.for_target(model.config, config.draft_vocab,
+                                                 aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
+        self.drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
+        self.drafter.set_draft_vocab(torch.load(vocab_file))
+        init_from_target(self.drafter, model)
+        self.drafter.to(config.device)
+        self.in_vocab = self.drafter.t2d.clone()
+        self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / config.warmup)
+                                                          * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps))))
+        self.checkpoint = self.out / "checkpoint.pt"
+        self.start = 0
+        if self.checkpoint.exists():
+            state = torch.load(self.checkpoint, map_location=config.device)
+            self.drafter.load_state_dict(state["drafter"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.schedule.load_state_dict(state["schedule"])
+            self.start = state["step"]
+        write_train_config(self.out / "train_config.json", config, self.start, data_stats)
+        self.log = open(self.out / "log.jsonl", "a")
+        self.began = time.monotonic()
+
+    def train_step(self, step: int, batch: dict, embed: torch.Tensor, head: torch.Tensor) -> tuple[float, float]:
+        """One optimizer step on the batch, logged; (loss, first-depth accuracy)."""
+        with torch.autocast(torch.device(self.config.device).type, dtype=torch.bfloat16, enabled=self.config.bf16):
+            loss, losses, accs = ttt_loss(self.drafter, embed, head, self.in_vocab, batch, self.config)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 0.5)
+        self.optimizer.step()
+        self.schedule.step()
+        loss_value = float(loss.detach())
+        self.log.write(json.dumps({"step": step + 1, "loss": loss_value, "step_loss": losses, "step_acc": accs,
+                                   "lr": self.schedule.get_last_lr()[0],
+                                   "elapsed_s": round(time.monotonic() - self.began, 3)}) + "\n")
+        return loss_value, accs[0]
+
+    def save(self, step: int) -> None:
+        tmp = self.checkpoint.with_suffix(".tmp")
+        torch.save({"drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "schedule": self.schedule.state_dict(), "step": step}, tmp)
+        os.replace(tmp, self.checkpoint)
+        save_drafter(self.drafter, self.out / "drafter")
+        self.log.flush()
+
+
+def train(configs: list[TrainConfig]) -> list[Path]:
+    """Train one drafter per config side by side, on the same batches and the same target states.
+    The configs may differ only in variant and run folder."""
+    config = configs[0]
+    if len({replace(c, variant="", out=Path()) for c in configs}) > 1:
+        raise PlaygroundError("drafters trained side by side share every setting but the variant and the run folder")
+    if len({c.variant for c in configs}) < len(configs) or len({Path(c.out) for c in configs}) < len(configs):
+        raise PlaygroundError("one run folder per variant, each variant once")
     torch.manual_seed(config.seed)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model, _ = load_hf_target(None)
-    embed = model.model.embed_tokens.weight.detach().to(config.device)   # frozen, shared with the target
-    head = model.lm_head.weight.detach().to(config.device)
+    target = Target.load(None, "float32", config.device)
+    model = target.reference()       # transformers' own model: the plain weights the drafter starts from
+    embed = model.model.embed_tokens.weight.detach()   # frozen, shared with the target
+    head = model.lm_head.weight.detach()
     by_folder = {folder: load_examples([folder]) for folder in config.data}
     examples = [ex for folder_examples in by_folder.values() for ex in folder_examples]
-    vocab_file = out / "draft_vocab.pt"
-    if not vocab_file.exists():
-        torch.save(pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab), vocab_file)
-    draft_ids = torch.load(vocab_file)
-
-    drafter_config = DrafterConfig.for_target(model.config, config.draft_vocab,
-                                             aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
-    drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
-    drafter.set_draft_vocab(draft_ids)
-    init_from_target(drafter, model)
-    drafter.to(config.device)
-    in_vocab = drafter.t2d.clone()
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / config.warmup) * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, s / config.steps))))
-    start = 0
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location=config.device)
-        drafter.load_state_dict(state["drafter"])
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        start = state["step"]
-    write_train_config(out / "train_config.json", config, start,
-                       [describe(folder, folder_examples) for folder, folder_examples in by_folder.items()])
-    batcher = Batcher(examples, config, head)
-    log = open(out / "log.jsonl", "a")
+    data_stats = [describe(folder, folder_examples) for folder, folder_examples in by_folder.items()]
+    runs = [Run(c, model, examples, data_stats) for c in configs]
+    batcher = Batcher(examples, config, target)
     end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
-    began = time.monotonic()
-    bar = tqdm(range(start, end), desc=f"train {config.variant}", initial=start, total=config.steps)
+    first = min(run.start for run in runs)
+    bar = tqdm(range(first, end), desc="train " + " + ".join(c.variant for c in configs), initial=first,
+               total=config.steps)
     for step in bar:
-        with torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16, enabled=config.bf16):
-            loss, losses, accs = ttt_loss(drafter, embed, head, in_vocab, batcher.batch(step), config)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 0.5)
-        optimizer.step()
-        schedule.step()
-        loss_value = float(loss.detach())
-        bar.set_postfix(loss=f"{loss_value:.3f}", acc0=f"{accs[0]:.2f}", acc_last=f"{accs[-1]:.2f}")
-        log.write(json.dumps({"step": step + 1, "loss": loss_value, "step_loss": losses, "step_acc": accs,
-                              "lr": schedule.get_last_lr()[0], "elapsed_s": round(time.monotonic() - began, 3)}) + "\n")
+        batch = batcher.batch(step)   # the target's states in float32, outside autocast
+        # a run ahead of the others (interrupted between two runs' saves) skips the steps it has done
+        done = {run.config.variant: run.train_step(step, batch, embed, head) for run in runs if step >= run.start}
+        bar.set_postfix({variant: f"loss {loss:.3f} acc0 {acc:.2f}" for variant, (loss, acc) in done.items()})
         if (step + 1) % config.save_every == 0 or step + 1 == end:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(),
-                        "schedule": schedule.state_dict(), "step": step + 1}, tmp)
-            os.replace(tmp, ckpt)
-            save_drafter(drafter, out / "drafter")
-            log.flush()
-    log.close()
-    return out / "drafter"
+            for run in runs:
+                run.save(step + 1)
+    for run in runs:
+        run.log.close()
+    return [run.out / "drafter" for run in runs]
