@@ -1,5 +1,6 @@
 """Training-time test sees exactly what chain drafting sees, and training lowers the loss."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -126,6 +127,12 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         assert recorded[1]["source"] == "self" and recorded[1]["answer_tokens"] > 0
     # the same batches, different drafters: the losses differ, and the two switches are the difference
     assert [r["loss"] for r in logs[0]] != [r["loss"] for r in logs[1]]
+    # side by side changes nothing for a run: EAGLE 3 trained alone logs the same losses
+    alone = tmp_path / "eagle3-alone"
+    subprocess.run(cli + ["drafter", "--variant", "eagle3", "--out", str(alone), *args[7:], "--steps", "1",
+                          "--data", str(data)], check=True, capture_output=True)
+    alone_log = [json.loads(line) for line in (alone / "log.jsonl").read_text().splitlines()]
+    assert alone_log[0]["loss"] == pytest.approx(logs[0][0]["loss"], rel=1e-6)
     one_folder = subprocess.run(cli + ["drafter", "--variant", "eagle3", "eagle3.1", "--out", str(runs[0])],
                                 capture_output=True, text=True)
     assert one_folder.returncode != 0 and "give one --out per variant" in one_folder.stderr
