@@ -213,8 +213,8 @@ class Run:
                                                  aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
         self.drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
         self.drafter.set_draft_vocab(torch.load(vocab_file))
+        self.drafter.to(config.device)   # where the target's model is
         init_from_target(self.drafter, model)
-        self.drafter.to(config.device)
         self.in_vocab = self.drafter.t2d.clone()
         self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / config.warmup)
