@@ -92,6 +92,7 @@ def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(en
     assert pooled.runs == 4 and pooled.min_prompt_tokens >= 1500
     assert len(pooled.acceptance) == 3 and pooled.mean_acceptance_length >= 1.0
     assert "| long context | eagle3.1 | 4 |" in format_rows(rows)
+    assert 0.5 < rows[0].draftable <= 1.0 and format_rows(rows).endswith(f"| {rows[0].draftable:.3f} |")
     assert {r.template for r in eval_requests("perturbed format", "eagle3", 5, 8)} == {"plain", "markdown"}
 
 

@@ -4,7 +4,9 @@ Four kinds, written for evaluation and absent from the training prompt set: ever
 code, long context (a ~1,500-token report and a question about it), and perturbed formats
 (chat prompts in the plain and markdown templates the drafters never saw in training).
 Every run goes through the reference engine at k=5, greedy, so it is also lossless-checked
-by construction (the engine's greedy output is the target's).
+by construction (the engine's greedy output is the target's). Next to tau, a row gives the share
+of the answer's tokens inside the drafter's draft vocabulary: no drafter can propose the others,
+so it bounds every depth's acceptance.
 
 One more kind, on request only, is not held out: "training prompts", the first six conversations
 of the template source (seed 0, one per prompt kind), which the shipped drafters trained on. Its
@@ -14,6 +16,8 @@ gap to "chat" and "code" measures how far the drafters generalise beyond their t
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from playground.eagle.prompts import conversation
 from playground.presets import long_document_prompt
@@ -74,20 +78,29 @@ class EvalRow:
     drafter: str
     kind: str
     pooled: Pooled
+    draftable: float   # share of the answer tokens inside the drafter's draft vocabulary: the others cannot be accepted
 
 
 def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS) -> list[EvalRow]:
     """One row per kind and drafter; tau and acceptance pooled over all the kind's steps."""
-    return [EvalRow(drafter, kind, pool([list(engine.generate(r)) for r in eval_requests(kind, drafter, k, max_tokens)]))
-            for kind in kinds for drafter in drafters]
+    rows = []
+    for kind in kinds:
+        for name in drafters:
+            runs = [list(engine.generate(r)) for r in eval_requests(kind, name, k, max_tokens)]
+            answer = torch.tensor([t for run in runs for e in run for t in e.token_ids], dtype=torch.long)
+            drafter, _ = engine.drafters.get(name)
+            draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
+            rows.append(EvalRow(name, kind, pool(runs), draftable))
+    return rows
 
 
 def format_rows(rows: list[EvalRow]) -> str:
     lines = ["| kind | drafter | prompts | min prompt tokens | tau | acceptance by depth | sink attention by depth "
-             "| fed-back RMS by depth |", "|---|---|---:|---:|---:|---|---|---|"]
+             "| fed-back RMS by depth | draftable |", "|---|---|---:|---:|---:|---|---|---|---:|"]
     fmt = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
     for r in rows:
         p = r.pooled
         lines.append(f"| {r.kind} | {r.drafter} | {p.runs} | {p.min_prompt_tokens} | {p.mean_acceptance_length:.2f} | "
-                     f"{fmt(p.acceptance)} | {fmt(p.sink_attention, '{:.3f}')} | {fmt(p.hidden_norm)} |")
+                     f"{fmt(p.acceptance)} | {fmt(p.sink_attention, '{:.3f}')} | {fmt(p.hidden_norm)} | "
+                     f"{r.draftable:.3f} |")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -127,7 +128,7 @@ def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = 
     folders = {variant: str(run / "drafter") for variant, run in configs.items()}
     rows = evaluate(engine, list(folders.values()), max_tokens=max_tokens)
     names = {folder: variant for variant, folder in folders.items()}
-    table = format_rows([type(r)(names[r.drafter], r.kind, r.pooled) for r in rows])
+    table = format_rows([replace(r, drafter=names[r.drafter]) for r in rows])
     command = (f"python -m playground train eval --drafters {' '.join(configs)} --max-tokens {max_tokens}")
     written = []
     for variant, run in configs.items():
