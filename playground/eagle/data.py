@@ -6,8 +6,8 @@
 
 Each shard holds, per conversation, the token ids (prompt + answer, ending at EOS or the length
 cap) and the prompt length. The target's states are not stored: training recomputes them
-(train.target_states), which costs one target forward per batch but keeps a shard at 4 bytes per
-token instead of 4.6 KB, so the data can grow as far as the prompt sources go.
+(train.target_states), which costs one target forward per batch but keeps a shard at about 5 bytes
+per token instead of 4.6 KB, so the data can grow as far as the prompt sources go.
 Even-numbered conversations are answered greedily, odd ones sampled. With `--source self` the
 target first writes the user turns itself (prompts.py); a shard keeps those that came out whole.
 Shards are written atomically and skipped when present, so an interrupted run resumes where it stopped.
