@@ -22,6 +22,7 @@ vocabulary, masked where the target's argmax lies outside it; total sum_i decay^
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -202,13 +204,14 @@ class Run:
     """One variant's training in its run folder: drafter, optimizer, schedule, log and checkpoint.
     `start` is the step its checkpoint reached (0 for a new run)."""
 
-    def __init__(self, config: TrainConfig, model, examples: list[dict], data_stats: list[dict]):
+    def __init__(self, config: TrainConfig, model, frequent_tokens: Callable[[], torch.Tensor], data_stats: list[dict]):
+        """`frequent_tokens` picks the draft vocabulary of a new run; a resumed run keeps its own."""
         self.config = config
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         vocab_file = self.out / "draft_vocab.pt"
         if not vocab_file.exists():
-            torch.save(pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab), vocab_file)
+            torch.save(frequent_tokens(), vocab_file)
         drafter_config = DrafterConfig.for_target(model.config, config.draft_vocab,
                                                  aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
         self.drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
@@ -271,7 +274,9 @@ def train(configs: list[TrainConfig]) -> list[Path]:
     by_folder = {folder: load_examples([folder]) for folder in config.data}
     examples = [ex for folder_examples in by_folder.values() for ex in folder_examples]
     data_stats = [describe(folder, folder_examples) for folder, folder_examples in by_folder.items()]
-    runs = [Run(c, model, examples, data_stats) for c in configs]
+    # picked once for all the new runs (the same data gives them the same vocabulary)
+    frequent_tokens = functools.cache(lambda: pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab))
+    runs = [Run(c, model, frequent_tokens, data_stats) for c in configs]
     batcher = Batcher(examples, config, target)
     end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
     first = min(run.start for run in runs)
