@@ -1,4 +1,4 @@
-"""Command line: `python -m playground generate | convert | train data|drafter|eval | bench [ui|vllm|memory]`.
+"""Command line: `python -m playground generate | convert | train data|drafter|validate|eval|ship | bench [ui|vllm|memory]`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_train(sub) -> None:
     from playground.eagle.data import SOURCES, DataConfig
 
-    train = sub.add_parser("train", help="build drafters: data, drafter, eval").add_subparsers(dest="stage", required=True)
+    train = sub.add_parser("train", help="build drafters: data, drafter, validate, eval, ship").add_subparsers(dest="stage", required=True)
     p = train.add_parser("data", help="self-distillation data from the embedded target")
     p.add_argument("--out", type=Path, default=Path("data/train"))
     p.add_argument("--prompts", type=int, default=DataConfig.prompts)
@@ -148,6 +148,18 @@ def _add_train(sub) -> None:
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16,
                    help="bf16 autocast for the drafter (default on)")
     p.add_argument("--device", default=TrainConfig.device, help="where the drafter trains: cpu or cuda")
+    p.add_argument("--val-data", type=Path, nargs="+", default=[],
+                   help="held-out data folders: loss and accuracy by depth at every save (val.jsonl)")
+
+    p = train.add_parser("validate", help="training's loss and accuracy by depth of trained drafters on "
+                                          "held-out data folders (teacher-forced)")
+    p.add_argument("--drafters", nargs="+", default=["eagle3", "eagle3.1"],
+                   help="drafter names or checkpoint folders (default: the shipped two)")
+    p.add_argument("--data", type=Path, nargs="+", required=True, help="data folders of train data, pooled")
+    p.add_argument("--sequences", type=int, default=256, help="at most this many sequences")
+    p.add_argument("--ttt-steps", type=int, default=TrainConfig.ttt_steps, help="unroll depth measured")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16)
+    p.add_argument("--device", default="cpu")
 
     p = train.add_parser("ship", help="evaluate trained runs and copy them to assets/drafters with model cards")
     p.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders of train drafter")
@@ -295,12 +307,18 @@ def train(args: argparse.Namespace) -> int:
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                  source=args.source, device=args.device))
         return 0
+    if args.stage == "validate":
+        from playground.eagle.train import format_validation, validate_drafters
+
+        print(format_validation(validate_drafters(args.drafters, args.data, args.device, args.sequences,
+                                                  args.ttt_steps, args.bf16)))
+        return 0
     from playground.eagle.train import TrainConfig, train as train_drafter
 
     if len(args.variant) != len(args.out):
         raise PlaygroundError(f"{len(args.variant)} variants but {len(args.out)} run folders: give one --out per variant")
     fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage", "variant", "out")}
-    fields["data"] = tuple(fields["data"])
+    fields["data"], fields["val_data"] = tuple(fields["data"]), tuple(fields["val_data"])
     configs = [TrainConfig(variant=variant, out=out, **fields) for variant, out in zip(args.variant, args.out)]
     for folder in train_drafter(configs):
         print(f"wrote {folder}")

@@ -57,7 +57,8 @@ def test_a_few_steps_lower_the_loss():
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
     first = None
     for _ in range(30):
-        loss, losses, accs = ttt_loss(drafter, embed, head, drafter.t2d.clone(), batch, config)
+        loss, losses, accs, _ = ttt_loss(drafter, embed, head, drafter.t2d.clone(), batch, config.ttt_steps,
+                                         config.decay)
         first = first if first is not None else float(loss.detach())
         optimizer.zero_grad()
         loss.backward()
@@ -117,12 +118,16 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
     runs = [tmp_path / "eagle3", tmp_path / "eagle3.1"]
     args = ["drafter", "--variant", "eagle3", "eagle3.1", "--out", *map(str, runs), "--batch", "2",
             "--draft-vocab", "512", "--ttt-steps", "2", "--save-every", "1", "--warmup", "1", "--no-bf16"]
-    # the second call resumes both runs from their checkpoints, with one more data folder
-    for steps, folders in (("1", [data]), ("2", [data, self_data])):
-        subprocess.run(cli + args + ["--steps", steps, "--data", *map(str, folders)], check=True, capture_output=True)
+    # the second call resumes both runs from their checkpoints, with one more data folder (the first
+    # holds the self-written data out and measures the drafters on it at every save)
+    for steps, folders, held_out in (("1", [data], [self_data]), ("2", [data, self_data], [])):
+        subprocess.run(cli + args + ["--steps", steps, "--data", *map(str, folders)]
+                       + (["--val-data", *map(str, held_out)] if held_out else []), check=True, capture_output=True)
     logs = [[json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()] for run in runs]
     for run, log in zip(runs, logs):
         assert [r["step"] for r in log] == [1, 2]
+        val = [json.loads(line) for line in (run / "val.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in val] == [1] and val[0]["tokens"] > 0 and len(val[0]["step_acc"]) == 2
         recorded = json.loads((run / "train_config.json").read_text())["data_stats"]   # the run describes its data
         assert [(d["folder"], d["conversations"]) for d in recorded][0] == (str(data), 4)
         assert recorded[1]["source"] == "self" and recorded[1]["answer_tokens"] > 0
@@ -138,6 +143,16 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
                                 capture_output=True, text=True)
     assert one_folder.returncode != 0 and "give one --out per variant" in one_folder.stderr
     assert "Traceback" not in one_folder.stderr
+    not_held_out = subprocess.run(cli + args + ["--steps", "3", "--data", str(data), "--val-data", str(data)],
+                                  capture_output=True, text=True)
+    assert not_held_out.returncode != 0 and "must be held out" in not_held_out.stderr
+    # the same measure for a finished drafter: validating its exported checkpoint (bf16 weights)
+    # gives what its run logged at that step
+    val = json.loads((runs[0] / "val.jsonl").read_text().splitlines()[0])
+    table = subprocess.run(cli + ["validate", "--drafters", str(alone / "drafter"), "--data", str(self_data),
+                                  "--ttt-steps", "2", "--no-bf16"], check=True, capture_output=True, text=True).stdout
+    row = next(line for line in table.splitlines() if line.startswith(f"| {alone / 'drafter'} |")).split("|")
+    assert float(row[4]) == pytest.approx(val["loss"], rel=1e-2) and int(row[3]) == val["tokens"]
     shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets")
     assert [p.name for p in shipped] == ["eagle3", "eagle3.1"]
     for folder in shipped:

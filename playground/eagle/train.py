@@ -30,15 +30,15 @@ import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 from playground.eagle.data import describe, load_examples
-from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, save_drafter
-from playground.eagle.registry import SHIPPED
+from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, load_drafter, save_drafter
+from playground.eagle.registry import SHIPPED, shipped_path
 from playground.errors import PlaygroundError
 from playground.target import Target, aux_layer_ids
 
@@ -61,6 +61,7 @@ class TrainConfig:
     bf16: bool = True            # bf16 autocast for the drafter's matmuls (about 1.5x on CPUs with AVX512-BF16)
     stop_at: int = 0             # > 0: save and stop after this step (the schedule still spans `steps`)
     device: str = "cpu"          # cpu | cuda (the recipe is the same; the target runs there too)
+    val_data: tuple[Path, ...] = ()   # held-out data folders: loss and accuracy by depth at every save
 
 
 def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
@@ -142,20 +143,33 @@ class Batcher:
         """ids [B, T + 1], the answer mask [B, T + 1], and the target's states at positions 0..T-1."""
         epoch, i = divmod(step, self.per_epoch)
         chosen = [self.examples[j] for j in self.order(epoch)[i]]
-        T = min(self.config.max_len, max(len(ex["ids"]) - 1 for ex in chosen))
-        ids = torch.zeros(len(chosen), T + 1, dtype=torch.long)
-        answer = torch.zeros(len(chosen), T + 1, dtype=torch.bool)
-        for b, ex in enumerate(chosen):
-            n = min(T + 1, len(ex["ids"]))
-            ids[b, :n] = ex["ids"][:n].long()
-            answer[b, ex["prompt_len"]:n] = True
-        ids, answer = ids.to(self.config.device), answer.to(self.config.device)
-        return {"ids": ids, "answer": answer, **target_states(self.target, ids[:, :T])}
+        return padded_batch(chosen, self.target, self.config.max_len)
+
+
+def padded_batch(chosen: list[dict], target: Target, max_len: int) -> dict:
+    """Right-padded ids [B, T + 1] (cut at max_len + 1 tokens), the answer mask [B, T + 1], and the
+    target's states at positions 0..T-1, on the target's device."""
+    T = min(max_len, max(len(ex["ids"]) - 1 for ex in chosen))
+    ids = torch.zeros(len(chosen), T + 1, dtype=torch.long)
+    answer = torch.zeros(len(chosen), T + 1, dtype=torch.bool)
+    for b, ex in enumerate(chosen):
+        n = min(T + 1, len(ex["ids"]))
+        ids[b, :n] = ex["ids"][:n].long()
+        answer[b, ex["prompt_len"]:n] = True
+    ids, answer = ids.to(target.device), answer.to(target.device)
+    return {"ids": ids, "answer": answer, **target_states(target, ids[:, :T])}
+
+
+class TTTResult(NamedTuple):
+    loss: torch.Tensor          # sum_i decay^i * step_loss[i], differentiable
+    step_loss: list[float]      # per unroll step, mean over its counted positions
+    step_acc: list[float]       # per unroll step: the drafter's argmax is the target's
+    step_tokens: list[int]      # the positions each step counted (answer tokens with a draftable target argmax)
 
 
 def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
-             batch: dict, config: TrainConfig) -> tuple[torch.Tensor, list[float], list[float]]:
-    """(weighted loss, per-step loss, per-step accuracy) for one batch."""
+             batch: dict, ttt_steps: int, decay: float) -> TTTResult:
+    """The unrolled loss of one batch, and its per-step loss and accuracy."""
     ids, final, answer = batch["ids"], batch["final"], batch["answer"]
     B, T, _ = batch["features"].shape
     c = drafter.config
@@ -167,8 +181,8 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
     values: list[torch.Tensor] = []
     group = c.num_attention_heads // c.num_key_value_heads
     hidden = drafter.fuse(batch["features"])                 # [B, T, H]
-    total, losses, accs = hidden.new_zeros(()), [], []
-    for i in range(config.ttt_steps):
+    total, losses, accs, counts = hidden.new_zeros(()), [], [], []
+    for i in range(ttt_steps):
         n = T - 1 - i                                        # positions t with a target at t + 1 + i
         if n <= 0:
             break
@@ -180,12 +194,40 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
         mask = (answer[:, 2 + i:2 + i + n] & ok_top[:, 1 + i:1 + i + n]).float()
         ce = -(p * logits.float().log_softmax(-1)).sum(-1)
         loss_i = (ce * mask).sum() / mask.sum().clamp_min(1.0)
-        total = total + config.decay ** i * loss_i
+        total = total + decay ** i * loss_i
         hit = (logits.argmax(-1) == p.argmax(-1)).float()
         losses.append(float(loss_i.detach()))
         accs.append(float((hit * mask).sum() / mask.sum().clamp_min(1.0)))
+        counts.append(int(mask.sum()))
         hidden = fed
-    return total, losses, accs
+    return TTTResult(total, losses, accs, counts)
+
+
+class Validator:
+    """Teacher-forced loss and accuracy by unroll depth on held-out sequences: training's own
+    measure (step_acc), where no drafter has trained. Batches of similar length and their target
+    states are made once; each measure pools the batches by counted position."""
+
+    def __init__(self, examples: list[dict], target: Target, batch: int, max_len: int, limit: int = 256):
+        chosen = sorted(examples[:limit], key=lambda ex: len(ex["ids"]))
+        self.sequences = len(chosen)
+        self.batches = [padded_batch(chosen[i:i + batch], target, max_len) for i in range(0, len(chosen), batch)]
+
+    @torch.no_grad()
+    def __call__(self, drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
+                 ttt_steps: int, decay: float, bf16: bool) -> dict:
+        results = []
+        for batch in self.batches:
+            with torch.autocast(batch["ids"].device.type, dtype=torch.bfloat16, enabled=bf16):
+                results.append(ttt_loss(drafter, embed, head, in_vocab, batch, ttt_steps, decay))
+        depths = range(min(len(r.step_acc) for r in results))
+        tokens = [sum(r.step_tokens[d] for r in results) for d in depths]
+        pooled = lambda field: [sum(getattr(r, field)[d] * r.step_tokens[d] for r in results) / max(1, tokens[d])
+                                for d in depths]
+        step_loss = pooled("step_loss")
+        return {"sequences": self.sequences, "tokens": tokens[0] if tokens else 0,
+                "loss": sum(decay ** d * x for d, x in enumerate(step_loss)), "step_loss": step_loss,
+                "step_acc": pooled("step_acc")}
 
 
 def write_train_config(path: Path, config: TrainConfig, start: int, data_stats: list[dict]) -> None:
@@ -237,7 +279,8 @@ class Run:
     def train_step(self, step: int, batch: dict, embed: torch.Tensor, head: torch.Tensor) -> tuple[float, float]:
         """One optimizer step on the batch, logged; (loss, first-depth accuracy)."""
         with torch.autocast(torch.device(self.config.device).type, dtype=torch.bfloat16, enabled=self.config.bf16):
-            loss, losses, accs = ttt_loss(self.drafter, embed, head, self.in_vocab, batch, self.config)
+            loss, losses, accs, _ = ttt_loss(self.drafter, embed, head, self.in_vocab, batch, self.config.ttt_steps,
+                                             self.config.decay)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 0.5)
@@ -257,6 +300,14 @@ class Run:
         save_drafter(self.drafter, self.out / "drafter")
         self.log.flush()
 
+    def validate(self, step: int, validator: Validator, embed: torch.Tensor, head: torch.Tensor) -> dict:
+        """The held-out measure at this step, appended to val.jsonl."""
+        measured = validator(self.drafter, embed, head, self.in_vocab, self.config.ttt_steps, self.config.decay,
+                             self.config.bf16)
+        with open(self.out / "val.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **measured}) + "\n")
+        return measured
+
 
 def train(configs: list[TrainConfig]) -> list[Path]:
     """Train one drafter per config side by side, on the same batches and the same target states.
@@ -271,6 +322,8 @@ def train(configs: list[TrainConfig]) -> list[Path]:
     model = target.reference()       # transformers' own model: the plain weights the drafter starts from
     embed = model.model.embed_tokens.weight.detach()   # frozen, shared with the target
     head = model.lm_head.weight.detach()
+    if set(map(Path, config.val_data)) & set(map(Path, config.data)):
+        raise PlaygroundError("--val-data must be held out: a folder given as --data too measures nothing held out")
     by_folder = {folder: load_examples([folder]) for folder in config.data}
     examples = [ex for folder_examples in by_folder.values() for ex in folder_examples]
     data_stats = [describe(folder, folder_examples) for folder, folder_examples in by_folder.items()]
@@ -278,6 +331,7 @@ def train(configs: list[TrainConfig]) -> list[Path]:
     frequent_tokens = functools.cache(lambda: pick_draft_vocab(examples, model.config.vocab_size, config.draft_vocab))
     runs = [Run(c, model, frequent_tokens, data_stats) for c in configs]
     batcher = Batcher(examples, config, target)
+    validator = Validator(load_examples(config.val_data), target, config.batch, config.max_len) if config.val_data else None
     end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
     first = min(run.start for run in runs)
     bar = tqdm(range(first, end), desc="train " + " + ".join(c.variant for c in configs), initial=first,
@@ -290,6 +344,37 @@ def train(configs: list[TrainConfig]) -> list[Path]:
         if (step + 1) % config.save_every == 0 or step + 1 == end:
             for run in runs:
                 run.save(step + 1)
+                if validator is not None:
+                    measured = run.validate(step + 1, validator, embed, head)
+                    bar.write(f"step {step + 1} {run.config.variant}: held-out accuracy by depth "
+                              + " ".join(f"{a:.3f}" for a in measured["step_acc"]))
     for run in runs:
         run.log.close()
     return [run.out / "drafter" for run in runs]
+
+
+def validate_drafters(drafters: list[str], data: list[Path], device: str = "cpu", limit: int = 256,
+                      ttt_steps: int = TrainConfig.ttt_steps, bf16: bool = TrainConfig.bf16) -> list[dict]:
+    """Training's measure for trained drafters (names or checkpoint folders) on held-out data folders:
+    one row per drafter (the recipe's decay, batch and max_len)."""
+    paths = [shipped_path(name) if name in SHIPPED else Path(name) for name in drafters]
+    for name, path in zip(drafters, paths):
+        if not (path / "model.safetensors").exists():
+            raise PlaygroundError(f"no trained checkpoint for drafter {name!r} (a shipped name or a checkpoint folder)")
+    defaults = TrainConfig(variant="", data=(), out=Path())
+    target = Target.load(None, "float32", device)
+    model = target.reference()
+    embed, head = model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach()
+    validator = Validator(load_examples(data), target, defaults.batch, defaults.max_len, limit)
+    rows = []
+    for name, path in zip(drafters, paths):
+        drafter = load_drafter(path).to(device)
+        rows.append({"drafter": name, **validator(drafter, embed, head, drafter.t2d, ttt_steps, defaults.decay, bf16)})
+    return rows
+
+
+def format_validation(rows: list[dict]) -> str:
+    lines = ["| drafter | sequences | answer tokens | loss | accuracy by depth |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {r['drafter']} | {r['sequences']} | {r['tokens']} | {r['loss']:.3f} | "
+              + " ".join(f"{a:.3f}" for a in r["step_acc"]) + " |" for r in rows]
+    return "\n".join(lines)
