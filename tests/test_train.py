@@ -161,3 +161,20 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         assert "Trained 2 steps of 2 scheduled" not in card and "Trained 2 steps." in card
         assert f"from step 1: {data} + {self_data}" in card and "--source self" in card
         assert "4 conversations" in card and "| long context | eagle3.1 |" in card and "| chat | eagle3 |" in card
+        assert f"On held-out data ({self_data}: " in card and "at step 1: loss" in card
+
+
+def test_a_multi_turn_conversation_follows_up_on_the_targets_own_reply(target):
+    from playground import chat
+    from playground.eagle import prompts
+    from playground.eagle.data import write_first_replies
+
+    conv = prompts.conversation(5)
+    assert [m["role"] for m in conv][-3:] == ["user", "assistant", "user"] and conv[-2]["content"] is None
+    written = write_first_replies(target, [conv, prompts.conversation(0)], [False, False], 12, 0.8, torch.Generator())
+    head = torch.tensor([chat.encode(target.tokenizer, conv[:-2])])
+    greedy = target.reference().generate(head, attention_mask=torch.ones_like(head), max_new_tokens=12,
+                                         do_sample=False)[0, head.shape[1]:].tolist()
+    reply = target.tokenizer.decode([t for t in greedy if t not in target.eos_ids]).strip()
+    assert reply and written[0] == conv[:-2] + [{"role": "assistant", "content": reply}, conv[-1]]
+    assert written[1] == prompts.conversation(0)

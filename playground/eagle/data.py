@@ -8,7 +8,8 @@ Each shard holds, per conversation, the token ids (prompt + answer, ending at EO
 cap) and the prompt length. The target's states are not stored: training recomputes them
 (train.target_states), which costs one target forward per batch but keeps a shard at about 5 bytes
 per token instead of 4.6 KB, so the data can grow as far as the prompt sources go.
-Even-numbered conversations are answered greedily, odd ones sampled. With `--source self` the
+Even-numbered conversations are answered greedily, odd ones sampled; in a multi-turn one the
+target first writes the earlier assistant turn the same way. With `--source self` the
 target first writes the user turns itself (prompts.py); a shard keeps those that came out whole.
 Shards are written atomically and skipped when present, so an interrupted run resumes where it stopped.
 """
@@ -94,6 +95,24 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
     return replies
 
 
+def write_first_replies(target: Target, conversations: list[list[dict]], sampled: list[bool],
+                        max_new_tokens: int, temperature: float, generator: torch.Generator) -> list[list[dict]]:
+    """The conversations with each assistant turn left to the target (content None) written by it,
+    greedily or sampled as the conversation's answer will be, so a follow-up reads the target's own reply."""
+    todo = [i for i, conv in enumerate(conversations) if any(m["content"] is None for m in conv)]
+    if not todo:
+        return conversations
+    heads = [conversations[i][:next(j for j, m in enumerate(conversations[i]) if m["content"] is None)] for i in todo]
+    prompt_ids = [chat.encode(target.tokenizer, head) for head in heads]
+    replies = continue_batch(target, prompt_ids, [sampled[i] for i in todo], max_new_tokens,
+                             SamplingParams(temperature=temperature), generator)
+    written = list(conversations)
+    for i, reply in zip(todo, replies):
+        text = target.tokenizer.decode([t for t in reply if t not in target.eos_ids]).strip()
+        written[i] = [{**m, "content": text} if m["content"] is None else m for m in conversations[i]]
+    return written
+
+
 def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[bool],
                  max_new_tokens: int, temperature: float, generator: torch.Generator) -> list[dict]:
     """The target's answers to a batch of conversations: {"ids": prompt + answer, "prompt_len"} each."""
@@ -140,6 +159,7 @@ def generate(config: DataConfig) -> Path:
         else:
             convs = list(prompts.conversations(count, config.seed, start=first))
         sampled = [(first + i) % 2 == 1 for i in range(len(convs))]
+        convs = write_first_replies(target, convs, sampled, config.max_new_tokens, config.temperature, generator)
         examples = answer_batch(target, convs, sampled, config.max_new_tokens, config.temperature, generator)
         tmp = shard_path(out, index).with_suffix(".tmp")
         torch.save(examples, tmp)

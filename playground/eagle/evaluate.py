@@ -8,8 +8,9 @@ by construction (the engine's greedy output is the target's). Next to tau, a row
 of the answer's tokens inside the drafter's draft vocabulary: no drafter can propose the others,
 so it bounds every depth's acceptance.
 
-One more kind, on request only, is not held out: "training prompts", the first six conversations
-of the template source (seed 0, one per prompt kind), which the shipped drafters trained on. Its
+One more kind, on request only, is not held out: "training prompts", the first six single-turn
+conversations of the template source (seed 0: one of each single-turn kind, then a second chat
+one), which the shipped drafters trained on. Its
 gap to "chat" and "code" measures how far the drafters generalise beyond their training prompts.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from playground.eagle.prompts import conversation
+from playground.eagle.prompts import KINDS as PROMPT_KINDS, conversation
 from playground.presets import long_document_prompt
 from playground.request import GenerationRequest
 from playground.stats import Pooled, pool
@@ -62,7 +63,8 @@ def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[Gene
     if kind == "perturbed format":
         return [make(p, template) for p in CHAT[:3] for template in ("plain", "markdown")]
     if kind == TRAINING_PROMPTS:
-        return [_training_request(conversation(i), drafter, k, max_tokens) for i in range(6)]
+        single_turn = [i for i in range(2 * len(PROMPT_KINDS)) if PROMPT_KINDS[i % len(PROMPT_KINDS)] != "multiturn"]
+        return [_training_request(conversation(i), drafter, k, max_tokens) for i in single_turn[:6]]
     raise KeyError(kind)
 
 

@@ -116,16 +116,15 @@ def _user_message(kind: str, rng: random.Random) -> str:
 
 
 def conversation(index: int, seed: int = 0) -> list[dict]:
-    """The index-th training conversation (deterministic): messages ending with a user turn."""
+    """The index-th training conversation (deterministic): messages ending with a user turn. In a
+    multi-turn one the first assistant turn's content is None: the target writes it (data.py)."""
     rng = random.Random(f"{seed}:{index}")
     kind = KINDS[index % len(KINDS)]
     system = rng.choice(SYSTEMS)
     messages = [{"role": "system", "content": system}] if system else []
     if kind == "multiturn":
-        first_kind = rng.choice(KINDS[:-1])
-        first = _user_message(first_kind, rng)
-        reply = f"Here is a short answer about that: {rng.choice(TOPICS)} is a broad subject, so let me focus on the key point."
-        messages += [{"role": "user", "content": first}, {"role": "assistant", "content": reply},
+        first = _user_message(rng.choice(KINDS[:-1]), rng)
+        messages += [{"role": "user", "content": first}, {"role": "assistant", "content": None},
                      {"role": "user", "content": rng.choice(FOLLOW_UPS)}]
     else:
         messages.append({"role": "user", "content": _user_message(kind, rng)})

@@ -30,7 +30,7 @@ SOURCE_TEXT = {
 }
 
 
-NOT_HYPER_PARAMETERS = ("data", "phases", "data_stats", "out", "variant", "stop_at")
+NOT_HYPER_PARAMETERS = ("data", "phases", "data_stats", "out", "variant", "stop_at", "val_data")
 
 
 def _count(value: int | None, what: str) -> str:
@@ -71,8 +71,21 @@ def training_summary(run: Path, last: int = 50) -> dict:
     by_step = {r["step"]: r for r in records if r["step"] <= step}
     log = [by_step[s] for s in sorted(by_step)][-last:]
     depths = len(log[-1]["step_acc"])
+    val_log = run / "val.jsonl"
+    held_out = [r for r in map(_json_or_none, val_log.read_text().splitlines()) if r is not None and r["step"] <= step] \
+        if val_log.exists() else []
     return {"steps": step, "accuracy_by_depth": [sum(r["step_acc"][d] for r in log) / len(log) for d in range(depths)],
-            "loss": sum(r["loss"] for r in log) / len(log)}
+            "loss": sum(r["loss"] for r in log) / len(log), "held_out": held_out[-1] if held_out else None}
+
+
+def held_out_text(trained: dict) -> str:
+    """The run's last held-out measure (train drafter --val-data), or nothing."""
+    val = trained["held_out"]
+    if val is None:
+        return ""
+    acc = " / ".join(f"{a:.2f}" for a in val["step_acc"])
+    return (f" On held-out data ({' + '.join(val['data'])}: {val['sequences']} sequences, "
+            f"{val['tokens']:,} answer tokens) at step {val['step']}: loss {val['loss']:.2f}, accuracy by depth {acc}.")
 
 
 def model_card(variant: str, config: dict, data: list[dict], trained: dict, table: str, eval_command: str) -> str:
@@ -107,11 +120,11 @@ and every hyper-parameter below; only the two switches differ.
 """ + "\n".join(f"| {k} | {v} |" for k, v in config.items() if k not in NOT_HYPER_PARAMETERS) + f"""
 
 Trained {trained['steps']} steps{partial}. Mean over the last 50 steps: loss {trained['loss']:.2f}, training
-accuracy by unroll depth {acc}.
+accuracy by unroll depth {acc}.{held_out_text(trained)}
 
     python -m playground train drafter --variant {variant} --data {' '.join(config['data'])} --out runs/{variant} \\
         --steps {config['steps']} --batch {config['batch']} --save-every {config['save_every']} \\
-        --device {config['device']}
+        --device {config['device']}{' --val-data ' + ' '.join(config['val_data']) if config.get('val_data') else ''}
 
 ## Evaluation
 

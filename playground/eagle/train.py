@@ -233,7 +233,7 @@ class Validator:
 def write_train_config(path: Path, config: TrainConfig, start: int, data_stats: list[dict]) -> None:
     """The run's configuration, plus `phases` (from which step it used which data folders and schedule
     length) and `data_stats` (how the current data was made and its size; describe())."""
-    fields = {k: ([str(f) for f in v] if k == "data" else str(v)) for k, v in asdict(config).items()}
+    fields = {k: ([str(f) for f in v] if k in ("data", "val_data") else str(v)) for k, v in asdict(config).items()}
     phases = json.loads(path.read_text()).get("phases", []) if path.exists() else []
     phases = [p for p in phases if p["from_step"] < start]
     phase = {"from_step": start, "data": fields["data"], "steps": config.steps}
@@ -305,7 +305,7 @@ class Run:
         measured = validator(self.drafter, embed, head, self.in_vocab, self.config.ttt_steps, self.config.decay,
                              self.config.bf16)
         with open(self.out / "val.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **measured}) + "\n")
+            f.write(json.dumps({"step": step, "data": [str(d) for d in self.config.val_data], **measured}) + "\n")
         return measured
 
 
