@@ -91,6 +91,12 @@ OPENINGS = [
     "I", "I need", "Give me", "Help me", "Is it", "My", "Create", "Tell me", "Which", "Should I", "Describe",
     "Please", "Summarize", "List", "Compare", "Translate", "Fix", "Suggest", "Plan", "Do you", "When",
     "Where", "Who", "Imagine", "Draft", "Rewrite", "Solve", "Calculate", "In Python,", "Hi!", "Hey,",
+    # everyday requests, the bulk of real chat traffic
+    "What should I", "Any tips for", "How can I", "Can you suggest", "What's the difference between",
+    "I'm planning", "I'm trying to", "My friend", "Is it normal", "Recommend", "Help me decide", "What are some",
+    "How often should I", "What can I do", "I feel", "Our team", "I have a", "Can I", "Why does my",
+    "What happens if", "How long does it take to", "Brainstorm", "Outline", "Give me ideas for", "Quick question:",
+    "I'm new to", "I want to", "How should I",
 ]
 KINDS = ("chat", "code", "math", "writing", "reasoning", "multiturn")
 
