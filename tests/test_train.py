@@ -178,3 +178,11 @@ def test_a_multi_turn_conversation_follows_up_on_the_targets_own_reply(target):
     reply = target.tokenizer.decode([t for t in greedy if t not in target.eos_ids]).strip()
     assert reply and written[0] == conv[:-2] + [{"role": "assistant", "content": reply}, conv[-1]]
     assert written[1] == prompts.conversation(0)
+
+
+def test_evaluation_prompts_are_not_template_prompts():
+    from playground.eagle.evaluate import CHAT, CODE, LONG_QUESTIONS
+    from playground.eagle.prompts import conversations
+
+    training = {m["content"] for conv in conversations(20000) for m in conv}
+    assert not {*CHAT, *CODE, *LONG_QUESTIONS} & training
