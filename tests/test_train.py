@@ -146,6 +146,9 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
     not_held_out = subprocess.run(cli + args + ["--steps", "3", "--data", str(data), "--val-data", str(data)],
                                   capture_output=True, text=True)
     assert not_held_out.returncode != 0 and "must be held out" in not_held_out.stderr
+    empty = subprocess.run(cli + ["validate", "--drafters", "eagle3.1", "--data", str(tmp_path / "nothing")],
+                           capture_output=True, text=True)
+    assert empty.returncode != 0 and "hold no sequences" in empty.stderr and "Traceback" not in empty.stderr
     # the same measure for a finished drafter: validating its exported checkpoint (bf16 weights)
     # gives what its run logged at that step
     val = json.loads((runs[0] / "val.jsonl").read_text().splitlines()[0])

@@ -8,7 +8,9 @@ order, with the same seed, steps and hyper-parameters: only the two 3.1 switches
 target runs beside them: every batch's features and target distribution come from one target
 forward over its token ids (target_states), shared by all the drafters, so the data is only token ids.
 Each run checkpoints every --save-every steps and resumes from its folder; --stop-at N ends a
-session at step N without changing the schedule. A run resumed with other data folders records
+session at step N without changing the schedule. With --val-data, every save also measures each
+drafter on held-out data (Validator: training's loss and accuracy, teacher-forced) into val.jsonl;
+`train validate` takes the same measure for finished drafters. A run resumed with other data folders records
 from which step it used them (train_config.json).
 
 The recipe (EAGLE-3, "training-time test"): unroll the drafter `ttt_steps` times per sequence.
@@ -210,6 +212,8 @@ class Validator:
 
     def __init__(self, examples: list[dict], target: Target, batch: int, max_len: int, limit: int = 256):
         chosen = sorted(examples[:limit], key=lambda ex: len(ex["ids"]))
+        if not chosen:
+            raise PlaygroundError("the held-out data folders hold no sequences (make them with `train data`)")
         self.sequences = len(chosen)
         self.batches = [padded_batch(chosen[i:i + batch], target, max_len) for i in range(0, len(chosen), batch)]
 
