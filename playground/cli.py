@@ -159,7 +159,7 @@ def _add_train(sub) -> None:
     p.add_argument("--sequences", type=int, default=256, help="at most this many sequences")
     p.add_argument("--ttt-steps", type=int, default=TrainConfig.ttt_steps, help="unroll depth measured")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default=TrainConfig.device)
 
     p = train.add_parser("ship", help="evaluate trained runs and copy them to assets/drafters with model cards")
     p.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders of train drafter")

@@ -60,20 +60,23 @@ def _json_or_none(line: str) -> dict | None:
         return None
 
 
+def _records(path: Path) -> list[dict]:
+    """A JSON-lines log's records, less the partial line a killed run may leave."""
+    return [r for r in map(_json_or_none, path.read_text().splitlines()) if r is not None]
+
+
 def training_summary(run: Path, last: int = 50) -> dict:
     """The steps trained and the mean per-depth accuracy over the last `last` steps. The exported
     drafter is the checkpoint's; a run folder without checkpoint.pt (copied from another machine)
     holds the drafter of its last logged step."""
-    records = [r for r in map(_json_or_none, (run / "log.jsonl").read_text().splitlines()) if r is not None]
+    records = _records(run / "log.jsonl")
     ckpt = run / "checkpoint.pt"
     step = torch.load(ckpt, weights_only=False)["step"] if ckpt.exists() else max(r["step"] for r in records)
     # an interrupted run logs steps past its last checkpoint, which the resumed run logs again: keep the last
     by_step = {r["step"]: r for r in records if r["step"] <= step}
     log = [by_step[s] for s in sorted(by_step)][-last:]
     depths = len(log[-1]["step_acc"])
-    val_log = run / "val.jsonl"
-    held_out = [r for r in map(_json_or_none, val_log.read_text().splitlines()) if r is not None and r["step"] <= step] \
-        if val_log.exists() else []
+    held_out = [r for r in _records(run / "val.jsonl") if r["step"] <= step] if (run / "val.jsonl").exists() else []
     return {"steps": step, "accuracy_by_depth": [sum(r["step_acc"][d] for r in log) / len(log) for d in range(depths)],
             "loss": sum(r["loss"] for r in log) / len(log), "held_out": held_out[-1] if held_out else None}
 

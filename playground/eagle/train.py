@@ -246,6 +246,14 @@ def write_train_config(path: Path, config: TrainConfig, start: int, data_stats: 
     path.write_text(json.dumps({**fields, "phases": phases, "data_stats": data_stats}, indent=2))
 
 
+def load_frozen_target(device: str) -> tuple[Target, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The target in float32, transformers' own model of it (the plain weights a drafter starts
+    from), and its embeddings and head, frozen: what training and validation read."""
+    target = Target.load(None, "float32", device)
+    model = target.reference()
+    return target, model, model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach()
+
+
 class Run:
     """One variant's training in its run folder: drafter, optimizer, schedule, log and checkpoint.
     `start` is the step its checkpoint reached (0 for a new run)."""
@@ -321,13 +329,10 @@ def train(configs: list[TrainConfig]) -> list[Path]:
         raise PlaygroundError("drafters trained side by side share every setting but the variant and the run folder")
     if len({c.variant for c in configs}) < len(configs) or len({Path(c.out) for c in configs}) < len(configs):
         raise PlaygroundError("one run folder per variant, each variant once")
-    torch.manual_seed(config.seed)
-    target = Target.load(None, "float32", config.device)
-    model = target.reference()       # transformers' own model: the plain weights the drafter starts from
-    embed = model.model.embed_tokens.weight.detach()   # frozen, shared with the target
-    head = model.lm_head.weight.detach()
     if set(map(Path, config.val_data)) & set(map(Path, config.data)):
         raise PlaygroundError("--val-data must be held out: a folder given as --data too measures nothing held out")
+    torch.manual_seed(config.seed)
+    target, model, embed, head = load_frozen_target(config.device)
     by_folder = {folder: load_examples([folder]) for folder in config.data}
     examples = [ex for folder_examples in by_folder.values() for ex in folder_examples]
     data_stats = [describe(folder, folder_examples) for folder, folder_examples in by_folder.items()]
@@ -365,15 +370,13 @@ def validate_drafters(drafters: list[str], data: list[Path], device: str = "cpu"
     for name, path in zip(drafters, paths):
         if not (path / "model.safetensors").exists():
             raise PlaygroundError(f"no trained checkpoint for drafter {name!r} (a shipped name or a checkpoint folder)")
-    defaults = TrainConfig(variant="", data=(), out=Path())
-    target = Target.load(None, "float32", device)
-    model = target.reference()
-    embed, head = model.model.embed_tokens.weight.detach(), model.lm_head.weight.detach()
-    validator = Validator(load_examples(data), target, defaults.batch, defaults.max_len, limit)
+    target, _, embed, head = load_frozen_target(device)
+    validator = Validator(load_examples(data), target, TrainConfig.batch, TrainConfig.max_len, limit)
     rows = []
     for name, path in zip(drafters, paths):
         drafter = load_drafter(path).to(device)
-        rows.append({"drafter": name, **validator(drafter, embed, head, drafter.t2d, ttt_steps, defaults.decay, bf16)})
+        rows.append({"drafter": name, **validator(drafter, embed, head, drafter.t2d, ttt_steps, TrainConfig.decay,
+                                                  bf16)})
     return rows
 
 
