@@ -150,6 +150,9 @@ def _add_train(sub) -> None:
     p.add_argument("--device", default=TrainConfig.device, help="where the drafter trains: cpu or cuda")
     p.add_argument("--val-data", type=Path, nargs="+", default=[],
                    help="held-out data folders: loss and accuracy by depth at every save (val.jsonl)")
+    p.add_argument("--init", nargs="+", default=[], metavar="DRAFTER",
+                   help="one trained drafter per variant, in order (shipped name or checkpoint folder): new runs "
+                        "start from its weights and draft vocabulary instead of a new drafter (fine-tuning)")
 
     p = train.add_parser("validate", help="training's loss and accuracy by depth of trained drafters on "
                                           "held-out data folders (teacher-forced)")
@@ -317,9 +320,14 @@ def train(args: argparse.Namespace) -> int:
 
     if len(args.variant) != len(args.out):
         raise PlaygroundError(f"{len(args.variant)} variants but {len(args.out)} run folders: give one --out per variant")
-    fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage", "variant", "out")}
+    if args.init and len(args.init) != len(args.variant):
+        raise PlaygroundError(f"{len(args.variant)} variants but {len(args.init)} drafters to start from: "
+                              "give one --init per variant")
+    fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage", "variant", "out", "init")}
     fields["data"], fields["val_data"] = tuple(fields["data"]), tuple(fields["val_data"])
-    configs = [TrainConfig(variant=variant, out=out, **fields) for variant, out in zip(args.variant, args.out)]
+    inits = args.init or [""] * len(args.variant)
+    configs = [TrainConfig(variant=variant, out=out, init=init, **fields)
+               for variant, out, init in zip(args.variant, args.out, inits)]
     for folder in train_drafter(configs):
         print(f"wrote {folder}")
     return 0

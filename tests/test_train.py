@@ -165,6 +165,23 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         assert f"from step 1: {data} + {self_data}" in card and "--source self" in card
         assert "4 conversations" in card and "| long context | eagle3.1 |" in card and "| chat | eagle3 |" in card
         assert f"On held-out data ({self_data}: " in card and "at step 1: loss" in card
+    # fine-tuning: new runs start from the shipped drafters (at learning rate 0 they stay those drafters),
+    # and keep their cards; the shipped card then says where the run started
+    tuned = [tmp_path / "tuned-eagle3", tmp_path / "tuned-eagle3.1"]
+    swapped = subprocess.run(cli + args + ["--steps", "1", "--data", str(data), "--out", *map(str, tuned),
+                                           "--init", *map(str, shipped[::-1])], capture_output=True, text=True)
+    assert swapped.returncode != 0 and "it is eagle3.1, the run trains eagle3" in swapped.stderr
+    assert "Traceback" not in swapped.stderr
+    subprocess.run(cli + args + ["--steps", "1", "--lr", "0", "--data", str(data), "--out", *map(str, tuned),
+                                 "--init", *map(str, shipped)], check=True, capture_output=True)
+    for run, start in zip(tuned, shipped):
+        before, after = load_drafter(start).state_dict(), load_drafter(run / "drafter").state_dict()
+        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+        assert (run / "init_card.md").read_text() == (start / "README.md").read_text()
+    retuned = ship(tuned, engine, max_tokens=4, assets=tmp_path / "assets-tuned")
+    card = (retuned[1] / "README.md").read_text()
+    assert f"starting from the trained drafter `{shipped[1]}`" in card and f"--init {shipped[1]}" in card
+    assert "\n## Started from\n\n## EAGLE 3.1 drafter" in card and "\n### Evaluation\n" in card
 
 
 def test_a_multi_turn_conversation_follows_up_on_the_targets_own_reply(target):

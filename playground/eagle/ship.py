@@ -30,7 +30,7 @@ SOURCE_TEXT = {
 }
 
 
-NOT_HYPER_PARAMETERS = ("data", "phases", "data_stats", "out", "variant", "stop_at", "val_data")
+NOT_HYPER_PARAMETERS = ("data", "phases", "data_stats", "out", "variant", "stop_at", "val_data", "init")
 
 
 def _count(value: int | None, what: str) -> str:
@@ -91,7 +91,24 @@ def held_out_text(trained: dict) -> str:
             f"{val['tokens']:,} answer tokens) at step {val['step']}: loss {val['loss']:.2f}, accuracy by depth {acc}.")
 
 
-def model_card(variant: str, config: dict, data: list[dict], trained: dict, table: str, eval_command: str) -> str:
+def started_from(config: dict) -> str:
+    """How the run's drafter began: from the target (a new drafter) or from a trained one (--init)."""
+    if not config.get("init"):
+        return "the draft head and final norm initialised from the target's"
+    return (f"the whole drafter (weights and draft vocabulary) starting from the trained drafter "
+            f"`{config['init']}`, whose card at that time is \"Started from\" below")
+
+
+def init_section(init_card: str) -> str:
+    """The card of the drafter a run started from, its headings one level down, or nothing."""
+    if not init_card:
+        return ""
+    demoted = "\n".join("#" + line if line.startswith("#") else line for line in init_card.strip().splitlines())
+    return f"\n## Started from\n\n{demoted}\n"
+
+
+def model_card(variant: str, config: dict, data: list[dict], trained: dict, table: str, eval_command: str,
+               init_card: str = "") -> str:
     switches = ("`fc_norm` and `norm_output` on (EAGLE 3.1)" if variant == "eagle3.1"
                 else "`fc_norm` and `norm_output` off (plain EAGLE 3)")
     acc = " / ".join(f"{a:.2f}" for a in trained["accuracy_by_depth"])
@@ -114,8 +131,7 @@ recomputes the target's fused features and distribution from the ids for every b
 
 Training-time test as in EAGLE-3: {config['ttt_steps']} unrolled steps per sequence, loss weights
 {config['decay']}^i, soft cross-entropy against the target's distribution over the draft vocabulary
-(masked where the target's top token is outside it), frozen target embeddings, the draft head and
-final norm initialised from the target's. EAGLE 3 and EAGLE 3.1 share data, order, seed, steps
+(masked where the target's top token is outside it), frozen target embeddings, {started_from(config)}. EAGLE 3 and EAGLE 3.1 share data, order, seed, steps
 and every hyper-parameter below; only the two switches differ.
 
 | hyper-parameter | value |
@@ -127,7 +143,7 @@ accuracy by unroll depth {acc}.{held_out_text(trained)}
 
     python -m playground train drafter --variant {variant} --data {' '.join(config['data'])} --out runs/{variant} \\
         --steps {config['steps']} --batch {config['batch']} --save-every {config['save_every']} \\
-        --device {config['device']}{' --val-data ' + ' '.join(config['val_data']) if config.get('val_data') else ''}
+        --device {config['device']}{' --val-data ' + ' '.join(config['val_data']) if config.get('val_data') else ''}{' --init ' + config['init'] if config.get('init') else ''}
 
 ## Evaluation
 
@@ -136,7 +152,7 @@ Held-out prompts (`playground/eagle/evaluate.py`), k=5, greedy, through the refe
 {table}
 
     {eval_command}
-"""
+""" + init_section(init_card)
 
 
 def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = None) -> list[Path]:
@@ -153,8 +169,9 @@ def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = 
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(run / "drafter", dest)
-        (dest / "README.md").write_text(model_card(variant, config, config["data_stats"],
-                                                   training_summary(run), table, command))
+        init_card = run / "init_card.md"
+        (dest / "README.md").write_text(model_card(variant, config, config["data_stats"], training_summary(run), table,
+                                                   command, init_card.read_text() if init_card.exists() else ""))
         written.append(dest)
     print(table)
     return written

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -64,6 +65,7 @@ class TrainConfig:
     stop_at: int = 0             # > 0: save and stop after this step (the schedule still spans `steps`)
     device: str = "cpu"          # cpu | cuda (the recipe is the same; the target runs there too)
     val_data: tuple[Path, ...] = ()   # held-out data folders: loss and accuracy by depth at every save
+    init: str = ""               # a trained drafter to start from (shipped name or folder); "" = a new drafter
 
 
 def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
@@ -92,6 +94,26 @@ def ttt_attend(keys: list[torch.Tensor], values: list[torch.Tensor], group: int)
         return out
 
     return attend
+
+
+def trained_drafter_path(name: str) -> Path:
+    """A shipped drafter's folder, or the checkpoint folder named; a clear error if it holds none."""
+    path = shipped_path(name) if name in SHIPPED else Path(name)
+    if not (path / "model.safetensors").exists():
+        raise PlaygroundError(f"no trained checkpoint for drafter {name!r} (a shipped name or a checkpoint folder)")
+    return path
+
+
+def load_init(config: TrainConfig, expected: DrafterConfig) -> Eagle3Drafter:
+    """The trained drafter a new run starts from (--init): the same switches, target and draft vocabulary size."""
+    drafter = load_drafter(trained_drafter_path(config.init))
+    if drafter.config != expected:
+        have, want = drafter.config, expected
+        why = (f"it is {have.variant}, the run trains {want.variant}" if have.variant != want.variant else
+               f"its draft vocabulary has {have.draft_vocab_size} tokens (pass --draft-vocab {have.draft_vocab_size})"
+               if have.draft_vocab_size != want.draft_vocab_size else "it was made for another target")
+        raise PlaygroundError(f"--init {config.init} cannot start a {config.variant} run: {why}")
+    return drafter
 
 
 def init_from_target(drafter: Eagle3Drafter, model) -> None:
@@ -259,24 +281,34 @@ class Run:
     `start` is the step its checkpoint reached (0 for a new run)."""
 
     def __init__(self, config: TrainConfig, model, frequent_tokens: Callable[[], torch.Tensor], data_stats: list[dict]):
-        """`frequent_tokens` picks the draft vocabulary of a new run; a resumed run keeps its own."""
+        """`frequent_tokens` picks the draft vocabulary of a new run; a resumed run keeps its own. A new
+        run with `config.init` starts from that drafter, its weights and draft vocabulary, and keeps its
+        model card (init_card.md) for the shipped card's provenance."""
         self.config = config
         self.out = Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        vocab_file = self.out / "draft_vocab.pt"
-        if not vocab_file.exists():
-            torch.save(frequent_tokens(), vocab_file)
         drafter_config = DrafterConfig.for_target(model.config, config.draft_vocab,
                                                  aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
-        self.drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
-        self.drafter.set_draft_vocab(torch.load(vocab_file))
+        self.checkpoint = self.out / "checkpoint.pt"
+        vocab_file = self.out / "draft_vocab.pt"
+        if config.init and not self.checkpoint.exists():
+            self.drafter = load_init(config, drafter_config)
+            torch.save(self.drafter.to_target_ids(torch.arange(config.draft_vocab)), vocab_file)
+            card = trained_drafter_path(config.init) / "README.md"
+            if card.exists():
+                shutil.copyfile(card, self.out / "init_card.md")
+            self.drafter.requires_grad_(True).train()
+        else:
+            if not vocab_file.exists():
+                torch.save(frequent_tokens(), vocab_file)
+            self.drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
+            self.drafter.set_draft_vocab(torch.load(vocab_file))
+            init_from_target(self.drafter, model)
         self.drafter.to(config.device)   # where the target's model is
-        init_from_target(self.drafter, model)
         self.in_vocab = self.drafter.t2d.clone()
         self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / config.warmup)
                                                           * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps))))
-        self.checkpoint = self.out / "checkpoint.pt"
         self.start = 0
         if self.checkpoint.exists():
             state = torch.load(self.checkpoint, map_location=config.device)
@@ -325,8 +357,11 @@ def train(configs: list[TrainConfig]) -> list[Path]:
     """Train one drafter per config side by side, on the same batches and the same target states.
     The configs may differ only in variant and run folder."""
     config = configs[0]
-    if len({replace(c, variant="", out=Path()) for c in configs}) > 1:
-        raise PlaygroundError("drafters trained side by side share every setting but the variant and the run folder")
+    if len({replace(c, variant="", out=Path(), init="") for c in configs}) > 1:
+        raise PlaygroundError("drafters trained side by side share every setting but the variant, the run folder "
+                              "and the drafter each starts from")
+    if len({bool(c.init) for c in configs}) > 1:
+        raise PlaygroundError("drafters trained side by side all start from a trained drafter (--init), or none does")
     if len({c.variant for c in configs}) < len(configs) or len({Path(c.out) for c in configs}) < len(configs):
         raise PlaygroundError("one run folder per variant, each variant once")
     if set(map(Path, config.val_data)) & set(map(Path, config.data)):
@@ -366,10 +401,7 @@ def validate_drafters(drafters: list[str], data: list[Path], device: str = "cpu"
                       ttt_steps: int = TrainConfig.ttt_steps, bf16: bool = TrainConfig.bf16) -> list[dict]:
     """Training's measure for trained drafters (names or checkpoint folders) on held-out data folders:
     one row per drafter (the recipe's decay, batch and max_len)."""
-    paths = [shipped_path(name) if name in SHIPPED else Path(name) for name in drafters]
-    for name, path in zip(drafters, paths):
-        if not (path / "model.safetensors").exists():
-            raise PlaygroundError(f"no trained checkpoint for drafter {name!r} (a shipped name or a checkpoint folder)")
+    paths = [trained_drafter_path(name) for name in drafters]
     target, _, embed, head = load_frozen_target(device)
     validator = Validator(load_examples(data), target, TrainConfig.batch, TrainConfig.max_len, limit)
     rows = []
