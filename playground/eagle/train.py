@@ -11,7 +11,8 @@ Each run checkpoints every --save-every steps and resumes from its folder; --sto
 session at step N without changing the schedule. With --val-data, every save also measures each
 drafter on held-out data (Validator: training's loss and accuracy, teacher-forced) into val.jsonl;
 `train validate` takes the same measure for finished drafters. A run resumed with other data folders records
-from which step it used them (train_config.json).
+from which step it used them (train_config.json). With --init, new runs start from trained drafters
+(their weights and draft vocabulary) instead of new ones: fine-tuning on other data.
 
 The recipe (EAGLE-3, "training-time test"): unroll the drafter `ttt_steps` times per sequence.
 Step 0 reads fc(target features); step i > 0 reads the drafter's own output state of step i-1
@@ -355,7 +356,7 @@ class Run:
 
 def train(configs: list[TrainConfig]) -> list[Path]:
     """Train one drafter per config side by side, on the same batches and the same target states.
-    The configs may differ only in variant and run folder."""
+    The configs may differ only in variant, run folder and the trained drafter each starts from."""
     config = configs[0]
     if len({replace(c, variant="", out=Path(), init="") for c in configs}) > 1:
         raise PlaygroundError("drafters trained side by side share every setting but the variant, the run folder "
