@@ -105,9 +105,10 @@ def trained_drafter_path(name: str) -> Path:
     return path
 
 
-def load_init(config: TrainConfig, expected: DrafterConfig) -> Eagle3Drafter:
-    """The trained drafter a new run starts from (--init): the same switches, target and draft vocabulary size."""
-    drafter = load_drafter(trained_drafter_path(config.init))
+def load_init(folder: Path, config: TrainConfig, expected: DrafterConfig) -> Eagle3Drafter:
+    """The trained drafter a new run starts from (--init, found in `folder`): the same switches, target
+    and draft vocabulary size."""
+    drafter = load_drafter(folder)
     if drafter.config != expected:
         have, want = drafter.config, expected
         why = (f"it is {have.variant}, the run trains {want.variant}" if have.variant != want.variant else
@@ -293,9 +294,10 @@ class Run:
         self.checkpoint = self.out / "checkpoint.pt"
         vocab_file = self.out / "draft_vocab.pt"
         if config.init and not self.checkpoint.exists():
-            self.drafter = load_init(config, drafter_config)
+            source = trained_drafter_path(config.init)
+            self.drafter = load_init(source, config, drafter_config)
             torch.save(self.drafter.to_target_ids(torch.arange(config.draft_vocab)), vocab_file)
-            card = trained_drafter_path(config.init) / "README.md"
+            card = source / "README.md"
             if card.exists():
                 shutil.copyfile(card, self.out / "init_card.md")
             self.drafter.requires_grad_(True).train()
@@ -398,7 +400,7 @@ def train(configs: list[TrainConfig]) -> list[Path]:
     return [run.out / "drafter" for run in runs]
 
 
-def validate_drafters(drafters: list[str], data: list[Path], device: str = "cpu", limit: int = 256,
+def validate_drafters(drafters: list[str], data: list[Path], device: str = TrainConfig.device, limit: int = 256,
                       ttt_steps: int = TrainConfig.ttt_steps, bf16: bool = TrainConfig.bf16) -> list[dict]:
     """Training's measure for trained drafters (names or checkpoint folders) on held-out data folders:
     one row per drafter (the recipe's decay, batch and max_len)."""
