@@ -167,6 +167,7 @@ def _add_train(sub) -> None:
     p = train.add_parser("ship", help="evaluate trained runs and copy them to assets/drafters with model cards")
     p.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders of train drafter")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=None, help="evaluate on each kind's first N prompts (default: all)")
 
     p = train.add_parser("eval", help="tau and per-position acceptance on held-out chat, code, long-context "
                                       "and perturbed-format prompts")
@@ -178,6 +179,9 @@ def _add_train(sub) -> None:
                    choices=["chat", "code", "long-context", "perturbed", "training"],
                    help="a subset of the held-out kinds (default: all four); 'training': six prompts the "
                         "shipped drafters trained on, to measure how far they generalise")
+    p.add_argument("--prompts", type=int, default=None,
+                   help="only each kind's first N prompts (default: all: 24 chat, 24 code, 8 long-context, "
+                        "24 perturbed)")
 
 
 def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
@@ -289,18 +293,21 @@ def bench(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     if args.stage == "eval":
-        from playground.eagle.evaluate import KINDS, TRAINING_PROMPTS, evaluate, format_rows
+        from playground.eagle.evaluate import KINDS, TRAINING_PROMPTS, evaluate, format_ratios, format_rows
         from playground.engines.reference import ReferenceEngine
 
         flags = {**dict(zip(["chat", "code", "long-context", "perturbed"], KINDS)), "training": TRAINING_PROMPTS}
         kinds = [flags[x] for x in args.kinds] if args.kinds else KINDS
-        print(format_rows(evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds)))
+        rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts)
+        print(format_rows(rows))
+        if len(args.drafters) > 1:
+            print("\n" + format_ratios(rows))
         return 0
     if args.stage == "ship":
         from playground.eagle.ship import ship
         from playground.engines.reference import ReferenceEngine
 
-        for folder in ship(args.runs, ReferenceEngine.load(), args.max_tokens):
+        for folder in ship(args.runs, ReferenceEngine.load(), args.max_tokens, prompts=args.prompts):
             print(f"wrote {folder}")
         return 0
     if args.stage == "data":

@@ -10,8 +10,9 @@ Definitions (as vLLM's spec-decode metrics):
 
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from playground.engines.events import StepEvent, reconcile
 
@@ -70,9 +71,25 @@ def mean_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
     return tuple(s / c for s, c in zip(sums, counts))
 
 
-def mean_acceptance_length(events: Iterable[StepEvent]) -> float:
+def drafting_counts(events: Iterable[StepEvent]) -> tuple[int, int]:
+    """(accepted drafts, steps that drafted): tau = 1 + accepted / steps."""
     drafting = [e for e in events if e.drafted > 0]
-    return 1.0 + sum(e.accepted for e in drafting) / len(drafting) if drafting else 1.0
+    return sum(e.accepted for e in drafting), len(drafting)
+
+
+def mean_acceptance_length(events: Iterable[StepEvent]) -> float:
+    accepted, steps = drafting_counts(events)
+    return 1.0 + accepted / steps if steps else 1.0
+
+
+def bootstrap_interval(statistic: Callable[[list[int]], float], units: int, level: float = 0.95,
+                       resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of statistic(indices) over `units` independent units (prompts),
+    resampled with replacement; seeded, so a table reprints the same interval."""
+    rng = random.Random(seed)
+    values = sorted(statistic([rng.randrange(units) for _ in range(units)]) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 def summarize(events: list[StepEvent]) -> RunSummary:

@@ -1,7 +1,7 @@
 import pytest
 
 from playground.engines.events import StepEvent, reconcile
-from playground.stats import acceptance_by_depth, mean_acceptance_length, summarize
+from playground.stats import acceptance_by_depth, bootstrap_interval, drafting_counts, mean_acceptance_length, summarize
 
 
 def step(i, drafted, accepted, tokens):
@@ -18,6 +18,22 @@ def test_per_position_acceptance_unconditional_and_conditional():
     # depth 2 given depth 1: 2 of 3; depth 3 given depth 2: 1 of 1 among steps that drafted 3
     assert conditional == (3 / 4, 2 / 3, 1 / 1)
     assert mean_acceptance_length(events) == 1 + 6 / 4
+
+
+def test_drafting_counts_skip_steps_that_did_not_draft():
+    assert drafting_counts([step(0, 0, 0, 1), step(1, 3, 3, 4), step(2, 3, 1, 2)]) == (4, 2)
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_units():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    mean = lambda units: lambda idx: sum(units[i] for i in idx) / len(idx)
+    lo, hi = bootstrap_interval(mean(values), len(values))
+    assert 1.0 < lo < 3.5 < hi < 6.0
+    many = values * 16
+    lo_many, hi_many = bootstrap_interval(mean(many), len(many))
+    assert lo < lo_many < 3.5 < hi_many < hi
+    assert bootstrap_interval(mean([2.0] * 5), 5) == (2.0, 2.0)
+    assert bootstrap_interval(mean(values), len(values)) == (lo, hi)   # seeded: reprints the same
 
 
 def test_summary_counts_tokens_and_steps():

@@ -86,15 +86,33 @@ def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
 
 
 def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine):
-    from playground.eagle.evaluate import eval_requests, evaluate, format_rows
+    from playground.eagle.evaluate import ODD_SYSTEMS, eval_requests, evaluate, format_ratios, format_rows
 
-    rows = evaluate(engine, ["eagle3.1"], k=3, max_tokens=8, kinds=("long context",))
-    pooled = rows[0].pooled
-    assert pooled.runs == 4 and pooled.min_prompt_tokens >= 1500
+    rows = evaluate(engine, ["eagle3", "eagle3.1"], k=3, max_tokens=8, kinds=("long context",), prompts=2)
+    pooled = rows[1].pooled
+    assert pooled.runs == 2 and pooled.min_prompt_tokens >= 1500
     assert len(pooled.acceptance) == 3 and pooled.mean_acceptance_length >= 1.0
-    assert "| long context | eagle3.1 | 4 |" in format_rows(rows)
-    assert 0.5 < rows[0].draftable <= 1.0 and format_rows(rows).endswith(f"| {rows[0].draftable:.3f} |")
-    assert {r.template for r in eval_requests("perturbed format", "eagle3", 5, 8)} == {"plain", "markdown"}
+    assert "| long context | eagle3.1 | 2 |" in format_rows(rows)
+    assert 0.5 < rows[1].draftable <= 1.0 and format_rows(rows).endswith(f"| {rows[1].draftable:.3f} |")
+    lo, hi = rows[1].tau_interval()
+    assert lo <= pooled.mean_acceptance_length <= hi
+    ratio = rows[1].pooled.mean_acceptance_length / rows[0].pooled.mean_acceptance_length
+    assert f"| long context | eagle3.1 / eagle3 | {ratio:.2f} |" in format_ratios(rows)
+    assert len(eval_requests("long context", "eagle3", 5, 8)) == 8
+    perturbed = eval_requests("perturbed format", "eagle3", 5, 8)
+    assert {r.template for r in perturbed} == {"plain", "markdown", "model"}
+    assert {r.system for r in perturbed if r.template == "model"} == set(ODD_SYSTEMS)
+
+
+def test_tau_ratio_of_a_drafter_with_itself_is_one():
+    from playground.eagle.evaluate import EvalRow, tau_ratios
+
+    counts = ((3, 4), (1, 5), (8, 6))   # per prompt: (accepted drafts, drafting steps); pooled only by the table
+    rows = [EvalRow(name, "chat", None, 1.0, counts) for name in ("a", "b")]
+    assert tau_ratios(rows) == [("chat", "b", "a", 1.0, (1.0, 1.0))]
+    other = EvalRow("c", "chat", None, 1.0, ((0, 4), (0, 5), (0, 6)))
+    [(_, _, _, value, (lo, hi))] = tau_ratios([rows[0], other])
+    assert value == pytest.approx(1 / (1 + 12 / 15)) and lo <= value <= hi
 
 
 def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
@@ -156,7 +174,7 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
                                   "--ttt-steps", "2", "--no-bf16"], check=True, capture_output=True, text=True).stdout
     row = next(line for line in table.splitlines() if line.startswith(f"| {alone / 'drafter'} |")).split("|")
     assert float(row[4]) == pytest.approx(val["loss"], rel=1e-2) and int(row[3]) == val["tokens"]
-    shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets")
+    shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets", prompts=2)
     assert [p.name for p in shipped] == ["eagle3", "eagle3.1"]
     for folder in shipped:
         assert load_drafter(folder).config.variant == folder.name
@@ -165,6 +183,7 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         assert f"from step 1: {data} + {self_data}" in card and "--source self" in card
         assert "4 conversations" in card and "| long context | eagle3.1 |" in card and "| chat | eagle3 |" in card
         assert f"On held-out data ({self_data}: " in card and "at step 1: loss" in card
+        assert "| chat | eagle3.1 / eagle3 |" in card and "--max-tokens 4 --prompts 2" in card
     # fine-tuning: new runs start from the shipped drafters (at learning rate 0 they stay those drafters),
     # and keep their cards; the shipped card then says where the run started
     tuned = [tmp_path / "tuned-eagle3", tmp_path / "tuned-eagle3.1"]
@@ -178,7 +197,7 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         before, after = load_drafter(start).state_dict(), load_drafter(run / "drafter").state_dict()
         assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
         assert (run / "init_card.md").read_text() == (start / "README.md").read_text()
-    retuned = ship(tuned, engine, max_tokens=4, assets=tmp_path / "assets-tuned")
+    retuned = ship(tuned, engine, max_tokens=4, assets=tmp_path / "assets-tuned", prompts=2)
     card = (retuned[1] / "README.md").read_text()
     assert f"starting from the trained drafter `{shipped[1]}`" in card and f"--init {shipped[1]}" in card
     assert "\n## Started from\n\n## EAGLE 3.1 drafter" in card and "\n### Evaluation\n" in card
@@ -201,8 +220,10 @@ def test_a_multi_turn_conversation_follows_up_on_the_targets_own_reply(target):
 
 
 def test_evaluation_prompts_are_not_template_prompts():
-    from playground.eagle.evaluate import CHAT, CODE, LONG_QUESTIONS
-    from playground.eagle.prompts import conversations
+    from playground.eagle.evaluate import CHAT, CODE, LONG_QUESTIONS, ODD_SYSTEMS
+    from playground.eagle.prompts import SYSTEMS, conversations
 
     training = {m["content"] for conv in conversations(20000) for m in conv}
-    assert not {*CHAT, *CODE, *LONG_QUESTIONS} & training
+    held_out = [*CHAT, *CODE, *LONG_QUESTIONS, *ODD_SYSTEMS]
+    assert not set(held_out) & training and len(set(held_out)) == len(held_out)
+    assert not set(ODD_SYSTEMS) & set(SYSTEMS)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from playground.eagle.evaluate import evaluate, format_rows
+from playground.eagle.evaluate import evaluate, format_ratios, format_rows
 from playground.eagle.registry import shipped_path
 from playground.ui.figures import label
 
@@ -155,13 +155,16 @@ Held-out prompts (`playground/eagle/evaluate.py`), k=5, greedy, through the refe
 """ + init_section(init_card)
 
 
-def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = None) -> list[Path]:
+def ship(runs: list[Path], engine, max_tokens: int = 128, assets: Path | None = None,
+         prompts: int | None = None) -> list[Path]:
     configs = {json.loads((r / "train_config.json").read_text())["variant"]: r for r in runs}
     folders = {variant: str(run / "drafter") for variant, run in configs.items()}
-    rows = evaluate(engine, list(folders.values()), max_tokens=max_tokens)
+    rows = evaluate(engine, list(folders.values()), max_tokens=max_tokens, prompts=prompts)
     names = {folder: variant for variant, folder in folders.items()}
-    table = format_rows([replace(r, drafter=names[r.drafter]) for r in rows])
-    command = (f"python -m playground train eval --drafters {' '.join(configs)} --max-tokens {max_tokens}")
+    named = [replace(r, drafter=names[r.drafter]) for r in rows]
+    table = format_rows(named) + "\n\n" + format_ratios(named)
+    command = (f"python -m playground train eval --drafters {' '.join(configs)} --max-tokens {max_tokens}"
+               + (f" --prompts {prompts}" if prompts else ""))
     written = []
     for variant, run in configs.items():
         config = json.loads((run / "train_config.json").read_text())
