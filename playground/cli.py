@@ -176,12 +176,16 @@ def _add_train(sub) -> None:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--kinds", nargs="+", default=None,
-                   choices=["chat", "code", "long-context", "perturbed", "training"],
-                   help="a subset of the held-out kinds (default: all four); 'training': six prompts the "
-                        "shipped drafters trained on, to measure how far they generalise")
+                   choices=["chat", "code", "long-context", "perturbed", "templates", "systems", "training"],
+                   help="a subset of the held-out kinds (default: all four); 'templates' and 'systems': the "
+                        "two halves of 'perturbed' (other chat templates, unusual system prompts); 'training': "
+                        "six prompts the shipped drafters trained on, to measure how far they generalise")
     p.add_argument("--prompts", type=int, default=None,
                    help="only each kind's first N prompts (default: all: 24 chat, 24 code, 8 long-context, "
                         "24 perturbed)")
+    p.add_argument("--figures", type=Path, default=None,
+                   help="also write each kind's acceptance, sink attention and fed-back RMS by depth, for every "
+                        "drafter, to this HTML file (plotly, opens offline)")
 
 
 def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
@@ -293,15 +297,20 @@ def bench(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     if args.stage == "eval":
-        from playground.eagle.evaluate import KINDS, TRAINING_PROMPTS, evaluate, format_ratios, format_rows
+        from playground.eagle.evaluate import (KINDS, OTHER_TEMPLATES, TRAINING_PROMPTS, UNUSUAL_SYSTEMS, evaluate,
+                                               format_ratios, format_rows, write_figures)
         from playground.engines.reference import ReferenceEngine
 
-        flags = {**dict(zip(["chat", "code", "long-context", "perturbed"], KINDS)), "training": TRAINING_PROMPTS}
+        flags = {**dict(zip(["chat", "code", "long-context", "perturbed"], KINDS)), "templates": OTHER_TEMPLATES,
+                 "systems": UNUSUAL_SYSTEMS, "training": TRAINING_PROMPTS}
         kinds = [flags[x] for x in args.kinds] if args.kinds else KINDS
         rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts)
         print(format_rows(rows))
         if len(args.drafters) > 1:
             print("\n" + format_ratios(rows))
+        if args.figures:
+            write_figures(rows, args.figures)
+            print(f"wrote {args.figures}")
         return 0
     if args.stage == "ship":
         from playground.eagle.ship import ship

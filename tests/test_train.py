@@ -85,8 +85,9 @@ def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
     assert states["features"].requires_grad is False and not states["features"].is_inference()
 
 
-def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine):
-    from playground.eagle.evaluate import ODD_SYSTEMS, eval_requests, evaluate, format_ratios, format_rows
+def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine, tmp_path):
+    from playground.eagle.evaluate import (ODD_SYSTEMS, OTHER_TEMPLATES, UNUSUAL_SYSTEMS, eval_requests, evaluate,
+                                           format_ratios, format_rows, write_figures)
 
     rows = evaluate(engine, ["eagle3", "eagle3.1"], k=3, max_tokens=8, kinds=("long context",), prompts=2)
     pooled = rows[1].pooled
@@ -98,10 +99,15 @@ def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(en
     assert lo <= pooled.mean_acceptance_length <= hi
     ratio = rows[1].pooled.mean_acceptance_length / rows[0].pooled.mean_acceptance_length
     assert f"| long context | eagle3.1 / eagle3 | {ratio:.2f} |" in format_ratios(rows)
+    write_figures(rows, tmp_path / "curves.html")
+    page = (tmp_path / "curves.html").read_text()
+    assert page.count("long context: ") == 3 and "fed-back state RMS" in page and "EAGLE 3.1" in page
+    assert f"{rows[1].pooled.hidden_norm[0]}" in page   # the plotted values are the pooled ones
     assert len(eval_requests("long context", "eagle3", 5, 8)) == 8
-    perturbed = eval_requests("perturbed format", "eagle3", 5, 8)
-    assert {r.template for r in perturbed} == {"plain", "markdown", "model"}
-    assert {r.system for r in perturbed if r.template == "model"} == set(ODD_SYSTEMS)
+    templates, systems = (eval_requests(kind, "eagle3", 5, 8) for kind in (OTHER_TEMPLATES, UNUSUAL_SYSTEMS))
+    assert eval_requests("perturbed format", "eagle3", 5, 8) == templates + systems
+    assert {r.template for r in templates} == {"plain", "markdown"} and {r.system for r in templates} == {None}
+    assert {r.template for r in systems} == {"model"} and [r.system for r in systems] == ODD_SYSTEMS
 
 
 def test_tau_ratio_of_a_drafter_with_itself_is_one():
@@ -190,7 +196,7 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
     swapped = subprocess.run(cli + args + ["--steps", "1", "--data", str(data), "--out", *map(str, tuned),
                                            "--init", *map(str, shipped[::-1])], capture_output=True, text=True)
     assert swapped.returncode != 0 and "it is eagle3.1, the run trains eagle3" in swapped.stderr
-    assert "Traceback" not in swapped.stderr
+    assert "Traceback" not in swapped.stderr and not any(run.exists() for run in tuned)
     subprocess.run(cli + args + ["--steps", "1", "--lr", "0", "--data", str(data), "--out", *map(str, tuned),
                                  "--init", *map(str, shipped)], check=True, capture_output=True)
     for run, start in zip(tuned, shipped):

@@ -13,7 +13,8 @@ A kind's prompts are few, so each tau comes with a 95% bootstrap interval over i
 each drafter's tau relative to the first drafter's with a paired one (greedy, every drafter
 answers a prompt with the same tokens, so the ratio compares the same text).
 
-One more kind, on request only, is not held out: "training prompts", the first six single-turn
+Two more kinds, on request, are the halves of "perturbed format": "other templates" and
+"unusual system prompts". One more, on request only, is not held out: "training prompts", the first six single-turn
 conversations of the template source (seed 0: one of each single-turn kind, then a second chat
 one), which the shipped drafters trained on. Its
 gap to "chat" and "code" measures how far the drafters generalise beyond their training prompts.
@@ -22,6 +23,7 @@ gap to "chat" and "code" measures how far the drafters generalise beyond their t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -31,6 +33,7 @@ from playground.errors import PlaygroundError
 from playground.presets import long_document_prompt
 from playground.request import GenerationRequest
 from playground.stats import Pooled, bootstrap_interval, drafting_counts, pool
+from playground.ui import figures
 
 CHAT = [
     "What should I pack for a weekend hiking trip in autumn?",
@@ -107,6 +110,8 @@ ODD_SYSTEMS = [
     "You are a tour guide in the year 2300, and everything you explain is ancient history to you.",
 ]
 KINDS = ("chat", "code", "long context", "perturbed format")
+# the two halves of "perturbed format", on request, to tell which perturbation a difference comes from
+OTHER_TEMPLATES, UNUSUAL_SYSTEMS = "other templates", "unusual system prompts"
 TRAINING_PROMPTS = "training prompts"
 
 
@@ -120,8 +125,12 @@ def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[Gene
     if kind == "long context":
         return [make(long_document_prompt(q)) for q in LONG_QUESTIONS]
     if kind == "perturbed format":
-        return ([make(p, template) for p in CHAT[:8] for template in ("plain", "markdown")]
-                + [make(p, system=system) for p, system in zip(CHAT[8:], ODD_SYSTEMS)])
+        return (eval_requests(OTHER_TEMPLATES, drafter, k, max_tokens)
+                + eval_requests(UNUSUAL_SYSTEMS, drafter, k, max_tokens))
+    if kind == OTHER_TEMPLATES:
+        return [make(p, template) for p in CHAT[:8] for template in ("plain", "markdown")]
+    if kind == UNUSUAL_SYSTEMS:
+        return [make(p, system=system) for p, system in zip(CHAT[8:], ODD_SYSTEMS)]
     if kind == TRAINING_PROMPTS:
         single_turn = [i for i in range(2 * len(PROMPT_KINDS)) if PROMPT_KINDS[i % len(PROMPT_KINDS)] != "multiturn"]
         return [_training_request(conversation(i), drafter, k, max_tokens) for i in single_turn[:6]]
@@ -205,3 +214,17 @@ def format_ratios(rows: list[EvalRow]) -> str:
     lines = ["| kind | tau ratio | value | 95% CI |", "|---|---|---:|---|"]
     lines += [f"| {kind} | {a} / {b} | {value:.2f} | {lo:.2f}-{hi:.2f} |" for kind, a, b, value, (lo, hi) in ratios]
     return "\n".join(lines)
+
+
+def write_figures(rows: list[EvalRow], path: Path) -> None:
+    """Per kind, the drafters' acceptance, sink attention and fed-back RMS by depth, in one
+    standalone HTML file."""
+    figs = []
+    for kind in dict.fromkeys(r.kind for r in rows):
+        pooled = {r.drafter: r.pooled for r in rows if r.kind == kind}
+        figs += [figures.by_depth({n: p.acceptance for n, p in pooled.items()}, f"{kind}: acceptance by depth",
+                                  "acceptance rate", [0, 1.05]),
+                 figures.by_depth({n: p.sink_attention for n, p in pooled.items()},
+                                  f"{kind}: attention to the sink tokens", "attention mass"),
+                 figures.by_depth({n: p.hidden_norm for n, p in pooled.items()}, f"{kind}: fed-back state RMS", "RMS")]
+    figures.html_page(figs, "Drafter evaluation by depth", path)

@@ -105,16 +105,35 @@ def trained_drafter_path(name: str) -> Path:
     return path
 
 
+def init_mismatch(have: DrafterConfig, variant: str, draft_vocab: int) -> str | None:
+    """Why a trained drafter cannot start a run of this variant and draft vocabulary size, if it cannot."""
+    if have.variant != variant:
+        return f"it is {have.variant}, the run trains {variant}"
+    if have.draft_vocab_size != draft_vocab:
+        return f"its draft vocabulary has {have.draft_vocab_size} tokens (pass --draft-vocab {have.draft_vocab_size})"
+    return None
+
+
+def check_init(config: TrainConfig) -> None:
+    """Fail before the target loads, and before the run folder exists, where --init names a drafter
+    that cannot start this run (a resumed run ignores --init)."""
+    if not config.init or (Path(config.out) / "checkpoint.pt").exists():
+        return
+    folder = trained_drafter_path(config.init)
+    why = init_mismatch(DrafterConfig.from_vllm_json(json.loads((folder / "config.json").read_text())),
+                        config.variant, config.draft_vocab)
+    if why:
+        raise PlaygroundError(f"--init {config.init} cannot start the {config.variant} run: {why}")
+
+
 def load_init(folder: Path, config: TrainConfig, expected: DrafterConfig) -> Eagle3Drafter:
     """The trained drafter a new run starts from (--init, found in `folder`): the same switches, target
     and draft vocabulary size."""
     drafter = load_drafter(folder)
     if drafter.config != expected:
-        have, want = drafter.config, expected
-        why = (f"it is {have.variant}, the run trains {want.variant}" if have.variant != want.variant else
-               f"its draft vocabulary has {have.draft_vocab_size} tokens (pass --draft-vocab {have.draft_vocab_size})"
-               if have.draft_vocab_size != want.draft_vocab_size else "it was made for another target")
-        raise PlaygroundError(f"--init {config.init} cannot start a {config.variant} run: {why}")
+        why = (init_mismatch(drafter.config, expected.variant, expected.draft_vocab_size)
+               or "it was made for another target")
+        raise PlaygroundError(f"--init {config.init} cannot start the {config.variant} run: {why}")
     return drafter
 
 
@@ -288,7 +307,6 @@ class Run:
         model card (init_card.md) for the shipped card's provenance."""
         self.config = config
         self.out = Path(config.out)
-        self.out.mkdir(parents=True, exist_ok=True)
         drafter_config = DrafterConfig.for_target(model.config, config.draft_vocab,
                                                  aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
         self.checkpoint = self.out / "checkpoint.pt"
@@ -296,12 +314,14 @@ class Run:
         if config.init and not self.checkpoint.exists():
             source = trained_drafter_path(config.init)
             self.drafter = load_init(source, config, drafter_config)
+            self.out.mkdir(parents=True, exist_ok=True)
             torch.save(self.drafter.to_target_ids(torch.arange(config.draft_vocab)), vocab_file)
             card = source / "README.md"
             if card.exists():
                 shutil.copyfile(card, self.out / "init_card.md")
             self.drafter.requires_grad_(True).train()
         else:
+            self.out.mkdir(parents=True, exist_ok=True)
             if not vocab_file.exists():
                 torch.save(frequent_tokens(), vocab_file)
             self.drafter = Eagle3Drafter(drafter_config).init_random(config.seed)
@@ -369,6 +389,8 @@ def train(configs: list[TrainConfig]) -> list[Path]:
         raise PlaygroundError("one run folder per variant, each variant once")
     if set(map(Path, config.val_data)) & set(map(Path, config.data)):
         raise PlaygroundError("--val-data must be held out: a folder given as --data too measures nothing held out")
+    for c in configs:
+        check_init(c)
     torch.manual_seed(config.seed)
     target, model, embed, head = load_frozen_target(config.device)
     by_folder = {folder: load_examples([folder]) for folder in config.data}

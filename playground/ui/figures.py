@@ -55,13 +55,19 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
     return _layout(fig, "Drafter attention by depth", "attention mass", [0, 1.05])
 
 
+def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
+             y_range: list[float] | None = None) -> go.Figure:
+    """One line per drafter of a value by draft depth."""
+    fig = go.Figure()
+    for name, values in series.items():
+        fig.add_scatter(x=_depths(values), y=list(values), mode="lines+markers", name=label(name),
+                        line=dict(color=COLORS.get(name, FALLBACK_COLOR)))
+    return _layout(fig, title, y_title, y_range)
+
+
 def hidden_norm(runs: Mapping[str, RunSummary]) -> go.Figure:
     """RMS of the state fed into each depth; EAGLE 3's grows with depth, 3.1's stays normalised."""
-    fig = go.Figure()
-    for name, s in runs.items():
-        fig.add_scatter(x=_depths(s.mean_hidden_norm), y=list(s.mean_hidden_norm), mode="lines+markers",
-                        name=label(name), line=dict(color=COLORS.get(name, FALLBACK_COLOR)))
-    return _layout(fig, "Fed-back hidden state RMS by depth", "RMS")
+    return by_depth({name: s.mean_hidden_norm for name, s in runs.items()}, "Fed-back hidden state RMS by depth", "RMS")
 
 
 def all_figures(runs: Mapping[str, RunSummary]) -> tuple[go.Figure, go.Figure, go.Figure]:
