@@ -217,7 +217,7 @@ def format_ratios(rows: list[EvalRow]) -> str:
 
 
 def write_figures(rows: list[EvalRow], path: Path) -> None:
-    """Per kind, the drafters' acceptance, sink attention and fed-back RMS by depth, in one
+    """Per kind, a row of the drafters' acceptance, sink attention and fed-back RMS by depth, in one
     standalone HTML file."""
     figs = []
     for kind in dict.fromkeys(r.kind for r in rows):
@@ -227,4 +227,4 @@ def write_figures(rows: list[EvalRow], path: Path) -> None:
                  figures.by_depth({n: p.sink_attention for n, p in pooled.items()},
                                   f"{kind}: attention to the sink tokens", "attention mass"),
                  figures.by_depth({n: p.hidden_norm for n, p in pooled.items()}, f"{kind}: fed-back state RMS", "RMS")]
-    figures.html_page(figs, "Drafter evaluation by depth", path)
+    figures.html_page(figs, "Drafter evaluation by depth", path, columns=3)   # a row per kind

@@ -74,10 +74,11 @@ def all_figures(runs: Mapping[str, RunSummary]) -> tuple[go.Figure, go.Figure, g
     return acceptance(runs), attention(runs), hidden_norm(runs)
 
 
-def html_page(figures, title: str, path) -> None:
-    """Figures in one standalone HTML file (plotly.js inlined: it opens offline)."""
+def html_page(figures, title: str, path, columns: int = 1) -> None:
+    """Figures in one standalone HTML file (plotly.js inlined: it opens offline), `columns` to a row."""
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
-    path.write_text(f"<!doctype html><meta charset='utf-8'><title>{title}</title>" + "".join(parts))
+    grid = f"<div style='display:grid;grid-template-columns:repeat({columns},minmax(0,1fr))'>"
+    path.write_text(f"<!doctype html><meta charset='utf-8'><title>{title}</title>{grid}" + "".join(parts) + "</div>")
 
 
 def figures_file(runs: Mapping[str, RunSummary], path) -> None:
