@@ -176,10 +176,12 @@ def _add_train(sub) -> None:
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--kinds", nargs="+", default=None,
-                   choices=["chat", "code", "long-context", "perturbed", "templates", "systems", "training"],
+                   choices=["chat", "code", "long-context", "perturbed", "templates", "systems", "longer-context",
+                            "training"],
                    help="a subset of the held-out kinds (default: all four); 'templates' and 'systems': the "
-                        "two halves of 'perturbed' (other chat templates, unusual system prompts); 'training': "
-                        "six prompts the shipped drafters trained on, to measure how far they generalise")
+                        "two halves of 'perturbed' (other chat templates, unusual system prompts); "
+                        "'longer-context': the long-context questions after three documents (~4,400 tokens); "
+                        "'training': six prompts the shipped drafters trained on, to measure how far they generalise")
     p.add_argument("--prompts", type=int, default=None,
                    help="only each kind's first N prompts (default: all: 24 chat, 24 code, 8 long-context, "
                         "24 perturbed)")
@@ -297,12 +299,12 @@ def bench(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     if args.stage == "eval":
-        from playground.eagle.evaluate import (KINDS, OTHER_TEMPLATES, TRAINING_PROMPTS, UNUSUAL_SYSTEMS, evaluate,
-                                               format_ratios, format_rows, write_figures)
+        from playground.eagle.evaluate import (KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, TRAINING_PROMPTS,
+                                               UNUSUAL_SYSTEMS, evaluate, format_ratios, format_rows, write_figures)
         from playground.engines.reference import ReferenceEngine
 
         flags = {**dict(zip(["chat", "code", "long-context", "perturbed"], KINDS)), "templates": OTHER_TEMPLATES,
-                 "systems": UNUSUAL_SYSTEMS, "training": TRAINING_PROMPTS}
+                 "systems": UNUSUAL_SYSTEMS, "longer-context": LONGER_CONTEXT, "training": TRAINING_PROMPTS}
         kinds = [flags[x] for x in args.kinds] if args.kinds else KINDS
         rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts)
         print(format_rows(rows))

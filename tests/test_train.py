@@ -86,8 +86,8 @@ def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
 
 
 def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine, tmp_path):
-    from playground.eagle.evaluate import (ODD_SYSTEMS, OTHER_TEMPLATES, UNUSUAL_SYSTEMS, eval_requests, evaluate,
-                                           format_ratios, format_rows, write_figures)
+    from playground.eagle.evaluate import (LONGER_CONTEXT, ODD_SYSTEMS, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
+                                           eval_requests, evaluate, format_ratios, format_rows, write_figures)
 
     rows = evaluate(engine, ["eagle3", "eagle3.1"], k=3, max_tokens=8, kinds=("long context",), prompts=2)
     pooled = rows[1].pooled
@@ -104,6 +104,8 @@ def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(en
     assert page.count("long context: ") == 3 and "fed-back state RMS" in page and "EAGLE 3.1" in page
     assert f"{rows[1].pooled.hidden_norm[0]}" in page   # the plotted values are the pooled ones
     assert len(eval_requests("long context", "eagle3", 5, 8)) == 8
+    [longer] = evaluate(engine, ["eagle3.1"], k=3, max_tokens=4, kinds=(LONGER_CONTEXT,), prompts=1)
+    assert longer.pooled.min_prompt_tokens >= 4000
     templates, systems = (eval_requests(kind, "eagle3", 5, 8) for kind in (OTHER_TEMPLATES, UNUSUAL_SYSTEMS))
     assert eval_requests("perturbed format", "eagle3", 5, 8) == templates + systems
     assert {r.template for r in templates} == {"plain", "markdown"} and {r.system for r in templates} == {None}

@@ -13,10 +13,11 @@ A kind's prompts are few, so each tau comes with a 95% bootstrap interval over i
 each drafter's tau relative to the first drafter's with a paired one (greedy, every drafter
 answers a prompt with the same tokens, so the ratio compares the same text).
 
-Two more kinds, on request, are the halves of "perturbed format": "other templates" and
-"unusual system prompts". One more, on request only, is not held out: "training prompts", the first six single-turn
-conversations of the template source (seed 0: one of each single-turn kind, then a second chat
-one), which the shipped drafters trained on. Its
+More kinds, on request: the halves of "perturbed format" ("other templates" and "unusual system
+prompts"), and "longer context": the long-context questions after three documents (~4,400
+tokens), the report last, after two others. One more, on request only, is not held out:
+"training prompts", the first six single-turn conversations of the template source (seed 0: one
+of each single-turn kind, then a second chat one), which the shipped drafters trained on. Its
 gap to "chat" and "code" measures how far the drafters generalise beyond their training prompts.
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from playground.benchmark.suite import DOCUMENTS
 from playground.eagle.prompts import KINDS as PROMPT_KINDS, conversation
 from playground.engines.events import reconcile
 from playground.errors import PlaygroundError
@@ -112,6 +114,8 @@ ODD_SYSTEMS = [
 KINDS = ("chat", "code", "long context", "perturbed format")
 # the two halves of "perturbed format", on request, to tell which perturbation a difference comes from
 OTHER_TEMPLATES, UNUSUAL_SYSTEMS = "other templates", "unusual system prompts"
+# on request: the long-context questions after three documents (~4,400 tokens), the report last
+LONGER_CONTEXT = "longer context"
 TRAINING_PROMPTS = "training prompts"
 
 
@@ -124,6 +128,8 @@ def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[Gene
         return [make(p) for p in CODE]
     if kind == "long context":
         return [make(long_document_prompt(q)) for q in LONG_QUESTIONS]
+    if kind == LONGER_CONTEXT:
+        return [make(documents_prompt(q)) for q in LONG_QUESTIONS]
     if kind == "perturbed format":
         return (eval_requests(OTHER_TEMPLATES, drafter, k, max_tokens)
                 + eval_requests(UNUSUAL_SYSTEMS, drafter, k, max_tokens))
@@ -135,6 +141,11 @@ def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[Gene
         single_turn = [i for i in range(2 * len(PROMPT_KINDS)) if PROMPT_KINDS[i % len(PROMPT_KINDS)] != "multiturn"]
         return [_training_request(conversation(i), drafter, k, max_tokens) for i in single_turn[:6]]
     raise KeyError(kind)
+
+
+def documents_prompt(question: str) -> str:
+    documents = "\n\n".join(path.read_text() for path in DOCUMENTS.values())
+    return f"Read these three documents and answer the question after them.\n\n{documents}\n\nQuestion: {question}"
 
 
 def _training_request(messages: list[dict], drafter: str, k: int, max_tokens: int) -> GenerationRequest:
