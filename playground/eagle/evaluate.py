@@ -198,7 +198,7 @@ def format_rows(rows: list[EvalRow]) -> str:
     for r in rows:
         p = r.pooled
         lines.append(f"| {r.kind} | {r.drafter} | {p.runs} | {p.min_prompt_tokens} | {p.mean_acceptance_length:.2f} | "
-                     f"{fmt(r.tau_interval(), '{:.2f}').replace(' ', '-')} | {fmt(p.acceptance)} | "
+                     f"{'{:.2f}-{:.2f}'.format(*r.tau_interval())} | {fmt(p.acceptance)} | "
                      f"{fmt(p.sink_attention, '{:.3f}')} | {fmt(p.hidden_norm)} | {r.draftable:.3f} |")
     return "\n".join(lines)
 
