@@ -77,9 +77,15 @@ def drafting_counts(events: Iterable[StepEvent]) -> tuple[int, int]:
     return sum(e.accepted for e in drafting), len(drafting)
 
 
+def pooled_tau(counts: Iterable[tuple[int, int]]) -> float:
+    """Tau over several runs' (accepted drafts, drafting steps): every step weighs the same."""
+    counts = list(counts)
+    steps = sum(s for _, s in counts)
+    return 1.0 + sum(a for a, _ in counts) / steps if steps else 1.0
+
+
 def mean_acceptance_length(events: Iterable[StepEvent]) -> float:
-    accepted, steps = drafting_counts(events)
-    return 1.0 + accepted / steps if steps else 1.0
+    return pooled_tau([drafting_counts(events)])
 
 
 def bootstrap_interval(statistic: Callable[[list[int]], float], units: int, level: float = 0.95,

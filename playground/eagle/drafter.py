@@ -251,14 +251,19 @@ def save_drafter(drafter: Eagle3Drafter, out_dir: str | Path, dtype: torch.dtype
     return out
 
 
+def load_drafter_config(path: str | Path) -> DrafterConfig:
+    """A checkpoint folder's drafter config, without its weights."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise PlaygroundError(f"{folder} is not a drafter checkpoint (needs config.json and model.safetensors)")
+    return DrafterConfig.from_vllm_json(json.loads((folder / "config.json").read_text()))
+
+
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
     from safetensors.torch import load_file
 
     folder = Path(path)
-    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise PlaygroundError(f"{folder} is not a drafter checkpoint (needs config.json and model.safetensors)")
-    config = DrafterConfig.from_vllm_json(json.loads((folder / "config.json").read_text()))
-    drafter = Eagle3Drafter(config)
+    drafter = Eagle3Drafter(load_drafter_config(folder))
     state = load_file(str(folder / "model.safetensors"))
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -34,7 +34,7 @@ from playground.engines.events import reconcile
 from playground.errors import PlaygroundError
 from playground.presets import long_document_prompt
 from playground.request import GenerationRequest
-from playground.stats import Pooled, bootstrap_interval, drafting_counts, pool
+from playground.stats import Pooled, bootstrap_interval, drafting_counts, pool, pooled_tau
 from playground.ui import figures
 
 CHAT = [
@@ -166,11 +166,6 @@ class EvalRow:
     def tau_interval(self) -> tuple[float, float]:
         """95% bootstrap interval of the pooled tau over this kind's prompts."""
         return bootstrap_interval(lambda idx: pooled_tau([self.counts[i] for i in idx]), len(self.counts))
-
-
-def pooled_tau(counts: list[tuple[int, int]]) -> float:
-    steps = sum(s for _, s in counts)
-    return 1.0 + sum(a for a, _ in counts) / steps if steps else 1.0
 
 
 def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS,

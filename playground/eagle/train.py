@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from playground.eagle.data import describe, load_examples
-from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, load_drafter, save_drafter
+from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, load_drafter, load_drafter_config, save_drafter
 from playground.eagle.registry import SHIPPED, shipped_path
 from playground.errors import PlaygroundError
 from playground.target import Target, aux_layer_ids
@@ -105,6 +105,14 @@ def trained_drafter_path(name: str) -> Path:
     return path
 
 
+def init_source(config: TrainConfig) -> Path | None:
+    """The trained drafter a new run starts from (--init); None without one, or where the run
+    resumes from its checkpoint (a resumed run ignores --init)."""
+    if not config.init or (Path(config.out) / "checkpoint.pt").exists():
+        return None
+    return trained_drafter_path(config.init)
+
+
 def init_mismatch(have: DrafterConfig, variant: str, draft_vocab: int) -> str | None:
     """Why a trained drafter cannot start a run of this variant and draft vocabulary size, if it cannot."""
     if have.variant != variant:
@@ -114,16 +122,19 @@ def init_mismatch(have: DrafterConfig, variant: str, draft_vocab: int) -> str | 
     return None
 
 
+def cannot_start(config: TrainConfig, why: str) -> PlaygroundError:
+    return PlaygroundError(f"--init {config.init} cannot start the {config.variant} run: {why}")
+
+
 def check_init(config: TrainConfig) -> None:
     """Fail before the target loads, and before the run folder exists, where --init names a drafter
-    that cannot start this run (a resumed run ignores --init)."""
-    if not config.init or (Path(config.out) / "checkpoint.pt").exists():
+    of another variant or draft vocabulary size."""
+    source = init_source(config)
+    if source is None:
         return
-    folder = trained_drafter_path(config.init)
-    why = init_mismatch(DrafterConfig.from_vllm_json(json.loads((folder / "config.json").read_text())),
-                        config.variant, config.draft_vocab)
+    why = init_mismatch(load_drafter_config(source), config.variant, config.draft_vocab)
     if why:
-        raise PlaygroundError(f"--init {config.init} cannot start the {config.variant} run: {why}")
+        raise cannot_start(config, why)
 
 
 def load_init(folder: Path, config: TrainConfig, expected: DrafterConfig) -> Eagle3Drafter:
@@ -131,9 +142,8 @@ def load_init(folder: Path, config: TrainConfig, expected: DrafterConfig) -> Eag
     and draft vocabulary size."""
     drafter = load_drafter(folder)
     if drafter.config != expected:
-        why = (init_mismatch(drafter.config, expected.variant, expected.draft_vocab_size)
-               or "it was made for another target")
-        raise PlaygroundError(f"--init {config.init} cannot start the {config.variant} run: {why}")
+        raise cannot_start(config, init_mismatch(drafter.config, expected.variant, expected.draft_vocab_size)
+                           or "it was made for another target")
     return drafter
 
 
@@ -311,8 +321,8 @@ class Run:
                                                  aux_layer_ids(model.config.num_hidden_layers), SHIPPED[config.variant])
         self.checkpoint = self.out / "checkpoint.pt"
         vocab_file = self.out / "draft_vocab.pt"
-        if config.init and not self.checkpoint.exists():
-            source = trained_drafter_path(config.init)
+        source = init_source(config)
+        if source is not None:
             self.drafter = load_init(source, config, drafter_config)
             self.out.mkdir(parents=True, exist_ok=True)
             torch.save(self.drafter.to_target_ids(torch.arange(config.draft_vocab)), vocab_file)
