@@ -43,8 +43,15 @@ def run_playground(page: Page, prompt: str, max_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def screenshot(page: Page, tmp_path: Path, name: str) -> None:
+    """Full-page PNG into tmp_path, or into $PLAYGROUND_SCREENSHOTS (the README's images come from there)."""
+    shot = Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)) / name
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+
+
 def test_playground_colours_tokens_plots_and_inspector(page, tmp_path):
-    first_token_s = run_playground(page, HOSTILE, 48)
+    first_token_s = run_playground(page, "Write a Python function that checks whether a number is prime.", 64)
     print(f"Run -> first streamed token: {first_token_s:.2f} s")
     expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
     assert page.locator("#answer .tok.tgt").count() > 0
@@ -54,12 +61,15 @@ def test_playground_colours_tokens_plots_and_inspector(page, tmp_path):
     for plot in ("plot-acceptance", "plot-attention", "plot-norm"):
         expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#inspector table.inspector")).to_be_visible()
-    # model text is text: nothing the prompt or the answer contains became markup or ran
+    screenshot(page, tmp_path, "playground.png")
+
+
+def test_model_text_stays_text(page):
+    run_playground(page, HOSTILE, 32)
+    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    # nothing the prompt or the answer contains became markup or ran
     assert page.locator("#answer b, #answer script, #answer img").count() == 0
     assert page.evaluate("window.__pwned") is None
-    shot = Path(os.environ.get("PLAYGROUND_SCREENSHOT", tmp_path / "playground.png"))
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.stat().st_size > 10_000
 
 
 def test_stop_ends_a_run_and_frees_the_engine(page):
@@ -77,7 +87,7 @@ def test_stop_ends_a_run_and_frees_the_engine(page):
 def test_comparison_tab_streams_both_columns(page, tmp_path):
     page.get_by_role("tab", name="Comparison").click()
     page.locator("#cmp-prompt textarea").fill("Write a haiku about the sea.")
-    set_number(page, "cmp-max-tokens", 24)
+    set_number(page, "cmp-max-tokens", 40)
     page.locator("#compare-run").click()
     for name in ("eagle3", "eagle31", "none"):   # element ids drop the dot
         expect(page.locator(f"#answer-{name} .finish")).to_be_visible(timeout=120_000)
@@ -85,4 +95,4 @@ def test_comparison_tab_streams_both_columns(page, tmp_path):
     assert texts[0] and texts[0] == texts[1] == texts[2]
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
-    page.screenshot(path=str(tmp_path / "comparison.png"), full_page=True)
+    screenshot(page, tmp_path, "comparison.png")

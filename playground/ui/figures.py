@@ -17,9 +17,14 @@ def label(name: str) -> str:
     return LABELS.get(name, name)
 
 
-def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None) -> go.Figure:
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=300, margin=dict(l=50, r=10, t=40, b=40),
-                      legend=dict(orientation="h", y=-0.25, font=dict(size=11)), template="plotly_white",
+def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None,
+            key: str = "") -> go.Figure:
+    """`key` says what the line styles mean, under the title; the legend then names only drafters,
+    one row for any number of them."""
+    text = f"{title}<br><span style='font-size:11px'>{key}</span>" if key else title
+    fig.update_layout(title=dict(text=text, font=dict(size=14)), height=300,
+                      margin=dict(l=50, r=10, t=55 if key else 40, b=40),
+                      legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template="plotly_white",
                       barmode="group")
     fig.update_xaxes(title_text="draft depth", dtick=1)
     fig.update_yaxes(title_text=y_title, range=y_range)
@@ -30,17 +35,26 @@ def _depths(values: tuple[float, ...]) -> list[int]:
     return list(range(1, len(values) + 1))
 
 
+def _drafter_traces(name: str, what: str) -> dict:
+    """Trace options that put all of one drafter's traces under a single legend entry; the hover
+    still says which trace it is."""
+    return dict(legendgroup=name, name=label(name),
+                hovertemplate=f"{label(name)} · {what}<br>depth %{{x}}: %{{y:.3f}}<extra></extra>")
+
+
 def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
     """Bars: unconditional P(depth d accepted); dashed line: conditional on d-1 accepted."""
     fig = go.Figure()
     for name, s in runs.items():
         color = COLORS.get(name, FALLBACK_COLOR)
         fig.add_bar(x=_depths(s.per_position_acceptance), y=list(s.per_position_acceptance),
-                    name=f"{label(name)} · unconditional", marker_color=color, opacity=0.8)
+                    marker_color=color, opacity=0.8, **_drafter_traces(name, "all steps"))
         fig.add_scatter(x=_depths(s.per_position_acceptance_conditional),
-                        y=list(s.per_position_acceptance_conditional), name=f"{label(name)} · conditional",
-                        mode="lines+markers", line=dict(color=color, dash="dash"))
-    return _layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05])
+                        y=list(s.per_position_acceptance_conditional), mode="lines+markers",
+                        line=dict(color=color, dash="dash"), showlegend=False,
+                        **_drafter_traces(name, "given depth d-1 accepted"))
+    return _layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05],
+                   key="bars: all steps · dashed: given depth d-1 accepted")
 
 
 def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
@@ -49,10 +63,12 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
     for name, s in runs.items():
         color = COLORS.get(name, FALLBACK_COLOR)
         fig.add_scatter(x=_depths(s.mean_sink_attention), y=list(s.mean_sink_attention), mode="lines+markers",
-                        name=f"{label(name)} · sink tokens", line=dict(color=color))
+                        line=dict(color=color), **_drafter_traces(name, "sink tokens"))
         fig.add_scatter(x=_depths(s.mean_self_attention), y=list(s.mean_self_attention), mode="lines+markers",
-                        name=f"{label(name)} · own drafts", line=dict(color=color, dash="dot"))
-    return _layout(fig, "Drafter attention by depth", "attention mass", [0, 1.05])
+                        line=dict(color=color, dash="dot"), showlegend=False,
+                        **_drafter_traces(name, "own drafts"))
+    return _layout(fig, "Drafter attention by depth", "attention mass", [0, 1.05],
+                   key="solid: the 4 sink tokens · dotted: its own drafts")
 
 
 def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
