@@ -68,7 +68,7 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
                         line=dict(color=color, dash="dot"), showlegend=False,
                         **_drafter_traces(name, "own drafts"))
     return _layout(fig, "Drafter attention by depth", "attention mass", [0, 1.05],
-                   key="solid: the 4 sink tokens · dotted: its own drafts")
+                   key="solid: the sink tokens · dotted: its own drafts")
 
 
 def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
