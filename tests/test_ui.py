@@ -135,11 +135,10 @@ def test_plots_name_each_drafter_once_and_hover_names_the_trace():
               StepEvent(step=1, position=11, token_ids=(2, 3), token_texts=("b", "c"), draft_ids=(2, 7),
                         draft_texts=("b", "x"), drafted=2, accepted=1,
                         sink_attention=(0.1, 0.2), self_attention=(0.0, 0.3), hidden_norm=(1.0, 2.0))]
-    runs = {"eagle3": summarize(events), "eagle3.1": summarize(events)}
-    for fig in figures.all_figures(runs):
-        shown = [t.name for t in fig.data if t.showlegend is not False]
-        assert shown == ["EAGLE 3", "EAGLE 3.1"]
-    acceptance, attention, _ = figures.all_figures(runs)
+    plots = figures.all_figures({"eagle3": summarize(events), "eagle3.1": summarize(events)})
+    for fig in plots:
+        assert [t.name for t in fig.data if t.showlegend is not False] == ["EAGLE 3", "EAGLE 3.1"]
+    acceptance, attention, _ = plots
     hovers = [t.hovertemplate.split("<br>")[0] for t in acceptance.data + attention.data]
     assert hovers == ["EAGLE 3 · all steps", "EAGLE 3 · given depth d-1 accepted",
                       "EAGLE 3.1 · all steps", "EAGLE 3.1 · given depth d-1 accepted",
