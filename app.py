@@ -1,5 +1,7 @@
 """Start the EAGLE 3.1 playground: python app.py [--port 7860] [--host 0.0.0.0] ...
 
+The address comes from --host/--port, else PLAYGROUND_HOST/PLAYGROUND_PORT, else Gradio's own
+GRADIO_SERVER_NAME/GRADIO_SERVER_PORT, else 0.0.0.0:7860.
 Limits for a public deployment come from flags or environment variables (PLAYGROUND_MAX_TOKENS,
 PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE); the defaults suit a public Space.
 PLAYGROUND_BACKEND=vllm and PLAYGROUND_VLLM_LAUNCH=1 (the GPU image) start vLLM servers too.
@@ -14,14 +16,16 @@ import sys
 from playground.cli import add_vllm_options
 from playground.errors import PlaygroundError
 from playground.healthcheck import SERVERS
+from playground.settings import server_host, server_port
 from playground.ui.streams import Limits
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--host", default=env("PLAYGROUND_HOST", "0.0.0.0"))
-    p.add_argument("--port", type=int, default=int(env("PLAYGROUND_PORT", "7860")))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=None, help="default: $PLAYGROUND_HOST, $GRADIO_SERVER_NAME, 0.0.0.0")
+    p.add_argument("--port", type=int, default=None, help="default: $PLAYGROUND_PORT, $GRADIO_SERVER_PORT, 7860")
     p.add_argument("--target", default=None, help="a local Llama-family folder (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-tokens", type=int, default=int(env("PLAYGROUND_MAX_TOKENS", Limits.max_tokens)))
@@ -34,7 +38,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_vllm_options(p)
     # the GPU image sets these: the vLLM backend with servers started in the container
     p.set_defaults(backend=env("PLAYGROUND_BACKEND") or "reference", launch=bool(env("PLAYGROUND_VLLM_LAUNCH")))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.host = server_host() if args.host is None else args.host
+    try:
+        args.port = server_port() if args.port is None else args.port
+    except ValueError:
+        p.error("the port from PLAYGROUND_PORT or GRADIO_SERVER_PORT is not a number")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+
+from playground.local_server import ServerProcess, pick_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,39 +20,28 @@ def api_client(url: str):
     return Client(url, verbose=False, httpx_kwargs={"timeout": 60})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        return True
+    except OSError:
+        return False
 
 
 class AppServer:
     """`python app.py ARGS` on a free local port; the constructor returns once the page answers."""
 
     def __init__(self, *args: str, timeout_s: float = 240, log_dir: Path | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        if log_dir:
-            log_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(log_dir / f"app-{self.port}.log", "w") if log_dir else subprocess.DEVNULL
-        self.process = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1",
-                                         "--port", str(self.port), *args], cwd=ROOT,
-                                        stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the app exited with code {self.process.returncode}")
-            try:
-                urllib.request.urlopen(self.url, timeout=2)
-                return
-            except OSError:
-                time.sleep(1)
-        self.stop()
-        raise TimeoutError(f"the app did not answer on {self.url} within {timeout_s} s")
+        command = lambda port: [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port),
+                                *args]
+        self.server = ServerProcess("app", command, log_dir or ROOT / ".cache" / "app-logs", pick_port(),
+                                    cwd=ROOT)
+        try:
+            self.server.wait_until(answers, timeout_s)
+        except Exception:
+            self.stop()
+            raise
+        self.url = self.server.url
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        self.server.stop(grace_s=20)

@@ -262,12 +262,13 @@ def bench(args: argparse.Namespace) -> int:
 
     reference = ReferenceEngine.load()
     engine, launched = reference, None
+    launch = args.launch or not args.vllm_url
+    servers = ("eagle3.1", "eagle3", "none")
+    status = lambda line: print(line, file=sys.stderr)
     if args.backend == "vllm" or args.suite == "vllm":
         from playground.engines.backends import vllm_backend
 
-        engine, launched = vllm_backend(reference, args.vllm_url, args.launch or not args.vllm_url, args.k,
-                                        names=("eagle3.1", "eagle3", "none"),
-                                        status=lambda line: print(line, file=sys.stderr))
+        engine, launched = vllm_backend(reference, args.vllm_url, launch, args.k, names=servers, status=status)
     try:
         if args.suite == "vllm":
             from playground.benchmark.vllm_load import LoadConfig, markdown, throughput

@@ -5,31 +5,36 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import urllib.request
 
-from playground.engines.vllm_launch import LaunchConfig
+from playground.engines.vllm_launch import SERVERS_FILE
+from playground.settings import server_port
 
-SERVERS = ("eagle3", "eagle3.1", "none")   # app.py launches these, on consecutive ports
+SERVERS = ("eagle3", "eagle3.1", "none")   # app.py launches these
 
 
 def urls() -> list[str]:
-    found = [f"http://127.0.0.1:{os.environ.get('PLAYGROUND_PORT', '7860')}/"]
+    """The page, and the launched vLLM servers (their ports are known once they are healthy)."""
+    found = [f"http://127.0.0.1:{server_port()}/"]
     if os.environ.get("PLAYGROUND_BACKEND") == "vllm" and os.environ.get("PLAYGROUND_VLLM_LAUNCH"):
-        found += [f"http://127.0.0.1:{LaunchConfig.base_port + i}/health" for i in range(len(SERVERS))]
+        if not SERVERS_FILE.exists():
+            raise OSError(f"the vLLM servers are not healthy yet (no {SERVERS_FILE})")
+        found += [f"{url}/health" for url in json.loads(SERVERS_FILE.read_text()).values()]
     return found
 
 
 def main() -> int:
-    for url in urls():
-        try:
+    try:
+        for url in urls():
             with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status != 200:
-                    raise OSError(f"HTTP {response.status}")
-        except OSError as e:
-            print(f"unhealthy: {url}: {e}", file=sys.stderr)
-            return 1
+                    raise OSError(f"{url}: HTTP {response.status}")
+    except OSError as e:
+        print(f"unhealthy: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

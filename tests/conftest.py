@@ -17,8 +17,19 @@ def target(engine):
 
 @pytest.fixture(scope="session")
 def app_url():
-    from playground.app_process import ROOT, AppServer
+    from playground.app_process import AppServer
 
-    server = AppServer("--max-tokens", "512", log_dir=ROOT / ".pytest_cache" / "app-logs")
+    server = AppServer("--max-tokens", "512")
     yield server.url
     server.stop()
+
+
+@pytest.fixture
+def dead_port():
+    """A local port that refuses connections for the whole test: bound by the test, never listening
+    (a port that was merely free a moment ago could be taken by any socket meanwhile)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

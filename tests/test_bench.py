@@ -30,6 +30,7 @@ def test_suite_prompts_are_not_training_prompts(engine):
     assert not [p.prompt for p in suite(engine.tokenizer) if p.prompt in training or (p.system or "") in training]
 
 
+@pytest.mark.slow
 def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "playground", "bench", "--categories", "coding", "perturbed template",

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from playground.eagle.registry import shipped_path
 
+pytestmark = pytest.mark.slow   # Chromium against the running app
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-HOSTILE = "Repeat exactly: <b>bold</b> <script>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned=2\">"
+# the target answers this with an HTML page: <html>, <body>, <script>alert('This is an alert');</script>
+MARKUP_PROMPT = "Write a minimal HTML page with a <script> tag that shows an alert."
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +38,16 @@ def set_number(page: Page, slider_id: str, value: int) -> None:
 
 
 def run_playground(page: Page, prompt: str, max_tokens: int) -> float:
-    """Click Run; return seconds from the click to the first streamed token."""
+    """Click Run; return seconds from the click to the first streamed token (of this run: the answer
+    the last run left must change first, so consecutive runs need different answers)."""
     page.locator("#pg-prompt textarea").fill(prompt)
     set_number(page, "pg-max-tokens", max_tokens)
+    tokens = "() => [...document.querySelectorAll('#answer .tok')].map(t => t.textContent).join('')"
+    before = page.evaluate(tokens)
     start = time.perf_counter()
     page.locator("#run").click()
-    expect(page.locator("#answer .tok").first).to_be_visible(timeout=60_000)
+    page.wait_for_function(f"before => {{ const now = ({tokens})(); return now !== '' && now !== before; }}",
+                           arg=before, timeout=60_000)
     return time.perf_counter() - start
 
 
@@ -65,20 +73,26 @@ def test_playground_colours_tokens_plots_and_inspector(page, tmp_path):
 
 
 def test_model_text_stays_text(page):
-    run_playground(page, HOSTILE, 32)
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    run_playground(page, MARKUP_PROMPT, 64)
     expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
-    # nothing the prompt or the answer contains became markup or ran
-    assert page.locator("#answer b, #answer script, #answer img").count() == 0
-    assert page.evaluate("window.__pwned") is None
+    answer = "".join(page.locator("#answer .tok:not(.rej)").all_inner_texts())
+    # the model's markup is on the page as the characters it wrote...
+    assert "<html>" in answer and "<script>" in answer and "alert('This is an alert');" in answer, answer
+    assert "</script>" in answer
+    # ...and none of it became an element or ran
+    assert page.locator("#answer html, #answer body, #answer script").count() == 0
+    assert not dialogs
 
 
 def test_stop_ends_a_run_and_frees_the_engine(page):
     run_playground(page, "Tell me a long story about a lighthouse keeper.", 400)
     page.locator("#stop").click()
-    time.sleep(2)
+    expect(page.locator("#answer .generating")).to_have_count(0, timeout=10_000)   # Gradio's mark of a live stream
     shown = page.locator("#answer .tok").count()
-    time.sleep(3)
-    assert page.locator("#answer .tok").count() == shown, "the answer kept growing after Stop"
+    with pytest.raises(PlaywrightTimeout):   # watch for 3 s: a run that went on would add tokens
+        page.wait_for_function("n => document.querySelectorAll('#answer .tok').length > n", arg=shown, timeout=3_000)
     assert page.locator("#answer .finish").count() == 0
     run_playground(page, "Say hello.", 8)
     expect(page.locator("#answer .finish")).to_be_visible(timeout=60_000)

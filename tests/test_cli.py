@@ -1,6 +1,8 @@
 """The CLI's JSON contract and its one-line errors."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -11,8 +13,16 @@ SUMMARY_FIELDS = {"text", "token_ids", "tokens", "steps", "mean_acceptance_lengt
                   "tokens_per_s"}
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "playground", *args], capture_output=True, text=True, timeout=600)
+CODE_PROMPT = "Write a Python function that reverses a list."
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "playground", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+def tau_of(stderr: str) -> float:
+    return float(re.search(r"tau (\d+\.\d+)", stderr).group(1))
 
 
 def test_generate_json_lines(engine):
@@ -35,11 +45,19 @@ def test_generate_json_lines(engine):
     assert summary["text"] == expected.text
 
 
-def test_readable_stream_says_the_drafter_is_random():
-    proc = cli("generate", "--prompt", "Hi", "--drafter", "eagle3", "--max-tokens", "8")
+def test_readable_stream_uses_the_shipped_drafter():
+    proc = cli("generate", "--prompt", CODE_PROMPT, "--drafter", "eagle3.1", "--max-tokens", "48")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip()
-    assert "randomly initialised" in proc.stderr or "trained" not in proc.stderr
+    assert proc.stdout.strip() and "randomly initialised" not in proc.stderr
+    assert tau_of(proc.stderr) > 1.5, "the trained drafter's drafts are accepted"
+
+
+def test_a_missing_checkpoint_falls_back_to_a_random_drafter_and_says_so(tmp_path):
+    proc = cli("generate", "--prompt", CODE_PROMPT, "--drafter", "eagle3.1", "--max-tokens", "48",
+               env={"PLAYGROUND_DRAFTERS": str(tmp_path)})   # a drafters folder without checkpoints
+    assert proc.returncode == 0, proc.stderr
+    assert "note: eagle3.1 is a randomly initialised drafter (random (seed 0))" in proc.stderr
+    assert proc.stdout.strip() and tau_of(proc.stderr) < 1.2, "a random drafter's drafts are rejected"
 
 
 @pytest.mark.parametrize("args, message", [

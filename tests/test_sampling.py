@@ -72,6 +72,7 @@ def test_top_p_keeps_the_nucleus_like_transformers():
     assert probs[0] / probs[1] == pytest.approx(float(full[0] / full[1]))
 
 
+@pytest.mark.slow
 def test_engine_sampling_matches_target_distribution(engine):
     """Real target, random drafter: the token after a fixed first token follows the target."""
     from playground.request import GenerationRequest

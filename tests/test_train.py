@@ -85,6 +85,7 @@ def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
     assert states["features"].requires_grad is False and not states["features"].is_inference()
 
 
+@pytest.mark.slow
 def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine, tmp_path):
     from playground.eagle.evaluate import (LONGER_CONTEXT, ODD_SYSTEMS, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
                                            eval_requests, evaluate, format_ratios, format_rows, write_figures)
@@ -123,6 +124,7 @@ def test_tau_ratio_of_a_drafter_with_itself_is_one():
     assert value == pytest.approx(1 / (1 + 12 / 15)) and lo <= value <= hi
 
 
+@pytest.mark.slow
 def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
     """The whole pipeline at toy scale with the real target: data, both variants trained with a
     resume in between, then shipped with model cards that load as drafters."""

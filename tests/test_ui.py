@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -95,6 +96,7 @@ def test_odd_prompts_stream_an_answer(client, prompt):
     assert out[TEXT] and 'class="finish"' in out[ANSWER]
 
 
+@pytest.mark.slow
 def test_sixteen_clients_at_once_all_finish(app_url):
     expected = cli_text(PROMPT, 8)
     results, errors = [], []
@@ -146,17 +148,17 @@ def test_plots_name_each_drafter_once_and_hover_names_the_trace():
                       "EAGLE 3.1 · sink tokens", "EAGLE 3.1 · own drafts"]
 
 
-def test_container_health_check_sees_the_page_and_a_dead_port(app_url):
-    from playground.app_process import free_port
-
+def test_container_health_check_sees_the_page_and_a_dead_port(app_url, dead_port, tmp_path):
     def health(port, **env) -> int:
         return subprocess.run([sys.executable, "-m", "playground.healthcheck"], cwd=ROOT, capture_output=True,
                               env={"PATH": "/usr/bin:/bin", "PLAYGROUND_PORT": str(port), **env}).returncode
 
     assert health(app_url.rsplit(":", 1)[1]) == 0
-    assert health(free_port()) == 1
+    assert health(dead_port) == 1
+    assert health(dead_port, PLAYGROUND_PORT="", GRADIO_SERVER_PORT=app_url.rsplit(":", 1)[1]) == 0
     # the GPU image's setting: launched vLLM servers must answer too (none runs here)
-    assert health(app_url.rsplit(":", 1)[1], PLAYGROUND_BACKEND="vllm", PLAYGROUND_VLLM_LAUNCH="1") == 1
+    assert health(app_url.rsplit(":", 1)[1], PLAYGROUND_BACKEND="vllm", PLAYGROUND_VLLM_LAUNCH="1",
+                  TMPDIR=str(tmp_path)) == 1
 
 
 def test_stored_benchmark_is_offered_on_the_comparison_tab(app_url):
@@ -168,9 +170,14 @@ def test_stored_benchmark_is_offered_on_the_comparison_tab(app_url):
     assert ("stored-benchmark" in page) == STORED_BENCHMARK.exists()
 
 
-def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine):
-    import time
+def wait_for(condition, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not true after {timeout_s} s"
+        time.sleep(0.01)
 
+
+def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine):
     from playground.engines.backends import StartingBackend
     from playground.errors import PlaygroundError
     from playground.request import GenerationRequest
@@ -184,20 +191,18 @@ def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine
 
     starting = StartingBackend(start)
     request = GenerationRequest(prompt="Hi", max_tokens=4)
-    time.sleep(0.2)
+    wait_for(lambda: "loading" in starting.lines[-1])
     with pytest.raises(PlaygroundError, match="still starting.*eagle3.1 is loading"):
         starting.generate(request)
     release.set()
-    deadline = time.time() + 10
-    while starting.engine is None and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: starting.engine is not None)
     assert [t for e in starting.generate(request) for t in e.token_ids]
 
     def fail(status):
         raise PlaygroundError("the vLLM server for eagle3 exited with code 1")
 
     failed = StartingBackend(fail)
-    time.sleep(0.2)
+    wait_for(lambda: failed.error is not None)
     with pytest.raises(PlaygroundError, match="failed to start: the vLLM server for eagle3 exited"):
         failed.drafter_info("eagle3")
 
@@ -216,14 +221,15 @@ def test_exports_older_than_their_keep_time_are_removed(tmp_path):
     assert len(list(tmp_path.iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_streamed_runs_do_not_pile_up_components_in_the_session(engine):
     """Gradio keeps a new component in the session for every gr.skip() or prop update; the page
     sends values instead, so a run adds at most one (the step slider's new range)."""
-    from playground.app_process import free_port
+    from playground.local_server import pick_port
     from playground.ui.app import create_ui, launch
 
     demo = create_ui({"reference": engine})
-    port = free_port()
+    port = pick_port()
     launch(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
     try:
         client = api_client(f"http://127.0.0.1:{port}/")

@@ -2,18 +2,22 @@
 
 import http.server
 import itertools
+import socket
 import threading
 import time
 
 import pytest
 
-from playground.app_process import ROOT, AppServer, api_client, free_port
+from playground.app_process import AppServer, api_client
 from playground.engines.backends import vllm_backend
 from playground.engines.vllm_client import Server, VLLMEngine
-from playground.engines.vllm_launch import spec_metrics
+from playground.engines.vllm_launch import healthy, spec_metrics
 from playground.errors import PlaygroundError
+from playground.local_server import is_ephemeral, pick_port
 from playground.request import GenerationRequest
 from playground.stats import summarize
+
+pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
 
 PROMPTS = ["Write a haiku about the sea.", "Write a Python function that reverses a list.",
            "What is the capital of France? Answer in one sentence."]
@@ -23,14 +27,31 @@ TAU_TOLERANCE = 0.1   # see test_tau_agrees_with_the_reference_engine
 
 @pytest.fixture(scope="module")
 def servers(engine):
-    backend, launched = vllm_backend(engine, [], launch=True, k=K, base_port=free_port() + 100)
-    yield backend, launched
+    """Three servers, the first start of eagle3.1 on a port the test already listens on: the
+    launcher must start it again elsewhere (what it does when another program wins a port)."""
+    lines, taken_port = [], pick_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", taken_port))
+        taken.listen()
+        backend, launched = vllm_backend(engine, [], launch=True, k=K, status=lines.append,
+                                         ports={"eagle3.1": taken_port})
+    yield backend, launched, lines, taken_port
     launched.stop()
 
 
 @pytest.fixture(scope="module")
 def vllm(servers):
     return servers[0]
+
+
+def test_launcher_starts_a_server_again_when_its_port_was_taken(servers):
+    vllm, launched, lines, taken_port = servers
+    retried = launched.processes["eagle3.1"]
+    assert retried.tried[0] == taken_port and retried.port != taken_port
+    assert "Address already in use" in (retried.log_dir / f"vllm-eagle3.1-{taken_port}.log").read_text()
+    assert f"port {taken_port} was taken before vllm-eagle3.1 could bind it" in "\n".join(lines)
+    assert vllm.servers["eagle3.1"].url == retried.url and healthy(retried.url)
+    assert all(not is_ephemeral(p.port) for p in launched.processes.values())
 
 
 def first_difference(a, b) -> int | None:
@@ -96,8 +117,8 @@ def test_prometheus_counters_match_the_per_request_counts(vllm):
             sum(a > depth for a in last.step_accepted)
 
 
-def test_unreachable_server_is_a_clear_error(engine):
-    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{free_port()}")], engine.tokenizer, 4096,
+def test_unreachable_server_is_a_clear_error(engine, dead_port):
+    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{dead_port}")], engine.tokenizer, 4096,
                          engine.target.eos_ids)
     with pytest.raises(PlaygroundError, match="cannot reach the vLLM server"):
         list(backend.generate(GenerationRequest(prompt="Hi")))
@@ -158,10 +179,9 @@ def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
 
 
 def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine):
-    vllm, launched = servers
+    vllm, launched, _, _ = servers
     urls = [f"--vllm-url={s.drafter}={s.url}" for s in vllm.servers.values()]
-    app = AppServer("--backend", "vllm", *urls, "--vllm-k", str(K), "--max-tokens", "512",
-                    log_dir=ROOT / ".pytest_cache" / "app-logs")
+    app = AppServer("--backend", "vllm", *urls, "--vllm-k", str(K), "--max-tokens", "512")
     try:
         client = api_client(app.url)
         request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=K, max_tokens=32)
@@ -172,7 +192,7 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         assert 'class="tok rej"' in out[0]   # random drafters: rejected drafts, recovered by the replay
 
         # kill the no-speculation server while it streams a long answer
-        victim = launched.processes[list(vllm.servers).index("none")]
+        victim = launched.processes["none"].process
         job = client.submit("Tell me a long story about a lighthouse keeper.", "", "model", "none", K, 0, 1, 500,
                             "vllm", api_name="/run")
         for _ in itertools.islice(job, 3):

