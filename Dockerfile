@@ -40,7 +40,7 @@ WORKDIR /home/user/app
 COPY --chown=user app.py requirements.txt ./
 COPY --chown=user playground/ playground/
 COPY --chown=user assets/ assets/
-RUN python -c "from playground.target import embedded_target_folder; print(embedded_target_folder())"
+RUN python -c "from playground.model.target import embedded_target_folder; print(embedded_target_folder())"
 
 EXPOSE 7860
 # the page, and with the vLLM backend each server's /health (model loading takes minutes on first start)

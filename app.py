@@ -13,9 +13,9 @@ import argparse
 import os
 import sys
 
-from playground.cli import add_vllm_options
 from playground.errors import PlaygroundError
-from playground.healthcheck import SERVERS
+from playground.model.variants import NAMES, SHIPPED
+from playground.options import add_vllm_options
 from playground.settings import server_host, server_port
 from playground.ui.streams import Limits
 
@@ -57,19 +57,19 @@ def main(argv: list[str] | None = None) -> None:
     limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
                     sessions=args.sessions)
     engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
-    for name in ("eagle3", "eagle3.1"):
+    for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
     backends = {"reference": engine}
     if args.backend == "vllm" and args.launch:
-        from playground.engines.backends import StartingBackend, vllm_backend
+        from playground.engines.vllm.backend import StartingBackend, vllm_backend
 
         # the page comes up at once; runs on vllm report the servers' start-up until they are healthy
-        backends["vllm"] = StartingBackend(lambda status: vllm_backend(engine, [], True, args.vllm_k, names=SERVERS,
+        backends["vllm"] = StartingBackend(lambda status: vllm_backend(engine, [], True, args.vllm_k, names=NAMES,
                                                                        status=status)[0])
     elif args.backend == "vllm":
-        from playground.engines.backends import vllm_backend
+        from playground.engines.vllm.backend import vllm_backend
 
-        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, False, args.vllm_k, names=SERVERS)
+        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, False, args.vllm_k, names=NAMES)
     launch(create_ui(backends, limits), args.host, args.port, limits)
 
 

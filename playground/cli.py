@@ -11,40 +11,22 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from playground.errors import PlaygroundError
-
-
-@dataclass(frozen=True)
-class GenerateArgs:
-    prompt: str
-    system: str | None
-    template: str
-    drafter: str
-    k: int
-    temperature: float
-    top_p: float
-    max_tokens: int
-    seed: int
-    dtype: str
-    target: str | None
-    json: bool
-    backend: str
-    vllm_url: list[str]
-    launch: bool
+from playground.model.variants import EAGLE3, EAGLE31, NAMES, NONE, SHIPPED
+from playground.options import add_vllm_options
 
 
 def _add_generate(sub) -> None:
-    from playground.chat import TEMPLATES
-    from playground.request import DEFAULT_MAX_TOKENS
+    from playground.engines.chat import TEMPLATES
+    from playground.engines.request import DEFAULT_MAX_TOKENS
 
     p = sub.add_parser("generate", help="stream one answer with speculative decoding")
     p.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
     p.add_argument("--system", default=None, help="system prompt (default: the model's own)")
     p.add_argument("--template", default="model", choices=list(TEMPLATES), help="prompt format")
-    p.add_argument("--drafter", default="eagle3.1", help="eagle3 | eagle3.1 | none | a checkpoint folder")
+    p.add_argument("--drafter", default=EAGLE31, help=f"{' | '.join(NAMES)} | a checkpoint folder")
     p.add_argument("--k", type=int, default=5, help="draft tokens per step (1..10)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -57,32 +39,23 @@ def _add_generate(sub) -> None:
     add_vllm_options(p)
 
 
-def add_vllm_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="reference", choices=["reference", "vllm"],
-                   help="reference: the embedded PyTorch engine; vllm: vLLM servers (see --vllm-url, --launch)")
-    p.add_argument("--vllm-url", action="append", default=[], metavar="NAME=URL",
-                   help="a running vLLM server for drafter NAME (eagle3, eagle3.1, none); repeatable")
-    p.add_argument("--launch", action="store_true",
-                   help="start the vLLM servers (with .venv-vllm, see scripts/setup-vllm.sh) and stop them on exit")
-
-
-def generate(args: GenerateArgs) -> int:
-    from playground.engines.reference import ReferenceEngine
-    from playground.request import GenerationRequest
-    from playground.stats import summarize
+def generate(args: argparse.Namespace) -> int:
     from playground import terminal
+    from playground.engines.reference import ReferenceEngine
+    from playground.engines.request import GenerationRequest
+    from playground.engines.stats import summarize
 
     request = GenerationRequest(prompt=args.prompt, system=args.system, template=args.template,
                                 drafter=args.drafter, k=args.k, temperature=args.temperature,
                                 top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed).validate()
     engine = ReferenceEngine.load(args.target, args.dtype)
     if args.backend == "vllm":
-        from playground.engines.backends import vllm_backend
+        from playground.engines.vllm.backend import vllm_backend
 
         engine, _ = vllm_backend(engine, args.vllm_url, args.launch, args.k, names=(request.drafter,),
                                  status=lambda line: print(line, file=sys.stderr))
     info = engine.drafter_info(request.drafter)
-    if info.variant != "none" and not info.trained:
+    if info.variant != NONE and not info.trained:
         print(f"note: {info.name} is a randomly initialised drafter ({info.source}); "
               "no trained checkpoint is shipped, so few drafts will be accepted", file=sys.stderr)
     if args.json:
@@ -102,7 +75,7 @@ def generate(args: GenerateArgs) -> int:
 def convert(out: Path) -> int:
     import shutil
 
-    from playground.target import embedded_target_folder
+    from playground.model.target import embedded_target_folder
 
     shutil.copytree(embedded_target_folder(), out, dirs_exist_ok=True)
     print(f"wrote {out}")
@@ -121,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train(sub) -> None:
-    from playground.eagle.data import SOURCES, DataConfig
+    from playground.training.data import SOURCES, DataConfig
 
     train = sub.add_parser("train", help="build drafters: data, drafter, validate, eval, ship").add_subparsers(dest="stage", required=True)
     p = train.add_parser("data", help="self-distillation data from the embedded target")
@@ -135,10 +108,10 @@ def _add_train(sub) -> None:
                    help="templates: the prompt generator; self: the target writes the user turns itself")
     p.add_argument("--device", default=DataConfig.device, help="where the target runs: cpu or cuda")
 
-    from playground.eagle.train import TrainConfig
+    from playground.training.train import TrainConfig
 
     p = train.add_parser("drafter", help="training-time-test training of drafter variants, side by side")
-    p.add_argument("--variant", required=True, nargs="+", choices=["eagle3", "eagle3.1"])
+    p.add_argument("--variant", required=True, nargs="+", choices=list(SHIPPED))
     p.add_argument("--data", type=Path, nargs="+", default=[Path("data/train")], help="data folders, pooled")
     p.add_argument("--out", type=Path, nargs="+", required=True, help="one run folder per variant, in order")
     for name in ("steps", "batch", "max_len", "warmup", "ttt_steps", "draft_vocab", "seed", "save_every", "stop_at"):
@@ -156,7 +129,7 @@ def _add_train(sub) -> None:
 
     p = train.add_parser("validate", help="training's loss and accuracy by depth of trained drafters on "
                                           "held-out data folders (teacher-forced)")
-    p.add_argument("--drafters", nargs="+", default=["eagle3", "eagle3.1"],
+    p.add_argument("--drafters", nargs="+", default=list(SHIPPED),
                    help="drafter names or checkpoint folders (default: the shipped two)")
     p.add_argument("--data", type=Path, nargs="+", required=True, help="data folders of train data, pooled")
     p.add_argument("--sequences", type=int, default=256, help="at most this many sequences")
@@ -169,22 +142,21 @@ def _add_train(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=None, help="evaluate on each kind's first N prompts (default: all)")
 
+    from playground.evaluation.prompt_sets import EVAL_KINDS
+
     p = train.add_parser("eval", help="tau and per-position acceptance on held-out chat, code, long-context "
                                       "and perturbed-format prompts")
-    p.add_argument("--drafters", nargs="+", default=["eagle3", "eagle3.1"],
+    p.add_argument("--drafters", nargs="+", default=list(SHIPPED),
                    help="drafter names or checkpoint folders (default: the shipped two)")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--kinds", nargs="+", default=None,
-                   choices=["chat", "code", "long-context", "perturbed", "templates", "systems", "longer-context",
-                            "training"],
-                   help="a subset of the held-out kinds (default: all four); 'templates' and 'systems': the "
-                        "two halves of 'perturbed' (other chat templates, unusual system prompts); "
-                        "'longer-context': the long-context questions after three documents (~4,400 tokens); "
-                        "'training': six prompts the shipped drafters trained on, to measure how far they generalise")
-    p.add_argument("--prompts", type=int, default=None,
-                   help="only each kind's first N prompts (default: all: 24 chat, 24 code, 8 long-context, "
-                        "24 perturbed)")
+    p.add_argument("--kinds", nargs="+", default=None, choices=list(EVAL_KINDS),
+                   help="a subset of the held-out kinds (default: chat, code, long-context, perturbed); 'templates' "
+                        "and 'systems': the two halves of 'perturbed' (other chat templates, unusual system "
+                        "prompts); 'longer-context': the long-context questions after three documents (~4,400 "
+                        "tokens); 'training': six prompts the shipped drafters trained on, to measure how far they "
+                        "generalise")
+    p.add_argument("--prompts", type=int, default=None, help="only each kind's first N prompts (default: all)")
     p.add_argument("--figures", type=Path, default=None,
                    help="also write each kind's acceptance, sink attention and fed-back RMS by depth, for every "
                         "drafter, to this HTML file (plotly, opens offline)")
@@ -193,8 +165,8 @@ def _add_train(sub) -> None:
 def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """The suite's options, on `bench` and again on each subcommand (where an unset option leaves
     the value given before the subcommand alone), so they may come before or after it."""
-    from playground.benchmark.run import BenchConfig
-    from playground.benchmark.suite import CATEGORIES
+    from playground.evaluation.benchmark import BenchConfig
+    from playground.evaluation.prompt_sets import CATEGORIES
 
     d = (lambda value: value) if defaults else (lambda value: argparse.SUPPRESS)
     p.add_argument("--drafters", nargs="+", default=d(list(BenchConfig.drafters)))
@@ -207,11 +179,7 @@ def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
                    help="k values swept for EAGLE 3.1 on chat and coding (none: no sweep)")
     p.add_argument("--out", type=Path, default=d(None),
                    help="folder for results.md, results.json and charts.html (default: assets/benchmark/BACKEND)")
-    p.add_argument("--backend", default=d("reference"), choices=["reference", "vllm"],
-                   help="reference: the embedded engine; vllm: vLLM servers (--vllm-url, or started here)")
-    p.add_argument("--vllm-url", action="append", default=d([]), metavar="NAME=URL",
-                   help="a running vLLM server for drafter NAME (eagle3, eagle3.1, none); repeatable")
-    p.add_argument("--launch", action="store_true", default=d(False), help="start the vLLM servers")
+    add_vllm_options(p, d)
 
 
 def _add_bench(sub) -> None:
@@ -232,46 +200,43 @@ def _add_bench(sub) -> None:
 
 def bench(args: argparse.Namespace) -> int:
     from playground.engines.reference import ReferenceEngine
-    from playground.request import GenerationRequest
+    from playground.engines.request import GenerationRequest
 
-    if args.suite == "ui":
-        from playground.benchmark.ui_cost import ui_update_cost
+    if args.suite == "ui":   # the UI measures itself: the command line never imports the page
+        import subprocess
 
-        print("| verify steps | text update (ms) | plot update (ms) |\n|---:|---:|---:|")
-        for steps, text_ms, plot_ms in ui_update_cost():
-            print(f"| {steps} | {text_ms:.2f} | {plot_ms:.2f} |")
-        return 0
+        return subprocess.run([sys.executable, "-m", "playground.ui.update_cost"]).returncode
 
     if args.suite == "profile":
-        from playground.benchmark.profile import profile_run
-        from playground.benchmark.suite import CODING
+        from playground.evaluation.profile import profile_run
+        from playground.evaluation.prompt_sets import CODING
 
         request = GenerationRequest(prompt=CODING[0], drafter=args.drafters[-1], k=args.k, max_tokens=args.max_tokens)
         print(profile_run(ReferenceEngine.load(), request))
         return 0
     if args.suite == "memory":
-        from playground.benchmark.memory import rss_over_runs
+        from playground.evaluation.memory import rss_over_runs
 
         print("| runs done | RSS (MiB) | peak RSS (MiB) |\n|---:|---:|---:|")
         for done, rss, peak in rss_over_runs(args.runs):
             print(f"| {done} | {rss:.0f} | {peak:.0f} |")
         return 0
 
-    from playground.benchmark import ceiling, report
-    from playground.benchmark.run import BenchConfig, collect, results
+    from playground.evaluation import ceiling, report
+    from playground.evaluation.benchmark import BenchConfig, collect, results
 
     reference = ReferenceEngine.load()
     engine, launched = reference, None
     launch = args.launch or not args.vllm_url
-    servers = ("eagle3.1", "eagle3", "none")
+    servers = (EAGLE31, EAGLE3, NONE)
     status = lambda line: print(line, file=sys.stderr)
     if args.backend == "vllm" or args.suite == "vllm":
-        from playground.engines.backends import vllm_backend
+        from playground.engines.vllm.backend import vllm_backend
 
         engine, launched = vllm_backend(reference, args.vllm_url, launch, args.k, names=servers, status=status)
     try:
         if args.suite == "vllm":
-            from playground.benchmark.vllm_load import LoadConfig, markdown, throughput
+            from playground.evaluation.vllm_load import LoadConfig, markdown, throughput
 
             print(markdown(throughput(engine, LoadConfig(tuple(args.concurrency), args.max_tokens, args.k))))
             return 0
@@ -285,7 +250,7 @@ def bench(args: argparse.Namespace) -> int:
         progress = out_dir / "progress.pkl"
         res = results(collect(engine, reference, config, progress), config, measured_ceiling)
         if vllm:   # the same servers, under load
-            from playground.benchmark.vllm_load import LoadConfig, throughput
+            from playground.evaluation.vllm_load import LoadConfig, throughput
 
             res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
         paths = report.write(res, out_dir)
@@ -300,14 +265,18 @@ def bench(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     if args.stage == "eval":
-        from playground.eagle.evaluate import (KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, TRAINING_PROMPTS,
-                                               UNUSUAL_SYSTEMS, evaluate, format_ratios, format_rows, write_figures)
         from playground.engines.reference import ReferenceEngine
+        from playground.evaluation.heldout import eval_requests, evaluate, format_ratios, format_rows, write_figures
+        from playground.evaluation.prompt_sets import EVAL_KINDS, KINDS, TRAINING_PROMPTS
+        from playground.training.prompts import training_requests
 
-        flags = {**dict(zip(["chat", "code", "long-context", "perturbed"], KINDS)), "templates": OTHER_TEMPLATES,
-                 "systems": UNUSUAL_SYSTEMS, "longer-context": LONGER_CONTEXT, "training": TRAINING_PROMPTS}
-        kinds = [flags[x] for x in args.kinds] if args.kinds else KINDS
-        rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts)
+        def requests(kind: str, drafter: str, k: int, max_tokens: int):
+            if kind == TRAINING_PROMPTS:
+                return training_requests(drafter, k, max_tokens)
+            return eval_requests(kind, drafter, k, max_tokens)
+
+        kinds = [EVAL_KINDS[x] for x in args.kinds] if args.kinds else KINDS
+        rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts, requests)
         print(format_rows(rows))
         if len(args.drafters) > 1:
             print("\n" + format_ratios(rows))
@@ -316,26 +285,26 @@ def train(args: argparse.Namespace) -> int:
             print(f"wrote {args.figures}")
         return 0
     if args.stage == "ship":
-        from playground.eagle.ship import ship
         from playground.engines.reference import ReferenceEngine
+        from playground.training.ship import ship
 
         for folder in ship(args.runs, ReferenceEngine.load(), args.max_tokens, prompts=args.prompts):
             print(f"wrote {folder}")
         return 0
     if args.stage == "data":
-        from playground.eagle.data import DataConfig, generate as generate_data
+        from playground.training.data import DataConfig, generate as generate_data
 
         generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                  source=args.source, device=args.device))
         return 0
     if args.stage == "validate":
-        from playground.eagle.train import format_validation, validate_drafters
+        from playground.training.train import format_validation, validate_drafters
 
         print(format_validation(validate_drafters(args.drafters, args.data, args.device, args.sequences,
                                                   args.ttt_steps, args.bf16)))
         return 0
-    from playground.eagle.train import TrainConfig, train as train_drafter
+    from playground.training.train import TrainConfig, train as train_drafter
 
     if len(args.variant) != len(args.out):
         raise PlaygroundError(f"{len(args.variant)} variants but {len(args.out)} run folders: give one --out per variant")
@@ -357,8 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         if args.command == "generate":
-            fields = {k: v for k, v in vars(args).items() if k != "command"}
-            return generate(GenerateArgs(**fields))
+            return generate(args)
         if args.command == "train":
             return train(args)
         if args.command == "bench":

@@ -10,10 +10,8 @@ import os
 import sys
 import urllib.request
 
-from playground.engines.vllm_launch import SERVERS_FILE
+from playground.engines.vllm.launch import SERVERS_FILE
 from playground.settings import server_port
-
-SERVERS = ("eagle3", "eagle3.1", "none")   # app.py launches these
 
 
 def urls() -> list[str]:

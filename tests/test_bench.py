@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from playground import chat
-from playground.benchmark.run import BenchConfig, collect
-from playground.benchmark.suite import CATEGORIES, suite
-from playground.eagle.prompts import conversations
+from playground.engines import chat
+from playground.evaluation.benchmark import BenchConfig, collect
+from playground.evaluation.prompt_sets import CATEGORIES, suite
+from playground.training.prompts import conversations
 
 
 def test_suite_covers_every_category_with_long_contexts_near_their_budget(engine):

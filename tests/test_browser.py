@@ -6,10 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import Page, TimeoutError as PlaywrightTimeout, expect, sync_playwright
 
-from playground.eagle.registry import shipped_path
+from playground.model.variants import shipped_path
 
 pytestmark = pytest.mark.slow   # Chromium against the running app
 

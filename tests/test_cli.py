@@ -26,8 +26,8 @@ def tau_of(stderr: str) -> float:
 
 
 def test_generate_json_lines(engine):
-    from playground.request import GenerationRequest
-    from playground.stats import summarize
+    from playground.engines.request import GenerationRequest
+    from playground.engines.stats import summarize
 
     proc = cli("generate", "--prompt", "Write a haiku about the sea.", "--drafter", "eagle3.1", "--k", "4",
                "--max-tokens", "30", "--json")
@@ -52,6 +52,7 @@ def test_readable_stream_uses_the_shipped_drafter():
     assert tau_of(proc.stderr) > 1.5, "the trained drafter's drafts are accepted"
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_falls_back_to_a_random_drafter_and_says_so(tmp_path):
     proc = cli("generate", "--prompt", CODE_PROMPT, "--drafter", "eagle3.1", "--max-tokens", "48",
                env={"PLAYGROUND_DRAFTERS": str(tmp_path)})   # a drafters folder without checkpoints

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, load_drafter, save_drafter
 from playground.errors import PlaygroundError
+from playground.model.drafter import DrafterConfig, Eagle3Drafter, load_drafter, save_drafter
 
 # what vLLM's Eagle3LlamaForCausalLM (llama_eagle3.py) reads from an EAGLE-3 draft folder
 VLLM_WEIGHTS = {

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from playground.benchmark.generate_baseline import transformers_greedy
-from playground.request import GenerationRequest
-from playground.stats import summarize
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.evaluation.generate_baseline import transformers_greedy
 
 PROMPTS = [
     "Write a detailed essay about the history of the printing press.",
@@ -17,8 +17,8 @@ PROMPTS = [
 NEW_TOKENS = 128
 
 
-# the first prompt in the fast tier, all four in the full run
-@pytest.mark.parametrize("prompt", [PROMPTS[0], *(pytest.param(p, marks=pytest.mark.slow) for p in PROMPTS[1:])])
+@pytest.mark.slow   # the fast tier's lossless check is test_greedy_lossless_for_any_k
+@pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_equals_transformers_generate(engine, prompt):
     base = GenerationRequest(prompt=prompt, max_tokens=NEW_TOKENS)
     expected = transformers_greedy(engine, base)[0]

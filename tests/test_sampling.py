@@ -75,7 +75,7 @@ def test_top_p_keeps_the_nucleus_like_transformers():
 @pytest.mark.slow
 def test_engine_sampling_matches_target_distribution(engine):
     """Real target, random drafter: the token after a fixed first token follows the target."""
-    from playground.request import GenerationRequest
+    from playground.engines.request import GenerationRequest
 
     prompt = "What is 2+2?"
     params = SamplingParams(temperature=0.6, top_p=0.95)

@@ -1,7 +1,8 @@
 import pytest
 
 from playground.engines.events import StepEvent, reconcile
-from playground.stats import acceptance_by_depth, bootstrap_interval, drafting_counts, mean_acceptance_length, summarize
+from playground.engines.stats import (acceptance_by_depth, bootstrap_interval, drafting_counts, mean_acceptance_length,
+                                      summarize)
 
 
 def step(i, drafted, accepted, tokens):

@@ -1,7 +1,7 @@
 import torch
 
-from playground.target import Target, aux_layer_ids
-from playground.text import IncrementalDetokenizer
+from playground.engines.text import IncrementalDetokenizer
+from playground.model.target import Target, aux_layer_ids
 
 
 def test_forward_matches_transformers_and_taps_aux_layers(target):
@@ -41,7 +41,7 @@ def test_incremental_text_joins_to_the_full_decode(target):
 
 
 def test_converted_folder_reloads_with_identical_logits(target, tmp_path):
-    from playground.target import embedded_target_folder
+    from playground.model.target import embedded_target_folder
 
     folder = embedded_target_folder()
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()

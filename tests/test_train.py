@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from playground.eagle.drafter import Eagle3Drafter
-from playground.eagle.train import TrainConfig, pick_draft_vocab, target_states, ttt_attend, ttt_loss
 from playground.engines.proposers import EagleProposer
 from playground.engines.sampling import SamplingParams
+from playground.model.drafter import Eagle3Drafter
+from playground.training.train import TrainConfig, pick_draft_vocab, target_states, ttt_attend, ttt_loss
 from tests.test_drafter_checkpoint import small_config
 
 
@@ -69,7 +69,7 @@ def test_a_few_steps_lower_the_loss():
 def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
     """Training recomputes the target's states over right-padded batches; each row must get what
     the target computes for its sequence alone (what the drafter reads when it drafts)."""
-    from playground import chat
+    from playground.engines import chat
 
     seqs = [chat.encode(target.tokenizer, [{"role": "user", "content": p}])
             for p in ("Why is the sky blue?", "Write a Python function that adds two numbers, with a docstring.")]
@@ -87,8 +87,8 @@ def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
 
 @pytest.mark.slow
 def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine, tmp_path):
-    from playground.eagle.evaluate import (LONGER_CONTEXT, ODD_SYSTEMS, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
-                                           eval_requests, evaluate, format_ratios, format_rows, write_figures)
+    from playground.evaluation.heldout import eval_requests, evaluate, format_ratios, format_rows, write_figures
+    from playground.evaluation.prompt_sets import HELDOUT_SYSTEMS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS
 
     rows = evaluate(engine, ["eagle3", "eagle3.1"], k=3, max_tokens=8, kinds=("long context",), prompts=2)
     pooled = rows[1].pooled
@@ -110,11 +110,11 @@ def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(en
     templates, systems = (eval_requests(kind, "eagle3", 5, 8) for kind in (OTHER_TEMPLATES, UNUSUAL_SYSTEMS))
     assert eval_requests("perturbed format", "eagle3", 5, 8) == templates + systems
     assert {r.template for r in templates} == {"plain", "markdown"} and {r.system for r in templates} == {None}
-    assert {r.template for r in systems} == {"model"} and [r.system for r in systems] == ODD_SYSTEMS
+    assert {r.template for r in systems} == {"model"} and [r.system for r in systems] == HELDOUT_SYSTEMS
 
 
 def test_tau_ratio_of_a_drafter_with_itself_is_one():
-    from playground.eagle.evaluate import EvalRow, tau_ratios
+    from playground.evaluation.heldout import EvalRow, tau_ratios
 
     counts = ((3, 4), (1, 5), (8, 6))   # per prompt: (accepted drafts, drafting steps); pooled only by the table
     rows = [EvalRow(name, "chat", None, 1.0, counts) for name in ("a", "b")]
@@ -132,8 +132,8 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
     import subprocess
     import sys
 
-    from playground.eagle.drafter import load_drafter
-    from playground.eagle.ship import ship
+    from playground.model.drafter import load_drafter
+    from playground.training.ship import ship
 
     data, self_data = tmp_path / "data", tmp_path / "self"
     cli = [sys.executable, "-m", "playground", "train"]
@@ -190,9 +190,10 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
         assert load_drafter(folder).config.variant == folder.name
         card = (folder / "README.md").read_text()
         assert "Trained 2 steps of 2 scheduled" not in card and "Trained 2 steps." in card
-        assert f"from step 1: {data} + {self_data}" in card and "--source self" in card
+        assert f"from step 1: data/{data.name} + data/{self_data.name}" in card and "--source self" in card
+        assert str(tmp_path) not in card, "a card names no absolute path of the machine that trained it"
         assert "4 conversations" in card and "| long context | eagle3.1 |" in card and "| chat | eagle3 |" in card
-        assert f"On held-out data ({self_data}: " in card and "at step 1: loss" in card
+        assert f"On held-out data (data/{self_data.name}: " in card and "at step 1: loss" in card
         assert "| chat | eagle3.1 / eagle3 |" in card and "--max-tokens 4 --prompts 2" in card
     # fine-tuning: new runs start from the shipped drafters (at learning rate 0 they stay those drafters),
     # and keep their cards; the shipped card then says where the run started
@@ -214,9 +215,9 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine):
 
 
 def test_a_multi_turn_conversation_follows_up_on_the_targets_own_reply(target):
-    from playground import chat
-    from playground.eagle import prompts
-    from playground.eagle.data import write_first_replies
+    from playground.engines import chat
+    from playground.training import prompts
+    from playground.training.data import write_first_replies
 
     conv = prompts.conversation(5)
     assert [m["role"] for m in conv][-3:] == ["user", "assistant", "user"] and conv[-2]["content"] is None
@@ -230,10 +231,10 @@ def test_a_multi_turn_conversation_follows_up_on_the_targets_own_reply(target):
 
 
 def test_evaluation_prompts_are_not_template_prompts():
-    from playground.eagle.evaluate import CHAT, CODE, LONG_QUESTIONS, ODD_SYSTEMS
-    from playground.eagle.prompts import SYSTEMS, conversations
+    from playground.evaluation.prompt_sets import HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS, HELDOUT_SYSTEMS
+    from playground.training.prompts import SYSTEMS, conversations
 
     training = {m["content"] for conv in conversations(20000) for m in conv}
-    held_out = [*CHAT, *CODE, *LONG_QUESTIONS, *ODD_SYSTEMS]
+    held_out = [*HELDOUT_CHAT, *HELDOUT_CODE, *HELDOUT_LONG_QUESTIONS, *HELDOUT_SYSTEMS]
     assert not set(held_out) & training and len(set(held_out)) == len(held_out)
-    assert not set(ODD_SYSTEMS) & set(SYSTEMS)
+    assert not set(HELDOUT_SYSTEMS) & set(SYSTEMS)

@@ -50,6 +50,7 @@ def test_playground_streams_and_ends_with_the_cli_text(client):
     assert exported["steps"][0]["step"] == 0
 
 
+@pytest.mark.slow
 def test_comparison_streams_both_drafters_side_by_side(client):
     expected = cli_text(PROMPT, 24)
     job = client.submit(PROMPT, "", "model", 4, 0.0, 1.0, 24, True, "reference", api_name="/compare")
@@ -130,14 +131,14 @@ def test_tokens_are_shown_as_text_never_markup():
 
 
 def test_plots_name_each_drafter_once_and_hover_names_the_trace():
-    from playground.stats import summarize
-    from playground.ui import figures
+    from playground import plots
+    from playground.engines.stats import summarize
 
     events = [StepEvent(step=0, position=10, token_ids=(1,), token_texts=("a",)),
               StepEvent(step=1, position=11, token_ids=(2, 3), token_texts=("b", "c"), draft_ids=(2, 7),
                         draft_texts=("b", "x"), drafted=2, accepted=1,
                         sink_attention=(0.1, 0.2), self_attention=(0.0, 0.3), hidden_norm=(1.0, 2.0))]
-    plots = figures.all_figures({"eagle3": summarize(events), "eagle3.1": summarize(events)})
+    plots = plots.all_figures({"eagle3": summarize(events), "eagle3.1": summarize(events)})
     for fig in plots:
         assert [t.name for t in fig.data if t.showlegend is not False] == ["EAGLE 3", "EAGLE 3.1"]
     acceptance, attention, _ = plots
@@ -178,9 +179,9 @@ def wait_for(condition, timeout_s: float = 10) -> None:
 
 
 def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine):
-    from playground.engines.backends import StartingBackend
+    from playground.engines.request import GenerationRequest
+    from playground.engines.vllm.backend import StartingBackend
     from playground.errors import PlaygroundError
-    from playground.request import GenerationRequest
 
     release = threading.Event()
 
@@ -210,7 +211,7 @@ def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine
 def test_exports_older_than_their_keep_time_are_removed(tmp_path):
     import os
 
-    from playground.request import GenerationRequest
+    from playground.engines.request import GenerationRequest
     from playground.ui.runs import RunLog, export
 
     runs = {"none": RunLog(GenerationRequest(prompt="hi", drafter="none"))}
@@ -241,3 +242,21 @@ def test_streamed_runs_do_not_pile_up_components_in_the_session(engine):
         assert sizes[-1] - sizes[0] <= len(sizes) - 1, sizes
     finally:
         demo.close()
+
+
+def test_the_address_comes_from_flags_then_playground_then_gradio_variables(monkeypatch):
+    import app
+
+    for name in ("PLAYGROUND_HOST", "PLAYGROUND_PORT", "GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    address = lambda *argv: (lambda a: (a.host, a.port))(app.parse_args(list(argv)))
+    assert address() == ("0.0.0.0", 7860)
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "127.0.0.1")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "7000")
+    assert address() == ("127.0.0.1", 7000)
+    monkeypatch.setenv("PLAYGROUND_PORT", "7100")
+    assert address() == ("127.0.0.1", 7100)
+    assert address("--host", "::1", "--port", "7200") == ("::1", 7200)
+    monkeypatch.setenv("PLAYGROUND_PORT", "seventy")
+    with pytest.raises(SystemExit):
+        address()

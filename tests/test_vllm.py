@@ -9,13 +9,13 @@ import time
 import pytest
 
 from playground.app_process import AppServer, api_client
-from playground.engines.backends import vllm_backend
-from playground.engines.vllm_client import Server, VLLMEngine
-from playground.engines.vllm_launch import healthy, spec_metrics
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.engines.vllm.backend import vllm_backend
+from playground.engines.vllm.client import Server, VLLMEngine
+from playground.engines.vllm.launch import healthy, spec_metrics
 from playground.errors import PlaygroundError
 from playground.local_server import is_ephemeral, pick_port
-from playground.request import GenerationRequest
-from playground.stats import summarize
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
 
@@ -158,9 +158,9 @@ def test_malformed_or_truncated_stream_is_a_clear_error(engine, body, message):
 
 def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
     # before the test below, which kills the `none` server
-    from playground.benchmark.report import markdown
-    from playground.benchmark.run import BenchConfig, collect, results
-    from playground.benchmark.vllm_load import LoadConfig, throughput
+    from playground.evaluation.benchmark import BenchConfig, collect, results
+    from playground.evaluation.report import markdown
+    from playground.evaluation.vllm_load import LoadConfig, throughput
 
     config = BenchConfig(k=K, max_tokens=12, categories=("coding", "long context 4k"), per_category=1, sweep_ks=(),
                          compare_generate=False, backend="vllm")

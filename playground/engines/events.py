@@ -42,10 +42,6 @@ class StepEvent:
     def accept_flags(self) -> tuple[bool, ...]:
         return tuple(i < self.accepted for i in range(self.drafted))
 
-    @property
-    def rejected_ids(self) -> tuple[int, ...]:
-        return self.draft_ids[self.accepted:]
-
     def to_fields(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

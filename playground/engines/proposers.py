@@ -13,9 +13,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from playground.eagle.drafter import Eagle3Drafter
 from playground.engines.sampling import SamplingParams, probabilities
-from playground.kv_cache import KVCache
+from playground.model.drafter import Eagle3Drafter
+from playground.model.kv_cache import KVCache
 
 DEFAULT_SINK_TOKENS = 4
 

@@ -15,20 +15,20 @@ from typing import Iterator
 import torch
 from torch.profiler import record_function
 
-from playground import chat
-from playground.eagle.registry import DrafterInfo, DrafterStore
+from playground.engines.drafters import DrafterInfo, DrafterStore
 from playground.engines.events import StepEvent, reconcile
 from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Proposer
+from playground.engines.request import GenerationRequest
 from playground.engines.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_sampling
-from playground.errors import PlaygroundError
-from playground.packed_linear import drafting_dtype
-from playground.request import GenerationRequest
-from playground.target import Target
-from playground.text import IncrementalDetokenizer, token_text
+from playground.engines.text import IncrementalDetokenizer, token_text
+from playground.model.drafter import Eagle3Drafter
+from playground.model.packed_linear import drafting_dtype
+from playground.model.target import Target
 
 
 class ReferenceEngine:
     name = "reference"
+    shows_drafter_internals = True
 
     def __init__(self, target: Target, max_tokens_limit: int | None = None):
         self.target = target
@@ -46,12 +46,15 @@ class ReferenceEngine:
     def drafter_info(self, name: str) -> DrafterInfo:
         return self.drafters.get(name)[1]
 
+    def drafter(self, name: str) -> Eagle3Drafter | None:
+        """The loaded drafter of that name (None for `none`)."""
+        return self.drafters.get(name)[0]
+
+    def limitations(self, drafter: str) -> str:
+        return ""
+
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        messages = chat.build_messages(request.prompt, request.system, request.history)
-        ids = chat.encode(self.tokenizer, messages, request.template)
-        if len(ids) >= self.target.max_context:
-            raise PlaygroundError(f"the prompt is {len(ids)} tokens; the context holds {self.target.max_context}")
-        return ids
+        return request.prompt_ids(self.tokenizer, self.target.max_context)
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Validate, then stream one StepEvent per verify step (the first is the prefill).

@@ -7,8 +7,9 @@ from typing import Mapping
 
 import gradio as gr
 
+from playground.engines.protocol import Engine
 from playground.ui import compare_tab, playground_tab, render
-from playground.ui.streams import Engine, Limits
+from playground.ui.streams import Limits
 
 EXPLAINER = (Path(__file__).with_name("explainer.md")).read_text()
 TITLE = "EAGLE 3.1 Playground"

@@ -8,24 +8,26 @@ from typing import Mapping
 
 import gradio as gr
 
-from playground.stats import RunSummary
-from playground.ui import figures, render
+from playground import plots
+from playground.engines.protocol import Engine
+from playground.engines.stats import RunSummary
+from playground.model.variants import NAMES, NONE
+from playground.ui import render
 from playground.ui.playground_tab import drafter_note, settings
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import (REPLAY_NOTE, Engine, Limits, backend, failure_message, interleave, make_request,
-                                   replayer)
+from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, interleave, make_request, replayer
 
-COLUMNS = ("eagle3", "eagle3.1", "none")
+COLUMNS = NAMES
 STORED_BENCHMARK = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.md"
 TABLE_HEADERS = ["drafter", "tau", "tokens/s", "speedup vs none", "steps", "tokens", "acceptance by depth"]
 
 
 def summary_table(summaries: Mapping[str, RunSummary]) -> list[list]:
-    base = summaries.get("none")
+    base = summaries.get(NONE)
     rows = []
     for name, s in summaries.items():
         speedup = f"{s.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s > 0 else "–"
-        rows.append([figures.label(name), round(s.mean_acceptance_length, 2), round(s.tokens_per_s, 1), speedup,
+        rows.append([plots.label(name), round(s.mean_acceptance_length, 2), round(s.tokens_per_s, 1), speedup,
                      s.steps, s.tokens, " ".join(f"{a:.2f}" for a in s.per_position_acceptance) or "–"])
     return rows
 
@@ -41,7 +43,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     with gr.Row(equal_height=False):
         for name in COLUMNS:
             with gr.Column():
-                gr.Markdown(f"#### {figures.label(name)}")
+                gr.Markdown(f"#### {plots.label(name)}")
                 cards[name] = gr.HTML(render.figures_html(None), elem_id=f"cards-{name.replace('.', '')}")
                 answers[name] = gr.HTML(render.answer_html([]), elem_id=f"answer-{name.replace('.', '')}")
                 texts[name] = gr.Textbox(label="plain text", lines=3, buttons=["copy"], elem_id=f"text-{name.replace('.', '')}")
@@ -53,7 +55,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     files = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
 
     def stream(prompt, system, template, k, temperature, top_p, max_tokens, with_none, backend_name):
-        names = [n for n in COLUMNS if with_none or n != "none"]
+        names = [n for n in COLUMNS if with_none or n != NONE]
         try:
             engine = backend(backends, backend_name)
             requests = {n: make_request(limits, prompt, system, template, n, k, temperature, top_p, max_tokens)
@@ -64,24 +66,24 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         except Exception as e:
             raise gr.Error(failure_message(e)) from None
         logs = {n: RunLog(r) for n, r in requests.items()}
-        pacer, plots = Pacer(), LivePlots()
-        yield update(logs, notes, names, plots, True, False)
+        pacer, live = Pacer(), LivePlots()
+        yield update(logs, notes, names, live, True, False)
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
-                if event.finish_reason and probe is not None and name != "none":
+                if event.finish_reason and probe is not None and name != NONE:
                     logs[name].events, notes[name] = probe.replay(requests[name], logs[name].events), REPLAY_NOTE
                 final = all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
-                    yield update(logs, notes, names, plots, final or pacer.due("plots"), final)
+                    yield update(logs, notes, names, live, final or pacer.due("plots"), final)
         except Exception as e:
-            yield update(logs, notes, names, plots, True, True)
+            yield update(logs, notes, names, live, True, True)
             raise gr.Error(failure_message(e)) from None
 
-    def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str], plots: LivePlots, redraw: bool,
+    def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str], live: LivePlots, redraw: bool,
                final: bool):
         summaries = {n: log.summary for n, log in logs.items() if log.events}
-        drafted = {n: s for n, s in summaries.items() if n != "none"}
+        drafted = {n: s for n, s in summaries.items() if n != NONE}
         out = []
         for name in COLUMNS:
             if name not in names:
@@ -90,9 +92,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             waiting = "" if logs[name].events else "waiting for the engine…"
             out += [render.figures_html(summaries.get(name)),
                     render.answer_html(logs[name].events, notes[name] or waiting), logs[name].text]
-        out += plots.get(lambda: figures.all_figures(drafted), redraw)
+        out += live.get(lambda: plots.all_figures(drafted), redraw)
         out.append(summary_table(summaries))
-        out.append(export(logs, lambda path: figures.figures_file(drafted, path)) if final else None)
+        out.append(export(logs, lambda path: plots.figures_file(drafted, path)) if final else None)
         return tuple(out)
 
     inputs = [c[n] for n in ("prompt", "system", "template", "k", "temperature", "top_p", "max_tokens")]

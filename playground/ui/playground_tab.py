@@ -6,26 +6,27 @@ from typing import Mapping
 
 import gradio as gr
 
-from playground.chat import TEMPLATES
-from playground.presets import PRESETS
-from playground.request import K_RANGE, MAX_TEMPERATURE
-from playground.ui import figures, render
+from playground import plots
+from playground.engines.chat import TEMPLATES
+from playground.engines.protocol import Engine
+from playground.engines.request import K_RANGE, MAX_TEMPERATURE
+from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
+from playground.ui import render
+from playground.ui.presets import PRESETS
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import REPLAY_NOTE, Engine, Limits, backend, failure_message, make_request, replayer
+from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, make_request, replayer
 
-DRAFTER_CHOICES = [("EAGLE 3.1", "eagle3.1"), ("EAGLE 3", "eagle3"), ("none (no speculation)", "none")]
+DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none ({LABELS[NONE]})", NONE)]
 TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
 
 
 def drafter_note(engine: Engine, name: str) -> str:
     notes = []
-    if name != "none" and not engine.drafter_info(name).trained:
-        notes.append(f"{figures.label(name)} is a randomly initialised drafter: expect almost every draft "
+    if name != NONE and not engine.drafter_info(name).trained:
+        notes.append(f"{plots.label(name)} is a randomly initialised drafter: expect almost every draft "
                      "to be rejected.")
-    if engine.name == "vllm" and name != "none":
-        notes.append(f"vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
-                     f"nor the drafter's attention; it drafts k = {engine.server(name).k} per step, fixed when "
-                     "the server starts.")
+    if name != NONE and engine.limitations(name):
+        notes.append(engine.limitations(name))
     return " ".join(notes)
 
 
@@ -38,7 +39,7 @@ def settings(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool,
         c["template"] = gr.Dropdown(TEMPLATE_CHOICES, value="model", label="Prompt format", scale=2,
                                     elem_id=eid("template"))
         if with_drafter:
-            c["drafter"] = gr.Dropdown(DRAFTER_CHOICES, value="eagle3.1", label="Drafter", scale=1,
+            c["drafter"] = gr.Dropdown(DRAFTER_CHOICES, value=EAGLE31, label="Drafter", scale=1,
                                        elem_id=eid("drafter"))
         c["backend"] = gr.Dropdown(list(backends), value=next(iter(backends)), label="Backend", scale=1,
                                    elem_id=eid("backend"))
@@ -90,13 +91,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             request = make_request(limits, prompt, system, template, drafter, k, temperature, top_p, max_tokens)
             engine = backend(backends, backend_name)
             note = drafter_note(engine, request.drafter)
-            probe = replayer(backends, engine) if request.drafter != "none" else None
+            probe = replayer(backends, engine) if request.drafter != NONE else None
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
             raise gr.Error(failure_message(e)) from None
-        run_log, pacer, plots = RunLog(request), Pacer(), LivePlots()
+        run_log, pacer, live = RunLog(request), Pacer(), LivePlots()
         yield (render.answer_html([], note or "waiting for the engine…"), "", render.figures_html(None),
-               *plots.last, 0, render.inspector_html(None), None, [])
+               *live.last, 0, render.inspector_html(None), None, [])
         try:
             for event in steps:
                 run_log.events.append(event)
@@ -104,22 +105,22 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                 if final and probe is not None:
                     run_log.events, note = probe.replay(request, run_log.events), REPLAY_NOTE
                 if final or pacer.due("text"):
-                    yield update(run_log, note, plots, final or pacer.due("plots"), final)
+                    yield update(run_log, note, live, final or pacer.due("plots"), final)
         except Exception as e:
-            yield update(run_log, note, plots, True, True, failure_message(e))
+            yield update(run_log, note, live, True, True, failure_message(e))
             raise gr.Error(failure_message(e)) from None
 
-    def update(run_log: RunLog, note: str, plots: LivePlots, redraw: bool, final: bool, error: str = ""):
+    def update(run_log: RunLog, note: str, live: LivePlots, redraw: bool, final: bool, error: str = ""):
         # every output gets a value, never gr.skip(): see LivePlots
         summary = run_log.summary
         runs = {run_log.request.drafter: summary}
         html = render.answer_html(run_log.events, note) + (render.error_html(error) if error else "")
         return (html, run_log.text, render.figures_html(summary),
-                *plots.get(lambda: figures.all_figures(runs), redraw),
+                *live.get(lambda: plots.all_figures(runs), redraw),
                 gr.update(maximum=max(1, len(run_log.events) - 1), value=len(run_log.events) - 1) if final else 0,
                 render.inspector_html(run_log.events[-1] if final else None),
                 export({run_log.request.drafter: run_log},
-                       lambda path: figures.figures_file(runs, path)) if final else None,
+                       lambda path: plots.figures_file(runs, path)) if final else None,
                 list(run_log.events))
 
     inputs = [c[n] for n in ("prompt", "system", "template", "drafter", "k", "temperature", "top_p",

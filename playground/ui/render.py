@@ -10,7 +10,7 @@ from html import escape
 from typing import Sequence
 
 from playground.engines.events import StepEvent, reconcile
-from playground.stats import RunSummary
+from playground.engines.stats import RunSummary
 
 LEGEND = (
     '<div class="legend">'

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from playground.engines.events import StepEvent
-from playground.request import GenerationRequest
-from playground.stats import RunSummary, summarize
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import RunSummary, summarize
 
 CSV_FIELDS = ("step", "position", "text", "token_ids", "drafted", "accepted", "draft_texts", "draft_probs",
               "sink_attention", "self_attention", "hidden_norm", "draft_ms", "verify_ms", "elapsed_s",

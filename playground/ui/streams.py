@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Protocol
+from typing import Iterator, Mapping
 
-from playground.eagle.registry import drafter_names
 from playground.engines.events import StepEvent
+from playground.engines.protocol import Engine, Replayer
+from playground.engines.request import GenerationRequest
 from playground.errors import PlaygroundError
-from playground.request import GenerationRequest
+from playground.model.variants import NAMES
 
 log = logging.getLogger("playground.ui")
-
-
-class Engine(Protocol):
-    name: str
-
-    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]: ...
-
-    def drafter_info(self, name: str): ...
 
 
 @dataclass(frozen=True)
@@ -36,8 +29,8 @@ def make_request(limits: Limits, prompt: str, system: str, template: str, drafte
                  temperature: float, top_p: float, max_tokens: float, seed: float = 0) -> GenerationRequest:
     """A validated request; every problem is a PlaygroundError with a one-line reason."""
     prompt = prompt or ""
-    if drafter not in drafter_names():   # the page never loads a checkpoint from a path it is given
-        raise PlaygroundError(f"unknown drafter {drafter!r}; choose {', '.join(drafter_names())}")
+    if drafter not in NAMES:   # the page never loads a checkpoint from a path it is given
+        raise PlaygroundError(f"unknown drafter {drafter!r}; choose {', '.join(NAMES)}")
     if len(prompt) > limits.max_prompt_chars:
         raise PlaygroundError(f"the prompt is {len(prompt):,} characters; this playground accepts up to "
                               f"{limits.max_prompt_chars:,}")
@@ -85,7 +78,7 @@ REPLAY_NOTE = ("Rejected drafts, drafter probabilities, attention and fed-back R
                "committed tokens through the reference drafter (same weights); vLLM reports only the counts.")
 
 
-def replayer(backends: Mapping[str, Engine], engine: Engine):
-    """The reference engine, where it can replay another backend's runs for the drafter's view."""
-    reference = backends.get("reference")
-    return reference if engine.name != "reference" and hasattr(reference, "replay") else None
+def replayer(backends: Mapping[str, Engine], engine: Engine) -> Replayer | None:
+    """The reference engine, where `engine` does not show the drafter's view and the reference can
+    replay its runs for it."""
+    return None if engine.shows_drafter_internals else backends.get("reference")

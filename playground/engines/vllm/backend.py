@@ -6,15 +6,16 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from playground.eagle.drafter import save_drafter
-from playground.eagle.registry import SHIPPED, shipped_path
+from playground.engines.drafters import random_drafter
 from playground.engines.events import StepEvent
 from playground.engines.reference import ReferenceEngine
-from playground.engines.vllm_client import Server, VLLMEngine
-from playground.engines.vllm_launch import Launched, LaunchConfig
+from playground.engines.request import GenerationRequest
+from playground.engines.vllm.client import Server, VLLMEngine
+from playground.engines.vllm.launch import LaunchConfig, Launched
 from playground.errors import PlaygroundError
-from playground.request import GenerationRequest
-from playground.target import embedded_target_folder
+from playground.model.drafter import save_drafter
+from playground.model.target import embedded_target_folder
+from playground.model.variants import NAMES, NONE, SHIPPED, shipped_path
 
 VLLM_MAX_CONTEXT = 8192  # the target's own; long-context benchmark prompts reach about 4.1k tokens
 
@@ -26,7 +27,7 @@ def drafter_folder(engine: ReferenceEngine, name: str) -> tuple[Path, bool]:
         return path, True
     folder = embedded_target_folder().parent / "drafters" / f"{name}-random"
     if not (folder / "model.safetensors").exists():
-        save_drafter(engine.drafters.random(eagle31=SHIPPED[name]), folder)
+        save_drafter(random_drafter(engine.target, SHIPPED[name]), folder)
     return folder, False
 
 
@@ -35,20 +36,20 @@ def parse_urls(specs: list[str], k: int) -> list[Server]:
     servers = []
     for spec in specs:
         name, sep, url = spec.partition("=")
-        if not sep or name not in (*SHIPPED, "none") or not url.startswith("http"):
-            raise PlaygroundError(f"bad --vllm-url {spec!r}: use NAME=URL with NAME one of eagle3, eagle3.1, none")
+        if not sep or name not in NAMES or not url.startswith("http"):
+            raise PlaygroundError(f"bad --vllm-url {spec!r}: use NAME=URL with NAME one of {', '.join(NAMES)}")
         servers.append(Server(name, url.rstrip("/"), k))
     return servers
 
 
 def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: bool, k: int = 5,
-                 names: tuple[str, ...] = ("eagle3", "eagle3.1", "none"), status: Callable[[str], None] = print,
+                 names: tuple[str, ...] = NAMES, status: Callable[[str], None] = print,
                  ports: dict[str, int] | None = None, **launch_options) -> tuple[VLLMEngine, Launched | None]:
     """The vLLM engine over given servers, or over servers it starts (one per name in `names`, on
     free local ports, or on `ports[name]` as given)."""
     launched = None
     if launch:
-        drafters = {name: drafter_folder(reference, name) if name != "none" else (None, False) for name in names}
+        drafters = {name: drafter_folder(reference, name) if name != NONE else (None, False) for name in names}
         config = LaunchConfig(target=embedded_target_folder(), drafters=drafters, k=k,
                               max_model_len=VLLM_MAX_CONTEXT, **launch_options)
         launched = Launched(config, status, ports)
@@ -68,6 +69,7 @@ class StartingBackend:
     gets the start-up status as its message until every server is healthy (or the reason it failed)."""
 
     name = "vllm"
+    shows_drafter_internals = False
 
     def __init__(self, start: Callable[[Callable[[str], None]], VLLMEngine]):
         self.lines: list[str] = ["starting the vLLM servers"]
@@ -99,5 +101,6 @@ class StartingBackend:
     def drafter_info(self, name: str):
         return self.ready().drafter_info(name)
 
-    def server(self, drafter: str):
-        return self.ready().server(drafter)
+    def limitations(self, drafter: str) -> str:
+        return self.ready().limitations(drafter)
+

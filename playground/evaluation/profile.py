@@ -9,8 +9,8 @@ from __future__ import annotations
 from torch.profiler import ProfilerActivity, profile
 
 from playground.engines.reference import ReferenceEngine
-from playground.request import GenerationRequest
-from playground.stats import summarize
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
 
 REGIONS = ("draft", "verify", "event")
 

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
-from playground.kv_cache import KVCache
-from playground.packed_linear import PackedLinear
-from playground.rope import apply_rope
+from playground.model.kv_cache import KVCache
+from playground.model.packed_linear import PackedLinear
+from playground.model.rope import apply_rope
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

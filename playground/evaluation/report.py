@@ -7,7 +7,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from playground.ui.figures import COLORS, FALLBACK_COLOR, html_page, label
+from playground.model.variants import NONE
+from playground.plots import COLORS, FALLBACK_COLOR, html_page, label
 
 
 def _fmt(xs, f: str = "{:.2f}") -> str:
@@ -31,7 +32,7 @@ def markdown(res: dict) -> str:
              "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     by = {(r["category"], r["method"]): r for r in res["rows"]}
     for category in dict.fromkeys(r["category"] for r in res["rows"]):
-        none = by[(category, "none")]
+        none = by[(category, NONE)]
         gen = none["generate_tokens_per_s"]
         cells = [category, str(none["min_prompt_tokens"]), "–" if gen is None else f"{gen:.1f}",
                  f"{none['tokens_per_s']:.1f}"]
@@ -47,7 +48,7 @@ def markdown(res: dict) -> str:
     lines += ["", "Acceptance by depth (unconditional), drafter sink attention and fed-back RMS by depth:", "",
               "| category | drafter | acceptance | sink attention | fed-back RMS |", "|---|---|---|---|---|"]
     for r in res["rows"]:
-        if r["method"] != "none":
+        if r["method"] != NONE:
             lines.append(f"| {r['category']} | {label(r['method'])} | {_fmt(r['acceptance'])} | "
                          f"{_fmt(r['sink_attention'], '{:.3f}')} | {_fmt(r['hidden_norm'])} |")
 
@@ -62,7 +63,7 @@ def markdown(res: dict) -> str:
 
     lines += ["", "Time per verify step (ms), pooled over all categories:", "",
               "| method | draft | verify | other (sampling, bookkeeping, events) |", "|---|---:|---:|---:|"]
-    for method in ("none", *drafters):
+    for method in (NONE, *drafters):
         rows = [r for r in res["rows"] if r["method"] == method]
         n = sum(r["steps"] for r in rows)
         avg = lambda key: sum(r[key] * r["steps"] for r in rows) / max(1, n)
@@ -82,7 +83,7 @@ def markdown(res: dict) -> str:
                          f"{r['tokens_per_s'] / bound:.2f} |")
 
     if res.get("concurrency"):
-        from playground.benchmark.vllm_load import markdown as load_markdown
+        from playground.evaluation.vllm_load import markdown as load_markdown
 
         lines += ["", "vLLM under load: output tokens/s (all requests) and per user, greedy, same servers:", "",
                   load_markdown(res["concurrency"]).rstrip()]

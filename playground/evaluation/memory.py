@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from playground.app_process import AppServer, api_client
+from playground.model.variants import EAGLE3, EAGLE31, NONE
 
 PROMPTS = ("Tell me about the Moon.", "Write a Python function that adds two numbers.",
            "Give me three tips for a job interview.", "What is a rainbow?")
@@ -28,7 +29,7 @@ def rss_over_runs(runs: int = 200, max_tokens: int = 24) -> list[tuple[int, floa
         pid = app.process.pid
         samples = [(0, *_rss_mib(pid))]
         for i in range(runs):
-            drafter = ("eagle3.1", "eagle3", "none")[i % 3]
+            drafter = (EAGLE31, EAGLE3, NONE)[i % 3]
             client.predict(PROMPTS[i % len(PROMPTS)], "", "model", drafter, 5, 0.0, 1.0, max_tokens, "reference",
                            api_name="/run")
             if (i + 1) % every == 0:

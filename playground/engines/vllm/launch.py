@@ -18,11 +18,12 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from playground.engines.vllm_client import Server
+from playground.engines.vllm.client import Server
 from playground.errors import PlaygroundError
 from playground.local_server import ServerProcess, pick_port
+from playground.model.variants import NONE
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 # where the launched servers' URLs are written once they are healthy (the container's health check reads it)
 SERVERS_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / "playground-vllm-servers.json"
@@ -31,7 +32,7 @@ SERVERS_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / "playground-vllm-servers
 @dataclass(frozen=True)
 class LaunchConfig:
     target: Path                            # safetensors folder (python -m playground convert)
-    drafters: dict[str, tuple[Path, bool]]  # name -> (checkpoint folder, trained); "none" -> no speculation
+    drafters: dict[str, tuple[Path, bool]]  # name -> (checkpoint folder, trained); NONE -> no speculation
     k: int = 5
     base_port: int = 8101
     # the vLLM interpreter and extra server flags may come from the environment (the GPU image sets
@@ -49,7 +50,7 @@ def server_command(config: LaunchConfig, name: str, port: int) -> list[str]:
     cmd = [str(config.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(config.target),
            "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
            "--dtype", config.dtype, "--max-model-len", str(config.max_model_len), *config.extra_args]
-    if name != "none":   # vLLM refuses per-request spec-decode metrics without speculation
+    if name != NONE:   # vLLM refuses per-request spec-decode metrics without speculation
         folder, _ = config.drafters[name]
         spec = {"method": "eagle3", "model": str(folder), "num_speculative_tokens": config.k}
         cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]

@@ -2,26 +2,28 @@
 
 A shipped name whose checkpoint is missing resolves to a seeded random drafter with the same
 switches, and says so: the engine still runs (losslessly), it just accepts almost nothing.
-PLAYGROUND_DRAFTERS names another folder of shipped checkpoints (`eagle3/`, `eagle3.1/`).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, load_drafter
 from playground.errors import PlaygroundError
-from playground.packed_linear import pack_linears
+from playground.model.drafter import DrafterConfig, Eagle3Drafter, load_drafter
+from playground.model.packed_linear import pack_linears
+from playground.model.variants import NAMES, NONE, SHIPPED, shipped_path
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
-SHIPPED = {"eagle3": False, "eagle3.1": True}   # name -> EAGLE 3.1 switches on
-NONE = "none"
 RANDOM_SEED = 0
 RANDOM_DRAFT_VOCAB = 8192
+
+
+def random_drafter(target, eagle31: bool) -> Eagle3Drafter:
+    """The seeded random drafter a shipped name falls back to when its checkpoint is missing (float32)."""
+    config = DrafterConfig.for_target(target.config, RANDOM_DRAFT_VOCAB, target.aux_layers, eagle31)
+    return Eagle3Drafter(config).init_random(RANDOM_SEED).eval().requires_grad_(False)
 
 
 @dataclass(frozen=True)
@@ -30,14 +32,6 @@ class DrafterInfo:
     variant: str          # eagle3 | eagle3.1 | none
     source: str           # checkpoint folder, or "random (seed 0)"
     trained: bool
-
-
-def shipped_path(name: str) -> Path:
-    return Path(os.environ.get("PLAYGROUND_DRAFTERS") or ASSETS) / name
-
-
-def drafter_names() -> list[str]:
-    return [*SHIPPED, NONE]
 
 
 class DrafterStore:
@@ -62,21 +56,17 @@ class DrafterStore:
                 drafter = load_drafter(path, self.dtype)
                 info = DrafterInfo(name, drafter.config.variant, str(path), trained=True)
             else:
-                drafter = self.random(eagle31=SHIPPED[name])
+                drafter = random_drafter(self.target, SHIPPED[name]).to(self.dtype)
                 info = DrafterInfo(name, drafter.config.variant, f"random (seed {RANDOM_SEED})", trained=False)
         else:
             path = Path(name)
             if not path.is_dir():
-                raise PlaygroundError(f"unknown drafter {name!r}: use {', '.join(drafter_names())} "
+                raise PlaygroundError(f"unknown drafter {name!r}: use {', '.join(NAMES)} "
                                       "or a checkpoint folder")
             drafter = load_drafter(path, self.dtype)
             info = DrafterInfo(path.name, drafter.config.variant, str(path), trained=True)
         self._check_fits(drafter, name)
         return pack_linears(drafter), info
-
-    def random(self, eagle31: bool) -> Eagle3Drafter:
-        config = DrafterConfig.for_target(self.target.config, RANDOM_DRAFT_VOCAB, self.target.aux_layers, eagle31)
-        return Eagle3Drafter(config).init_random(RANDOM_SEED).to(self.dtype).eval().requires_grad_(False)
 
     def _check_fits(self, drafter: Eagle3Drafter, name: str) -> None:
         c, t = drafter.config, self.target

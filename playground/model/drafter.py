@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from playground.errors import PlaygroundError
-from playground.rope import apply_rope
+from playground.model.rope import apply_rope
+from playground.model.variants import EAGLE3, EAGLE31
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
@@ -51,9 +52,9 @@ class DrafterConfig:
     @property
     def variant(self) -> str:
         if self.fc_norm and self.norm_output:
-            return "eagle3.1"
+            return EAGLE31
         if not self.fc_norm and not self.norm_output:
-            return "eagle3"
+            return EAGLE3
         return f"eagle3 (fc_norm={self.fc_norm}, norm_output={self.norm_output})"
 
     @classmethod

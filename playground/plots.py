@@ -6,10 +6,10 @@ from typing import Mapping
 
 import plotly.graph_objects as go
 
-from playground.stats import RunSummary
+from playground.engines.stats import RunSummary
+from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
 
-COLORS = {"eagle3.1": "#2563eb", "eagle3": "#ea580c", "none": "#6b7280"}
-LABELS = {"eagle3.1": "EAGLE 3.1", "eagle3": "EAGLE 3", "none": "no speculation"}
+COLORS = {EAGLE31: "#2563eb", EAGLE3: "#ea580c", NONE: "#6b7280"}
 FALLBACK_COLOR = "#7c3aed"
 
 

@@ -4,14 +4,17 @@ Templates: kinds chat, coding, math, writing, reasoning, multi-turn, each with a
 prompt (none = the model's default, or one of many personas).
 Self-written: the target writes the user turn itself, continuing its own chat template after a
 system turn and a few opening words (the "Magpie" trick); far more varied than any template.
-Evaluation and benchmark prompts are written separately (playground/benchmark/suite.py,
-playground/eagle/evaluate.py) and never come from these generators.
+Evaluation and benchmark prompts are written separately (playground/evaluation/prompt_sets.py)
+and never come from these generators, except `train eval --kinds training`, which measures the
+shipped drafters on prompts they trained on (`training_requests`).
 """
 
 from __future__ import annotations
 
 import random
 from typing import Iterator
+
+from playground.engines.request import GenerationRequest
 
 TOPICS = [
     "black holes", "photosynthesis", "the French Revolution", "machine learning", "coffee brewing",
@@ -146,3 +149,17 @@ def self_prompt_start(index: int, seed: int = 0) -> tuple[str | None, str]:
     """The system prompt and the opening words of the index-th self-written prompt (deterministic)."""
     rng = random.Random(f"{seed}:self:{index}")
     return rng.choice(SYSTEMS), rng.choice(OPENINGS)
+
+
+def training_requests(drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
+    """The first six single-turn template conversations (seed 0: one of each single-turn kind, then
+    a second chat one), which the shipped drafters trained on: their gap to the held-out kinds
+    measures how far the drafters generalise."""
+    single_turn = [conversation(i) for i in range(2 * len(KINDS)) if KINDS[i % len(KINDS)] != "multiturn"][:6]
+    requests = []
+    for messages in single_turn:
+        system = messages[0]["content"] if messages[0]["role"] == "system" else None
+        turns = messages[1:] if system else messages
+        requests.append(GenerationRequest(prompt=turns[-1]["content"], system=system, history=tuple(turns[:-1]),
+                                          drafter=drafter, k=k, max_tokens=max_tokens))
+    return requests

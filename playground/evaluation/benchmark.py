@@ -16,22 +16,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from playground.benchmark.generate_baseline import transformers_greedy
-from playground.benchmark.suite import CATEGORIES, BenchPrompt, suite
 from playground.engines.events import StepEvent
-from playground.stats import pool
+from playground.engines.stats import pool
+from playground.evaluation.generate_baseline import transformers_greedy
+from playground.evaluation.prompt_sets import CATEGORIES, BenchPrompt, suite
+from playground.model.variants import EAGLE3, EAGLE31, NONE
 
 GENERATE = "transformers generate"
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    drafters: tuple[str, ...] = ("eagle3", "eagle3.1")
+    drafters: tuple[str, ...] = (EAGLE3, EAGLE31)
     k: int = 5
     max_tokens: int = 128
     categories: tuple[str, ...] = CATEGORIES
     per_category: int | None = None
-    sweep_drafter: str = "eagle3.1"
+    sweep_drafter: str = EAGLE31
     sweep_ks: tuple[int, ...] = tuple(range(1, 9))
     sweep_categories: tuple[str, ...] = ("chat", "coding")
     compare_generate: bool = True      # the reference backend only
@@ -75,7 +76,7 @@ def collect(engine, reference, config: BenchConfig, progress: Path | None = None
     configuration goes on from there.
     """
     prompts: list[BenchPrompt] = suite(reference.tokenizer, config.categories, config.per_category)
-    methods = ("none", *config.drafters)
+    methods = (NONE, *config.drafters)
     sweeping = [p for p in prompts if p.category in config.sweep_categories] if config.sweep_ks else []
 
     def runs_of(p: BenchPrompt) -> int:
@@ -87,7 +88,7 @@ def collect(engine, reference, config: BenchConfig, progress: Path | None = None
         for p in prompts[out.prompts_done:]:
             expected = None
             if config.compare_generate:
-                expected, seconds = transformers_greedy(reference, p.request("none", config.k, config.max_tokens))
+                expected, seconds = transformers_greedy(reference, p.request(NONE, config.k, config.max_tokens))
                 out.generate.setdefault(p.category, []).append((len(expected), seconds))
                 bar.update()
             for method in methods:
@@ -124,9 +125,9 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
     """The JSON the report is written from."""
     rows = []
     for category in dict.fromkeys(c for c, _ in collected.runs):
-        none = pool(collected.runs[(category, "none")])
+        none = pool(collected.runs[(category, NONE)])
         generate_tps = _rate(collected.generate.get(category, []))
-        for method in ("none", *config.drafters):
+        for method in (NONE, *config.drafters):
             p = pool(collected.runs[(category, method)])
             rows.append({"category": category, "method": method, **p.to_json(),
                          "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
@@ -138,7 +139,7 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
         if not runs:
             continue
         p = pool(runs)
-        none = pool([r for c in config.sweep_categories for r in collected.runs.get((c, "none"), [])])
+        none = pool([r for c in config.sweep_categories for r in collected.runs.get((c, NONE), [])])
         gen_tps = _rate([g for c in config.sweep_categories for g in collected.generate.get(c, [])])
         sweep.append({"k": k, "drafter": config.sweep_drafter, **p.to_json(),
                       "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,

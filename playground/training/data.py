@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from playground import chat
-from playground.eagle import prompts
+from playground.engines import chat
 from playground.engines.sampling import SamplingParams, probabilities
-from playground.target import Target
+from playground.model.target import Target
+from playground.training import prompts
 
 
 @dataclass(frozen=True)

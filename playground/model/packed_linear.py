@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # the row count oneDNN lays the weights out for; any count runs, 1-16 rows all about as fast
 LAYOUT_ROWS = 8
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from playground.target import Target
+from playground.model.target import Target
 
 
 def _best_seconds(fn, repeats: int = 7) -> float:

@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from playground.eagle.data import describe, load_examples
-from playground.eagle.drafter import DrafterConfig, Eagle3Drafter, load_drafter, load_drafter_config, save_drafter
-from playground.eagle.registry import SHIPPED, shipped_path
 from playground.errors import PlaygroundError
-from playground.target import Target, aux_layer_ids
+from playground.model.drafter import DrafterConfig, Eagle3Drafter, load_drafter, load_drafter_config, save_drafter
+from playground.model.target import Target, aux_layer_ids
+from playground.model.variants import SHIPPED, shipped_path
+from playground.training.data import describe, load_examples
 
 
 @dataclass(frozen=True)

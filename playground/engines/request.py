@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from playground.chat import DEFAULT_TEMPLATE, TEMPLATES
+from playground.engines import chat
+from playground.engines.chat import DEFAULT_TEMPLATE, TEMPLATES
 from playground.engines.sampling import SamplingParams
 from playground.errors import PlaygroundError
+from playground.model.variants import EAGLE31
 
 K_RANGE = (1, 10)
 MAX_TEMPERATURE = 5.0
@@ -19,13 +21,22 @@ class GenerationRequest:
     prompt: str
     system: str | None = None
     template: str = DEFAULT_TEMPLATE
-    drafter: str = "eagle3.1"          # eagle3 | eagle3.1 | none | a checkpoint folder
+    drafter: str = EAGLE31             # a name of variants.NAMES, or a checkpoint folder
     k: int = 5
     temperature: float = 0.0
     top_p: float = 1.0
     max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int = 0
     history: tuple[dict, ...] = field(default=())  # earlier turns, {"role", "content"}
+
+    def prompt_ids(self, tokenizer, max_context: int) -> list[int]:
+        """The conversation in its template, as token ids; refused if it leaves no room to answer.
+        Every engine encodes prompts here, so all of them see the same tokens."""
+        messages = chat.build_messages(self.prompt, self.system, self.history)
+        ids = chat.encode(tokenizer, messages, self.template)
+        if len(ids) >= max_context:
+            raise PlaygroundError(f"the prompt is {len(ids)} tokens; the context holds {max_context}")
+        return ids
 
     @property
     def sampling(self) -> SamplingParams:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-LONG_DOCUMENT = Path(__file__).resolve().parents[1] / "assets" / "presets" / "harbor_report.md"
+from playground.evaluation.prompt_sets import report_prompt
 
 
 @dataclass(frozen=True)
@@ -15,15 +14,11 @@ class Preset:
     template: str = "model"
 
 
-def long_document_prompt(question: str) -> str:
-    return f"Read this report and answer the question after it.\n\n{LONG_DOCUMENT.read_text()}\n\nQuestion: {question}"
-
-
 PRESETS = {
     "Chat": Preset("What are three good habits for staying healthy while working from home?"),
     "Code": Preset("Write a Python function that checks whether a string is a palindrome, ignoring case "
                    "and punctuation, and show two examples."),
-    "Long document Q&A": Preset(long_document_prompt(
+    "Long document Q&A": Preset(report_prompt(
         "Why did the Harbor Street project cost more than planned, and how was the extra cost approved?")),
     "Odd system prompt": Preset("Explain how a rainbow forms.",
                                 system="You are a pirate who answers every question in pirate speech."),

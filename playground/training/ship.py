@@ -17,16 +17,15 @@ from pathlib import Path
 
 import torch
 
-from playground.eagle.evaluate import evaluate, format_ratios, format_rows
-from playground.eagle.registry import shipped_path
-from playground.ui.figures import label
-
+from playground.evaluation.heldout import evaluate, format_ratios, format_rows
+from playground.model.variants import EAGLE31, shipped_path
+from playground.plots import label
 
 SOURCE_TEXT = {
-    "templates": "prompts from the project's templates (`playground/eagle/prompts.py`: chat, coding, math, "
+    "templates": "prompts from the project's templates (`playground/training/prompts.py`: chat, coding, math, "
                  "writing, reasoning and multi-turn, with varied system prompts)",
     "self": "user turns the target wrote itself after one of the system prompts and a few opening words "
-            "(`--source self`, `playground/eagle/prompts.py`)",
+            "(`--source self`, `playground/training/prompts.py`)",
 }
 
 
@@ -37,7 +36,20 @@ def _count(value: int | None, what: str) -> str:
     return f"{what}: not recorded" if value is None else f"{value:,} {what}"
 
 
+def shown_folder(folder: str) -> str:
+    """A data folder as a card shows it: relative to where `train ship` runs, never a machine's absolute path."""
+    path = Path(folder)
+    if not path.is_absolute():
+        return folder
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return f"data/{path.name}"
+
+
 def data_section(data: list[dict], phases: list[dict]) -> str:
+    data = [{**d, "folder": shown_folder(d["folder"])} for d in data]
+    phases = [{**p, "data": [shown_folder(f) for f in p["data"]]} for p in phases]
     lines = [f"- `{d['folder']}`: {SOURCE_TEXT[d['source']]}; answered by the target (even ones greedy, odd ones "
              f"sampled at temperature {d['temperature']}, up to {d['max_new_tokens']} new tokens). "
              f"{d['shards']} shards, {_count(d['conversations'], 'conversations')}, "
@@ -87,7 +99,7 @@ def held_out_text(trained: dict) -> str:
     if val is None:
         return ""
     acc = " / ".join(f"{a:.2f}" for a in val["step_acc"])
-    return (f" On held-out data ({' + '.join(val['data'])}: {val['sequences']} sequences, "
+    return (f" On held-out data ({' + '.join(map(shown_folder, val['data']))}: {val['sequences']} sequences, "
             f"{val['tokens']:,} answer tokens) at step {val['step']}: loss {val['loss']:.2f}, accuracy by depth {acc}.")
 
 
@@ -109,7 +121,7 @@ def init_section(init_card: str) -> str:
 
 def model_card(variant: str, config: dict, data: list[dict], trained: dict, table: str, eval_command: str,
                init_card: str = "") -> str:
-    switches = ("`fc_norm` and `norm_output` on (EAGLE 3.1)" if variant == "eagle3.1"
+    switches = ("`fc_norm` and `norm_output` on (EAGLE 3.1)" if variant == EAGLE31
                 else "`fc_norm` and `norm_output` off (plain EAGLE 3)")
     acc = " / ".join(f"{a:.2f}" for a in trained["accuracy_by_depth"])
     partial = (f" of {config['steps']} scheduled (the cosine schedule was stopped early; training resumes from "
@@ -141,13 +153,13 @@ and every hyper-parameter below; only the two switches differ.
 Trained {trained['steps']} steps{partial}. Mean over the last 50 steps: loss {trained['loss']:.2f}, training
 accuracy by unroll depth {acc}.{held_out_text(trained)}
 
-    python -m playground train drafter --variant {variant} --data {' '.join(config['data'])} --out runs/{variant} \\
+    python -m playground train drafter --variant {variant} --data {' '.join(map(shown_folder, config['data']))} --out runs/{variant} \\
         --steps {config['steps']} --batch {config['batch']} --save-every {config['save_every']} \\
-        --device {config['device']}{' --val-data ' + ' '.join(config['val_data']) if config.get('val_data') else ''}{' --init ' + config['init'] if config.get('init') else ''}
+        --device {config['device']}{' --val-data ' + ' '.join(map(shown_folder, config['val_data'])) if config.get('val_data') else ''}{' --init ' + config['init'] if config.get('init') else ''}
 
 ## Evaluation
 
-Held-out prompts (`playground/eagle/evaluate.py`), k=5, greedy, through the reference engine:
+Held-out prompts (`playground/evaluation/prompt_sets.py`), k=5, greedy, through the reference engine:
 
 {table}
 

@@ -18,12 +18,12 @@ from typing import Iterator
 
 import httpx
 
-from playground import chat
-from playground.eagle.registry import DrafterInfo
+from playground.engines.drafters import DrafterInfo
 from playground.engines.events import StepEvent
+from playground.engines.request import GenerationRequest
+from playground.engines.text import IncrementalDetokenizer
 from playground.errors import PlaygroundError
-from playground.request import GenerationRequest
-from playground.text import IncrementalDetokenizer
+from playground.model.variants import NONE
 
 OBSERVED = ("counts",)
 FINISH = {"stop": "eos", "length": "length"}
@@ -42,6 +42,7 @@ class Server:
 
 class VLLMEngine:
     name = "vllm"
+    shows_drafter_internals = False
 
     def __init__(self, servers: list[Server], tokenizer, max_context: int, eos_ids: set[int],
                  max_tokens_limit: int | None = None, timeout_s: float = 120.0):
@@ -59,12 +60,10 @@ class VLLMEngine:
         s = self.server(name)
         return DrafterInfo(name, name, s.source, trained=s.trained)
 
-    def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        messages = chat.build_messages(request.prompt, request.system, request.history)
-        ids = chat.encode(self.tokenizer, messages, request.template)
-        if len(ids) >= self.max_context:
-            raise PlaygroundError(f"the prompt is {len(ids)} tokens; the context holds {self.max_context}")
-        return ids
+    def limitations(self, drafter: str) -> str:
+        return ("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) nor "
+                f"the drafter's attention; it drafts k = {self.server(drafter).k} per step, fixed when the server "
+                "starts.")
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Validate, then stream StepEvents from the server for `request.drafter`.
@@ -72,7 +71,7 @@ class VLLMEngine:
         The server's k is fixed when it starts; `request.k` does not change it."""
         request.validate(self.max_tokens_limit)
         server = self.server(request.drafter)
-        prompt_ids = self.prompt_ids(request)
+        prompt_ids = request.prompt_ids(self.tokenizer, self.max_context)
         max_tokens = min(request.max_tokens, self.max_context - len(prompt_ids))
         body = {"model": server.model, "prompt": prompt_ids, "max_tokens": max_tokens,
                 "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed,
@@ -82,7 +81,7 @@ class VLLMEngine:
     def _stream(self, server: Server, body: dict, prompt_ids: list[int], context_bound: bool) -> Iterator[StepEvent]:
         t0 = time.perf_counter()
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
-        k = 0 if server.drafter == "none" else server.k
+        k = 0 if server.drafter == NONE else server.k
         position, step, pending = len(prompt_ids), 0, None
         finish, metrics = None, None
         for chunk in self._chunks(server, body):

@@ -7,7 +7,7 @@ import time
 import torch
 
 from playground.engines.reference import ReferenceEngine
-from playground.request import GenerationRequest
+from playground.engines.request import GenerationRequest
 
 
 def transformers_greedy(engine: ReferenceEngine, request: GenerationRequest) -> tuple[list[int], float]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from playground.benchmark.suite import CHAT, CODING, MATH, WRITING
-from playground.engines.vllm_client import VLLMEngine
-from playground.request import GenerationRequest
-from playground.stats import summarize
+
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.engines.vllm.client import VLLMEngine
+from playground.evaluation.prompt_sets import CHAT, CODING, MATH, WRITING
 
 EVERYDAY = [p for four in zip(CHAT, CODING, MATH, WRITING) for p in four]   # 16: one of each kind in turn
 

@@ -1,0 +1,32 @@
+"""What every consumer (the page, the CLI, the benchmark) may ask of an engine, and nothing more."""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+from playground.engines.drafters import DrafterInfo
+from playground.engines.events import StepEvent
+from playground.engines.request import GenerationRequest
+
+
+class Engine(Protocol):
+    name: str
+    # whether its events carry what the drafter saw: rejected drafts' text, draft probabilities,
+    # attention and fed-back RMS (StepEvent.observed says the same per event)
+    shows_drafter_internals: bool
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        """Validate, then stream one StepEvent per verify step (the first is the prefill)."""
+        ...
+
+    def drafter_info(self, name: str) -> DrafterInfo: ...
+
+    def limitations(self, drafter: str) -> str:
+        """What this engine cannot show of a run with `drafter`, in a sentence for the page ('' for nothing)."""
+        ...
+
+
+class Replayer(Protocol):
+    """An engine that can recompute the drafter's view along another engine's committed tokens."""
+
+    def replay(self, request: GenerationRequest, events: list[StepEvent]) -> list[StepEvent]: ...

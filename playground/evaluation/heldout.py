@@ -1,0 +1,140 @@
+"""`python -m playground train eval`: tau and per-position acceptance of drafters on held-out prompts.
+
+Four kinds, written for evaluation and absent from the training prompt set: everyday chat (24
+prompts), code (24), long context (8 questions about a ~1,500-token report) and perturbed formats
+(24: eight of the chat prompts in each of the plain and markdown templates the drafters never saw
+in training, and eight more under unusual system prompts unlike the training personas).
+Every run goes through the reference engine at k=5, greedy, so it is also lossless-checked
+by construction (the engine's greedy output is the target's). Next to tau, a row gives the share
+of the answer's tokens inside the drafter's draft vocabulary: no drafter can propose the others,
+so it bounds every depth's acceptance.
+
+A kind's prompts are few, so each tau comes with a 95% bootstrap interval over its prompts, and
+each drafter's tau relative to the first drafter's with a paired one (greedy, every drafter
+answers a prompt with the same tokens, so the ratio compares the same text).
+
+More kinds, on request: the halves of "perturbed format" ("other templates" and "unusual system
+prompts"), and "longer context": the long-context questions after three documents (~4,400
+tokens), the report last, after two others. One more, on request only, is not held out:
+"training prompts", the first six single-turn conversations of the template source (seed 0: one
+of each single-turn kind, then a second chat one), which the shipped drafters trained on. Its
+gap to "chat" and "code" measures how far the drafters generalise beyond their training prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from playground import plots
+from playground.engines.events import reconcile
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import Pooled, bootstrap_interval, drafting_counts, pool, pooled_tau
+from playground.errors import PlaygroundError
+from playground.evaluation.prompt_sets import (HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS, HELDOUT_SYSTEMS,
+                                               KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
+                                               documents_prompt, report_prompt)
+
+
+def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
+    make = lambda prompt, template="model", system=None: GenerationRequest(
+        prompt=prompt, system=system, drafter=drafter, k=k, max_tokens=max_tokens, template=template)
+    if kind == "chat":
+        return [make(p) for p in HELDOUT_CHAT]
+    if kind == "code":
+        return [make(p) for p in HELDOUT_CODE]
+    if kind == "long context":
+        return [make(report_prompt(q)) for q in HELDOUT_LONG_QUESTIONS]
+    if kind == LONGER_CONTEXT:
+        return [make(documents_prompt(q)) for q in HELDOUT_LONG_QUESTIONS]
+    if kind == "perturbed format":
+        return (eval_requests(OTHER_TEMPLATES, drafter, k, max_tokens)
+                + eval_requests(UNUSUAL_SYSTEMS, drafter, k, max_tokens))
+    if kind == OTHER_TEMPLATES:
+        return [make(p, template) for p in HELDOUT_CHAT[:8] for template in ("plain", "markdown")]
+    if kind == UNUSUAL_SYSTEMS:
+        return [make(p, system=system) for p, system in zip(HELDOUT_CHAT[8:], HELDOUT_SYSTEMS)]
+    raise KeyError(kind)
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    drafter: str
+    kind: str
+    pooled: Pooled
+    draftable: float   # share of the answer tokens inside the drafter's draft vocabulary: the others cannot be accepted
+    counts: tuple[tuple[int, int], ...]   # per prompt: (accepted drafts, drafting steps)
+
+    def tau_interval(self) -> tuple[float, float]:
+        """95% bootstrap interval of the pooled tau over this kind's prompts."""
+        return bootstrap_interval(lambda idx: pooled_tau([self.counts[i] for i in idx]), len(self.counts))
+
+
+def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS,
+             prompts: int | None = None, requests=eval_requests) -> list[EvalRow]:
+    """One row per kind and drafter; tau and acceptance pooled over the kind's steps (its first
+    `prompts` prompts, or all). `requests(kind, drafter, k, max_tokens)` gives a kind's requests."""
+    if prompts is not None and prompts < 1:
+        raise PlaygroundError(f"--prompts must be at least 1, got {prompts}")
+    rows = []
+    for kind in kinds:
+        for name in drafters:
+            runs = [reconcile(list(engine.generate(r))) for r in requests(kind, name, k, max_tokens)[:prompts]]
+            answer = torch.tensor([t for run in runs for e in run for t in e.token_ids], dtype=torch.long)
+            drafter = engine.drafter(name)
+            draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
+            rows.append(EvalRow(name, kind, pool(runs), draftable, tuple(drafting_counts(run) for run in runs)))
+    return rows
+
+
+def format_rows(rows: list[EvalRow]) -> str:
+    lines = ["| kind | drafter | prompts | min prompt tokens | tau | tau 95% CI | acceptance by depth "
+             "| sink attention by depth | fed-back RMS by depth | draftable |",
+             "|---|---|---:|---:|---:|---|---|---|---|---:|"]
+    fmt = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
+    for r in rows:
+        p = r.pooled
+        lines.append(f"| {r.kind} | {r.drafter} | {p.runs} | {p.min_prompt_tokens} | {p.mean_acceptance_length:.2f} | "
+                     f"{'{:.2f}-{:.2f}'.format(*r.tau_interval())} | {fmt(p.acceptance)} | "
+                     f"{fmt(p.sink_attention, '{:.3f}')} | {fmt(p.hidden_norm)} | {r.draftable:.3f} |")
+    return "\n".join(lines)
+
+
+def tau_ratios(rows: list[EvalRow]) -> list[tuple[str, str, str, float, tuple[float, float]]]:
+    """Per kind, tau of each later drafter over the first one's, with a 95% paired bootstrap
+    interval: the drafters answered the same prompts (and, greedy, the same tokens), so a
+    resample draws the same prompts for both."""
+    ratios = []
+    for kind in dict.fromkeys(r.kind for r in rows):
+        base, *others = [r for r in rows if r.kind == kind]
+        for other in others:
+            ratio = lambda idx: (pooled_tau([other.counts[i] for i in idx])
+                                 / pooled_tau([base.counts[i] for i in idx]))
+            ratios.append((kind, other.drafter, base.drafter, ratio(range(len(base.counts))),
+                           bootstrap_interval(ratio, len(base.counts))))
+    return ratios
+
+
+def format_ratios(rows: list[EvalRow]) -> str:
+    ratios = tau_ratios(rows)
+    if not ratios:
+        return ""
+    lines = ["| kind | tau ratio | value | 95% CI |", "|---|---|---:|---|"]
+    lines += [f"| {kind} | {a} / {b} | {value:.2f} | {lo:.2f}-{hi:.2f} |" for kind, a, b, value, (lo, hi) in ratios]
+    return "\n".join(lines)
+
+
+def write_figures(rows: list[EvalRow], path: Path) -> None:
+    """Per kind, a row of the drafters' acceptance, sink attention and fed-back RMS by depth, in one
+    standalone HTML file."""
+    figs = []
+    for kind in dict.fromkeys(r.kind for r in rows):
+        pooled = {r.drafter: r.pooled for r in rows if r.kind == kind}
+        figs += [plots.by_depth({n: p.acceptance for n, p in pooled.items()}, f"{kind}: acceptance by depth",
+                                  "acceptance rate", [0, 1.05]),
+                 plots.by_depth({n: p.sink_attention for n, p in pooled.items()},
+                                  f"{kind}: attention to the sink tokens", "attention mass"),
+                 plots.by_depth({n: p.hidden_norm for n, p in pooled.items()}, f"{kind}: fed-back state RMS", "RMS")]
+    plots.html_page(figs, "Drafter evaluation by depth", path, columns=3)   # a row per kind

@@ -1,0 +1,18 @@
+"""The drafter names everything else uses: the two shipped variants, `none` (no speculation), and
+where the shipped checkpoints live (PLAYGROUND_DRAFTERS names another folder holding `eagle3/` and
+`eagle3.1/`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+EAGLE3, EAGLE31, NONE = "eagle3", "eagle3.1", "none"
+SHIPPED = {EAGLE3: False, EAGLE31: True}   # shipped name -> EAGLE 3.1 switches on
+NAMES = (EAGLE3, EAGLE31, NONE)
+LABELS = {EAGLE31: "EAGLE 3.1", EAGLE3: "EAGLE 3", NONE: "no speculation"}
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
+
+
+def shipped_path(name: str) -> Path:
+    return Path(os.environ.get("PLAYGROUND_DRAFTERS") or ASSETS) / name
