@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-import urllib.request
 from pathlib import Path
 
-from playground.local_server import ServerProcess, pick_port
+from playground.local_server import ServerProcess, answers, pick_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,14 +17,6 @@ def api_client(url: str):
     from gradio_client import Client
 
     return Client(url, verbose=False, httpx_kwargs={"timeout": 60})
-
-
-def answers(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=2)
-        return True
-    except OSError:
-        return False
 
 
 class AppServer:

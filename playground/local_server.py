@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -66,6 +67,14 @@ def pick_port(preferred: int | None = None, avoid: frozenset[int] = frozenset())
         if is_free(port):
             return port
     raise PlaygroundError(f"no free local port outside the ephemeral range {low}-{high}")
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers with a success now."""
+    try:
+        return urllib.request.urlopen(url, timeout=2).status == 200
+    except OSError:
+        return False
 
 
 def died_of_port_clash(log: Path) -> bool:
@@ -147,23 +156,26 @@ class ServerProcess:
 
     def terminate(self) -> None:
         """Ask the server (its whole process group when it has one of its own) to exit."""
-        self._signal("terminate")
+        self._signal(signal.SIGTERM)
 
-    def stop(self, grace_s: float = 30) -> None:
-        """Terminate the server; kill it if it has not exited after `grace_s`."""
-        self.terminate()
+    def reap(self, grace_s: float = 30) -> None:
+        """Wait up to `grace_s` for a terminated server to exit, then kill what is left of it."""
         try:
             self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
-        self._signal("kill")
+        self._signal(signal.SIGKILL)
         self.process.wait()
 
-    def _signal(self, how: str) -> None:
+    def stop(self, grace_s: float = 30) -> None:
+        self.terminate()
+        self.reap(grace_s)
+
+    def _signal(self, sig: int) -> None:
         try:
             if self.new_session:   # the server and the processes it started (vLLM's engine core)
-                os.killpg(self.process.pid, signal.SIGTERM if how == "terminate" else signal.SIGKILL)
+                os.killpg(self.process.pid, sig)
             elif self.process.poll() is None:
-                getattr(self.process, how)()
+                self.process.send_signal(sig)
         except ProcessLookupError:
             pass

@@ -3,23 +3,15 @@ to another program is started again on another one (real subprocesses, real sock
 
 import socket
 import sys
-import urllib.request
 
 import pytest
 
 from playground.errors import PlaygroundError
-from playground.local_server import ServerProcess, ephemeral_range, is_ephemeral, is_free, pick_port
+from playground.local_server import ServerProcess, answers, ephemeral_range, is_ephemeral, is_free, pick_port
 
 
 def http_server(port: int) -> list[str]:
     return [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
-
-
-def answers(url: str) -> bool:
-    try:
-        return urllib.request.urlopen(url, timeout=2).status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -87,12 +79,12 @@ def test_a_server_that_fails_otherwise_is_not_retried(tmp_path):
 @pytest.mark.slow
 def test_the_app_whose_port_was_taken_starts_again_on_another(held_port, tmp_path):
     """Gradio words it its own way ("Cannot find empty port"); the app is retried all the same."""
-    from playground.app_process import ROOT, answers as page_answers
+    from playground.app_process import ROOT
 
     command = lambda port: [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port)]
     server = ServerProcess("app", command, tmp_path, held_port, cwd=ROOT, status=lambda line: None)
     try:
-        server.wait_until(page_answers, timeout_s=240)
+        server.wait_until(answers, timeout_s=240)
         assert server.tried[0] == held_port and server.port != held_port
     finally:
         server.stop(grace_s=20)

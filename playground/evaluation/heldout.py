@@ -33,23 +33,23 @@ from playground.engines.events import reconcile
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import Pooled, bootstrap_interval, drafting_counts, pool, pooled_tau
 from playground.errors import PlaygroundError
-from playground.evaluation.prompt_sets import (HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS, HELDOUT_SYSTEMS,
-                                               KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
+from playground.evaluation.prompt_sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
+                                               HELDOUT_SYSTEMS, KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
                                                documents_prompt, report_prompt)
 
 
 def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
     make = lambda prompt, template="model", system=None: GenerationRequest(
         prompt=prompt, system=system, drafter=drafter, k=k, max_tokens=max_tokens, template=template)
-    if kind == "chat":
+    if kind == EVAL_KINDS["chat"]:
         return [make(p) for p in HELDOUT_CHAT]
-    if kind == "code":
+    if kind == EVAL_KINDS["code"]:
         return [make(p) for p in HELDOUT_CODE]
-    if kind == "long context":
+    if kind == EVAL_KINDS["long-context"]:
         return [make(report_prompt(q)) for q in HELDOUT_LONG_QUESTIONS]
     if kind == LONGER_CONTEXT:
         return [make(documents_prompt(q)) for q in HELDOUT_LONG_QUESTIONS]
-    if kind == "perturbed format":
+    if kind == EVAL_KINDS["perturbed"]:
         return (eval_requests(OTHER_TEMPLATES, drafter, k, max_tokens)
                 + eval_requests(UNUSUAL_SYSTEMS, drafter, k, max_tokens))
     if kind == OTHER_TEMPLATES:

@@ -20,7 +20,7 @@ from typing import Callable
 
 from playground.engines.vllm.client import Server
 from playground.errors import PlaygroundError
-from playground.local_server import ServerProcess, pick_port
+from playground.local_server import ServerProcess, answers, pick_port
 from playground.model.variants import NONE
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -112,14 +112,11 @@ class Launched:
         for process in self.processes.values():
             process.terminate()
         for process in self.processes.values():
-            process.stop()
+            process.reap()
 
 
 def healthy(url: str) -> bool:
-    try:
-        return urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
-    except OSError:
-        return False
+    return answers(f"{url}/health")
 
 
 def spec_metrics(url: str) -> dict[str, float]:
