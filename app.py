@@ -15,7 +15,7 @@ import sys
 
 from playground.errors import PlaygroundError
 from playground.model.variants import NAMES, SHIPPED
-from playground.options import add_vllm_options
+from playground.options import add_vllm_options, launch_spec
 from playground.settings import server_host, server_port
 from playground.ui.streams import Limits
 
@@ -34,10 +34,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queue-size", type=int, default=int(env("PLAYGROUND_QUEUE_SIZE", Limits.queue_size)))
     p.add_argument("--sessions", type=int, default=int(env("PLAYGROUND_SESSIONS", Limits.sessions)),
                    help="browser sessions whose page state is kept in memory")
-    p.add_argument("--vllm-k", type=int, default=5, help="drafts per step of the vLLM servers")
     add_vllm_options(p)
-    # the GPU image sets these: the vLLM backend with servers started in the container
-    p.set_defaults(backend=env("PLAYGROUND_BACKEND") or "reference", launch=bool(env("PLAYGROUND_VLLM_LAUNCH")))
+    # the GPU image sets these: the vLLM backend with servers started in the container, of the embedded
+    # target or of PLAYGROUND_VLLM_MODEL with PLAYGROUND_VLLM_DRAFTERS ("eagle3=ID eagle3.1=ID")
+    p.set_defaults(backend=env("PLAYGROUND_BACKEND") or "reference", launch=bool(env("PLAYGROUND_VLLM_LAUNCH")),
+                   vllm_model=env("PLAYGROUND_VLLM_MODEL") or None,
+                   vllm_drafter=env("PLAYGROUND_VLLM_DRAFTERS", "").replace(",", " ").split())
     args = p.parse_args(argv)
     args.host = server_host() if args.host is None else args.host
     try:
@@ -60,16 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
     backends = {"reference": engine}
-    if args.backend == "vllm" and args.launch:
-        from playground.engines.vllm.backend import StartingBackend, vllm_backend
+    if args.backend == "vllm":
+        from playground.engines.vllm.backend import StartingBackend, parse_urls, vllm_backend
 
-        # the page comes up at once; runs on vllm report the servers' start-up until they are healthy
-        backends["vllm"] = StartingBackend(lambda status: vllm_backend(engine, [], True, args.vllm_k, names=NAMES,
-                                                                       status=status)[0])
-    elif args.backend == "vllm":
-        from playground.engines.vllm.backend import vllm_backend
-
-        backends["vllm"], _ = vllm_backend(engine, args.vllm_url, False, args.vllm_k, names=NAMES)
+        spec = launch_spec(args, 5)
+        names = NAMES if spec else tuple(s.drafter for s in parse_urls(args.vllm_url))   # bad URLs stop here
+        if not names:
+            raise PlaygroundError("the vLLM backend needs --vllm-url NAME=URL (repeatable) or --launch")
+        # the page comes up at once; runs on vllm report the servers' start-up until they are healthy,
+        # and a server that cannot be reached is that run's message
+        backends["vllm"] = StartingBackend(
+            lambda status: vllm_backend(engine, args.vllm_url, spec, names=NAMES, status=status)[0], names)
     launch(create_ui(backends, limits), args.host, args.port, limits)
 
 

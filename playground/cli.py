@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from playground.errors import PlaygroundError
-from playground.model.variants import EAGLE3, EAGLE31, NAMES, NONE, SHIPPED
-from playground.options import add_vllm_options
+from playground.model.variants import EAGLE31, NAMES, NONE, SHIPPED
+from playground.options import add_vllm_options, launch_spec
 
 
 def _add_generate(sub) -> None:
@@ -52,7 +52,7 @@ def generate(args: argparse.Namespace) -> int:
     if args.backend == "vllm":
         from playground.engines.vllm.backend import vllm_backend
 
-        engine, _ = vllm_backend(engine, args.vllm_url, args.launch, args.k, names=(request.drafter,),
+        engine, _ = vllm_backend(engine, args.vllm_url, launch_spec(args, args.k), names=(request.drafter,),
                                  status=lambda line: print(line, file=sys.stderr))
     info = engine.drafter_info(request.drafter)
     if info.variant != NONE and not info.trained:
@@ -72,13 +72,20 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def convert(out: Path) -> int:
+def convert(args: argparse.Namespace) -> int:
     import shutil
 
     from playground.model.target import embedded_target_folder
 
-    shutil.copytree(embedded_target_folder(), out, dirs_exist_ok=True)
-    print(f"wrote {out}")
+    if args.speculators:
+        from playground.model.drafter import save_speculators
+        from playground.model.variants import shipped_path
+
+        source = shipped_path(args.speculators) if args.speculators in SHIPPED else Path(args.speculators)
+        save_speculators(source, args.out, verifier=str(embedded_target_folder()), k=args.k)
+    else:
+        shutil.copytree(embedded_target_folder(), args.out, dirs_exist_ok=True)
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -86,8 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m playground", description="EAGLE 3.1 playground")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
-    p = sub.add_parser("convert", help="write the embedded target as a safetensors folder (vLLM serves it)")
+    p = sub.add_parser("convert", help="write the embedded target as a safetensors folder (vLLM serves it), "
+                                       "or a drafter in the speculators format")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--speculators", metavar="DRAFTER", default=None,
+                   help=f"write this drafter ({' | '.join(SHIPPED)} | a checkpoint folder) in the `speculators` "
+                        "format instead (same weights; vLLM loads both)")
+    p.add_argument("--k", type=int, default=5, help="with --speculators: the draft tokens per step it proposes")
     _add_train(sub)
     _add_bench(sub)
     return parser
@@ -227,13 +239,13 @@ def bench(args: argparse.Namespace) -> int:
 
     reference = ReferenceEngine.load()
     engine, launched = reference, None
-    launch = args.launch or not args.vllm_url
-    servers = (EAGLE31, EAGLE3, NONE)
+    args.launch = args.launch or not args.vllm_url
     status = lambda line: print(line, file=sys.stderr)
     if args.backend == "vllm" or args.suite == "vllm":
         from playground.engines.vllm.backend import vllm_backend
 
-        engine, launched = vllm_backend(reference, args.vllm_url, launch, args.k, names=servers, status=status)
+        engine, launched = vllm_backend(reference, args.vllm_url, launch_spec(args, args.k), names=NAMES,
+                                        status=status)
     try:
         if args.suite == "vllm":
             from playground.evaluation.vllm_load import LoadConfig, markdown, throughput
@@ -241,7 +253,10 @@ def bench(args: argparse.Namespace) -> int:
             print(markdown(throughput(engine, LoadConfig(tuple(args.concurrency), args.max_tokens, args.k))))
             return 0
         vllm = args.backend == "vllm"
-        config = BenchConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
+        if NONE not in engine.drafter_names:
+            raise PlaygroundError("the suite measures speedups over a server without speculation: add "
+                                  "--vllm-url none=URL, or run `bench vllm`")
+        config = BenchConfig(drafters=tuple(d for d in args.drafters if d in engine.drafter_names), k=args.k, max_tokens=args.max_tokens,
                              categories=tuple(args.categories), per_category=args.per_category,
                              sweep_ks=() if vllm else tuple(args.sweep_ks), compare_generate=not vllm,
                              backend=args.backend)
@@ -331,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             return train(args)
         if args.command == "bench":
             return bench(args)
-        return convert(args.out)
+        return convert(args)
     except PlaygroundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
-from playground.model.variants import NAMES
+from playground.model.variants import NAMES, SHIPPED
 
 
 def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) -> None:
@@ -12,6 +13,26 @@ def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) ->
     p.add_argument("--backend", default=default("reference"), choices=["reference", "vllm"],
                    help="reference: the embedded PyTorch engine; vllm: vLLM servers (see --vllm-url, --launch)")
     p.add_argument("--vllm-url", action="append", default=default([]), metavar="NAME=URL",
-                   help=f"a running vLLM server for drafter NAME ({', '.join(NAMES)}); repeatable")
+                   help=f"a running vLLM server, serving any model, for drafter NAME ({', '.join(NAMES)}; none: "
+                        "a server without speculation); repeatable")
     p.add_argument("--launch", action="store_true", default=default(False),
                    help="start the vLLM servers (with .venv-vllm, see scripts/setup-vllm.sh) and stop them on exit")
+    p.add_argument("--vllm-model", default=default(None), metavar="FOLDER_OR_HUB_ID",
+                   help="with --launch: the target to serve (default: the embedded SmolLM2 with the shipped drafters)")
+    p.add_argument("--vllm-drafter", action="append", default=default([]), metavar="NAME=FOLDER_OR_HUB_ID",
+                   help=f"with --launch: an EAGLE-3 or EAGLE 3.1 drafter (plain or speculators format) for NAME "
+                        f"({', '.join(SHIPPED)}); repeatable")
+    p.add_argument("--vllm-k", type=int, default=default(None), help="with --launch: drafts per step of the servers")
+    p.add_argument("--vllm-args", default=default(""), metavar="'ARGS'",
+                   help="with --launch: more `vllm serve` arguments for every server, quoted as one, e.g. "
+                        "'--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")
+
+
+def launch_spec(args: argparse.Namespace, k: int):
+    """The servers to start (engines.vllm.backend.LaunchSpec), or None without --launch."""
+    from playground.engines.vllm.backend import LaunchSpec
+
+    if not args.launch:
+        return None
+    return LaunchSpec(model=args.vllm_model, drafters=tuple(args.vllm_drafter), k=args.vllm_k or k,
+                      server_args=tuple(shlex.split(args.vllm_args)))

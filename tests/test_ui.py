@@ -190,7 +190,7 @@ def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine
         release.wait(30)
         return engine
 
-    starting = StartingBackend(start)
+    starting = StartingBackend(start, ("eagle3.1",))
     request = GenerationRequest(prompt="Hi", max_tokens=4)
     wait_for(lambda: "loading" in starting.lines[-1])
     with pytest.raises(PlaygroundError, match="still starting.*eagle3.1 is loading"):
@@ -202,7 +202,7 @@ def test_backend_that_is_still_starting_answers_with_its_status_then_runs(engine
     def fail(status):
         raise PlaygroundError("the vLLM server for eagle3 exited with code 1")
 
-    failed = StartingBackend(fail)
+    failed = StartingBackend(fail, ("eagle3",))
     wait_for(lambda: failed.error is not None)
     with pytest.raises(PlaygroundError, match="failed to start: the vLLM server for eagle3 exited"):
         failed.drafter_info("eagle3")

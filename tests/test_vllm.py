@@ -6,12 +6,13 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
 
 from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
-from playground.engines.vllm.backend import vllm_backend
+from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import healthy, spec_metrics
 from playground.errors import PlaygroundError
@@ -33,7 +34,7 @@ def servers(engine):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", taken_port))
         taken.listen()
-        backend, launched = vllm_backend(engine, [], launch=True, k=K, status=lines.append,
+        backend, launched = vllm_backend(engine, [], LaunchSpec(k=K), status=lines.append,
                                          ports={"eagle3.1": taken_port})
     yield backend, launched, lines, taken_port
     launched.stop()
@@ -118,21 +119,34 @@ def test_prometheus_counters_match_the_per_request_counts(vllm):
 
 
 def test_unreachable_server_is_a_clear_error(engine, dead_port):
-    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{dead_port}")], engine.tokenizer, 4096,
-                         engine.target.eos_ids)
+    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{dead_port}")])
     with pytest.raises(PlaygroundError, match="cannot reach the vLLM server"):
         list(backend.generate(GenerationRequest(prompt="Hi")))
 
 
 class BrokenStream(http.server.BaseHTTPRequestHandler):
-    """A server that answers /v1/completions with a broken event stream (what vLLM cannot be made to do)."""
+    """A server that answers /v1/completions with a broken event stream (what vLLM cannot be made to do),
+    and passes every other request on to the real server at `real`."""
     body = b""
+    real = ""
 
     def do_POST(self):
+        if self.path != "/v1/completions":
+            return self._relay(httpx.post(self.real + self.path, content=self.rfile.read(
+                int(self.headers["Content-Length"])), headers={"Content-Type": "application/json"}))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         self.wfile.write(self.body)
+
+    def do_GET(self):
+        self._relay(httpx.get(self.real + self.path))
+
+    def _relay(self, response):
+        self.send_response(response.status_code)
+        self.send_header("Content-Type", response.headers.get("content-type", "application/json"))
+        self.end_headers()
+        self.wfile.write(response.content)
 
     def log_message(self, *args):
         pass
@@ -143,12 +157,13 @@ class BrokenStream(http.server.BaseHTTPRequestHandler):
     (b'data: {"choices": [{"token_ids": [504], "text": "The"}]}\n\n', "ended before it finished"),
     (b'data: {"error": {"message": "boom"}}\n\n', "failed: boom"),
 ])
-def test_malformed_or_truncated_stream_is_a_clear_error(engine, body, message):
-    handler = type("Handler", (BrokenStream,), {"body": body})
+def test_malformed_or_truncated_stream_is_a_clear_error(vllm, body, message):
+    """The server's answers to everything but the stream are a real server's."""
+    real = vllm.servers["eagle3.1"].url
+    handler = type("Handler", (BrokenStream,), {"body": body, "real": real})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{server.server_port}")], engine.tokenizer, 4096,
-                         engine.target.eos_ids)
+    backend = VLLMEngine([Server("eagle3.1", f"http://127.0.0.1:{server.server_port}")])
     try:
         with pytest.raises(PlaygroundError, match=message):
             list(backend.generate(GenerationRequest(prompt="Hi")))
@@ -205,3 +220,38 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
     finally:
         app.stop()
+
+
+@pytest.fixture(scope="module")
+def speculators_server(engine, vllm, tmp_path_factory):
+    """The shipped EAGLE 3.1 drafter converted to the `speculators` format, served like the plain one."""
+    from playground.model.drafter import save_speculators
+    from playground.model.target import embedded_target_folder
+    from playground.model.variants import shipped_path
+
+    folder = save_speculators(shipped_path("eagle3.1"), tmp_path_factory.mktemp("speculators") / "eagle3.1",
+                              verifier=str(embedded_target_folder()), k=K)
+    backend, launched = vllm_backend(engine, [], LaunchSpec(k=K, drafters=(f"eagle3.1={folder}",)),
+                                     names=("eagle3.1",))
+    yield backend
+    launched.stop()
+
+
+def test_the_speculators_format_drafts_what_the_plain_format_drafts(speculators_server, vllm):
+    assert speculators_server.connection("eagle3.1").info.drafter_source.endswith("speculators0/eagle3.1")
+    for prompt in PROMPTS:
+        request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=K, max_tokens=48)
+        plain, converted = list(vllm.generate(request)), list(speculators_server.generate(request))
+        assert summarize(converted).token_ids == summarize(plain).token_ids
+        assert converted[-1].step_accepted == plain[-1].step_accepted
+    # the same weights and switches in either format: the reference engine may replay it
+    assert speculators_server.replayer("eagle3.1") is not None
+
+
+def test_a_server_named_for_the_other_drafter_is_not_replayed(vllm, engine):
+    from playground.engines.vllm.backend import replay_check
+
+    mislabelled = VLLMEngine([Server("eagle3", vllm.servers["eagle3.1"].url)], replay_check=replay_check(engine))
+    assert mislabelled.replayer("eagle3") is None
+    assert "is not the reference engine's eagle3" in mislabelled.limitations("eagle3")
+    assert vllm.replayer("eagle3.1") is engine and vllm.replayer("eagle3") is engine

@@ -14,6 +14,7 @@ class Engine(Protocol):
     # whether its events carry what the drafter saw: rejected drafts' text, draft probabilities,
     # attention and fed-back RMS (StepEvent.observed says the same per event)
     shows_drafter_internals: bool
+    drafter_names: tuple[str, ...]   # the drafters it runs by name (variants.NAMES or a subset)
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Validate, then stream one StepEvent per verify step (the first is the prefill)."""
@@ -23,6 +24,11 @@ class Engine(Protocol):
 
     def limitations(self, drafter: str) -> str:
         """What this engine cannot show of a run with `drafter`, in a sentence for the page ('' for nothing)."""
+        ...
+
+    def replayer(self, drafter: str) -> "Replayer | None":
+        """An engine that can show the drafter's view of this engine's runs with `drafter`: one holding
+        the same target and drafter weights (None when there is none, or when this engine shows it)."""
         ...
 
 

@@ -24,11 +24,13 @@ from playground.engines.text import IncrementalDetokenizer, token_text
 from playground.model.drafter import Eagle3Drafter
 from playground.model.packed_linear import drafting_dtype
 from playground.model.target import Target
+from playground.model.variants import NAMES
 
 
 class ReferenceEngine:
     name = "reference"
     shows_drafter_internals = True
+    drafter_names = NAMES
 
     def __init__(self, target: Target, max_tokens_limit: int | None = None):
         self.target = target
@@ -52,6 +54,9 @@ class ReferenceEngine:
 
     def limitations(self, drafter: str) -> str:
         return ""
+
+    def replayer(self, drafter: str) -> None:
+        return None   # its own events carry the drafter's view
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         return request.prompt_ids(self.tokenizer, self.target.max_context)

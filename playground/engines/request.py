@@ -29,14 +29,14 @@ class GenerationRequest:
     seed: int = 0
     history: tuple[dict, ...] = field(default=())  # earlier turns, {"role", "content"}
 
+    @property
+    def messages(self) -> list[dict]:
+        return chat.build_messages(self.prompt, self.system, self.history)
+
     def prompt_ids(self, tokenizer, max_context: int) -> list[int]:
         """The conversation in its template, as token ids; refused if it leaves no room to answer.
-        Every engine encodes prompts here, so all of them see the same tokens."""
-        messages = chat.build_messages(self.prompt, self.system, self.history)
-        ids = chat.encode(tokenizer, messages, self.template)
-        if len(ids) >= max_context:
-            raise PlaygroundError(f"the prompt is {len(ids)} tokens; the context holds {max_context}")
-        return ids
+        Every engine holding the tokenizer encodes prompts here, so all of them see the same tokens."""
+        return fitting(chat.encode(tokenizer, self.messages, self.template), max_context)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -59,3 +59,10 @@ class GenerationRequest:
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
             raise PlaygroundError(f"max tokens is limited to {max_tokens_limit}, got {self.max_tokens}")
         return self
+
+
+def fitting(prompt_ids: list[int], max_context: int) -> list[int]:
+    """The prompt's ids, or a PlaygroundError if they leave no room to answer."""
+    if len(prompt_ids) >= max_context:
+        raise PlaygroundError(f"the prompt is {len(prompt_ids)} tokens; the context holds {max_context}")
+    return prompt_ids

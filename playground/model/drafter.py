@@ -22,11 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from playground.errors import PlaygroundError
+from playground.model.fingerprint import folder_fingerprint
 from playground.model.rope import apply_rope
 from playground.model.variants import EAGLE3, EAGLE31
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ACCEPTED_ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
+SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 
 # attend(q [B, heads, T, hd], k [B, kv, T, hd], v [B, kv, T, hd]) -> [B, heads, T, hd]
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -89,8 +91,41 @@ class DrafterConfig:
                 out[f.name] = getattr(self, f.name)
         return out
 
+    def to_speculators_json(self, verifier: str, k: int) -> dict:
+        """The same drafter's config in the `speculators` format, which vLLM also loads (the weights
+        keep their names)."""
+        plain = self.to_vllm_json()
+        layer_keys = ("model_type", "num_hidden_layers", "hidden_act", "tie_word_embeddings", "hidden_size",
+                      "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                      "rms_norm_eps", "rope_theta", "max_position_embeddings")
+        return {
+            "architectures": [SPECULATORS_ARCHITECTURE],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": {key: plain[key] for key in layer_keys},
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+            "norm_before_residual": False,   # what the plain format means; speculators' default is True
+            "fc_norm": self.fc_norm,
+            "norm_output": self.norm_output,
+            "torch_dtype": plain["torch_dtype"],
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+            },
+        }
+
     @classmethod
     def from_vllm_json(cls, data: dict) -> "DrafterConfig":
+        """From the plain EAGLE-3 config or the `speculators` one."""
+        if data.get("speculators_model_type") == "eagle3" and isinstance(data.get("transformer_layer_config"), dict):
+            wrapper = ("architectures", "speculators_model_type", "transformer_layer_config", "speculators_config")
+            flat = {**data["transformer_layer_config"], **{k: v for k, v in data.items() if k not in wrapper}}
+            flat["architectures"] = [ARCHITECTURE]
+            flat["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": data.get("eagle_aux_hidden_state_layer_ids")}
+            return cls.from_vllm_json(flat)
         if not set(data.get("architectures", [])) & set(ACCEPTED_ARCHITECTURES):
             raise PlaygroundError(f"not an EAGLE-3 draft config: architectures={data.get('architectures')}")
         aux = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -258,6 +293,28 @@ def load_drafter_config(path: str | Path) -> DrafterConfig:
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
         raise PlaygroundError(f"{folder} is not a drafter checkpoint (needs config.json and model.safetensors)")
     return DrafterConfig.from_vllm_json(json.loads((folder / "config.json").read_text()))
+
+
+def drafter_fingerprint(path: str | Path) -> str | None:
+    """model.fingerprint of a drafter folder in either format (None if it is not one here): the same
+    drafter gives the same fingerprint whichever format holds it."""
+    try:
+        config = load_drafter_config(path)
+    except (PlaygroundError, OSError, KeyError, ValueError):
+        return None
+    return folder_fingerprint(path, config.to_vllm_json())
+
+
+def save_speculators(source: str | Path, out_dir: str | Path, verifier: str, k: int = 5) -> Path:
+    """A copy of a drafter checkpoint in the `speculators` format: its config rewritten, weights as they are."""
+    import shutil
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(source) / "model.safetensors", out / "model.safetensors")
+    config = load_drafter_config(source).to_speculators_json(verifier, k)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> Eagle3Drafter:

@@ -23,12 +23,24 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.B
                     "verified token by token on SmolLM2-135M-Instruct.")
         with gr.Accordion("What am I looking at?", open=False):
             gr.Markdown(EXPLAINER, sanitize_html=False)
+        if "vllm" in backends:
+            servers_panel(backends["vllm"], demo)
         with gr.Tab("Playground", id="playground"):
             playground_tab.build(backends, limits)
         with gr.Tab("Comparison", id="comparison"):
             compare_tab.build(backends, limits)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
     return demo
+
+
+def servers_panel(engine, demo: gr.Blocks) -> None:
+    """What each vLLM server serves, asked when the page loads and on demand."""
+    with gr.Accordion("vLLM servers", open=False):
+        table = gr.Markdown(elem_id="vllm-servers")
+        refresh = gr.Button("Ask the servers again", size="sm")
+    show = lambda: render.servers_markdown(engine.describe())
+    demo.load(show, None, table, api_name=False)
+    refresh.click(show, None, table, api_name="servers")
 
 
 def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:

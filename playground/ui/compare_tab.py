@@ -15,7 +15,7 @@ from playground.model.variants import NAMES, NONE
 from playground.ui import render
 from playground.ui.playground_tab import drafter_note, settings
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, interleave, make_request, replayer
+from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, interleave, make_request
 
 COLUMNS = NAMES
 STORED_BENCHMARK = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.md"
@@ -55,14 +55,14 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     files = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
 
     def stream(prompt, system, template, k, temperature, top_p, max_tokens, with_none, backend_name):
-        names = [n for n in COLUMNS if with_none or n != NONE]
         try:
             engine = backend(backends, backend_name)
+            names = [n for n in COLUMNS if (with_none or n != NONE) and n in engine.drafter_names]
             requests = {n: make_request(limits, prompt, system, template, n, k, temperature, top_p, max_tokens)
                         for n in names}
             notes = {n: drafter_note(engine, n) for n in names}
             streams = {n: engine.generate(r) for n, r in requests.items()}
-            probe = replayer(backends, engine)
+            probes = {n: engine.replayer(n) for n in names if n != NONE}
         except Exception as e:
             raise gr.Error(failure_message(e)) from None
         logs = {n: RunLog(r) for n, r in requests.items()}
@@ -71,8 +71,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
-                if event.finish_reason and probe is not None and name != NONE:
-                    logs[name].events, notes[name] = probe.replay(requests[name], logs[name].events), REPLAY_NOTE
+                if event.finish_reason and probes.get(name) is not None:
+                    logs[name].events, notes[name] = probes[name].replay(requests[name], logs[name].events), REPLAY_NOTE
                 final = all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
                     yield update(logs, notes, names, live, final or pacer.due("plots"), final)

@@ -14,7 +14,7 @@ from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
 from playground.ui import render
 from playground.ui.presets import PRESETS
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, make_request, replayer
+from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, make_request
 
 DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none ({LABELS[NONE]})", NONE)]
 TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
@@ -91,7 +91,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             request = make_request(limits, prompt, system, template, drafter, k, temperature, top_p, max_tokens)
             engine = backend(backends, backend_name)
             note = drafter_note(engine, request.drafter)
-            probe = replayer(backends, engine) if request.drafter != NONE else None
+            probe = engine.replayer(request.drafter)
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
             raise gr.Error(failure_message(e)) from None

@@ -126,3 +126,10 @@ table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-c
 .inspector-head, .inspector-foot { font-size: 13px; margin: 4px 0; }
 .error-box { padding: 8px 12px; border-radius: 8px; background: rgba(239, 68, 68, 0.12); color: #b91c1c; }
 """
+
+
+def servers_markdown(rows: list[tuple[str, str, str]]) -> str:
+    """The vLLM servers: the drafter each plays, where, and what it serves (or why it cannot be used)."""
+    cell = lambda text: escape(text).replace("|", "\\|")
+    lines = ["| drafter | server | serves |", "|---|---|---|"]
+    return "\n".join(lines + [f"| {cell(name)} | {cell(url)} | {cell(what)} |" for name, url, what in rows])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from playground.engines.events import StepEvent
-from playground.engines.protocol import Engine, Replayer
+from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.errors import PlaygroundError
 from playground.model.variants import NAMES
@@ -76,9 +76,3 @@ def failure_message(error: Exception) -> str:
 
 REPLAY_NOTE = ("Rejected drafts, drafter probabilities, attention and fed-back RMS are a replay of vLLM's "
                "committed tokens through the reference drafter (same weights); vLLM reports only the counts.")
-
-
-def replayer(backends: Mapping[str, Engine], engine: Engine) -> Replayer | None:
-    """The reference engine, where `engine` does not show the drafter's view and the reference can
-    replay its runs for it."""
-    return None if engine.shows_drafter_internals else backends.get("reference")

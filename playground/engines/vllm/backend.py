@@ -3,64 +3,136 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
+
 from playground.engines.drafters import random_drafter
 from playground.engines.events import StepEvent
+from playground.engines.protocol import Replayer
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.vllm.client import Server, VLLMEngine
-from playground.engines.vllm.launch import LaunchConfig, Launched
+from playground.engines.vllm.client import ReplayCheck, Server, VLLMEngine
+from playground.engines.vllm.introspect import ServerInfo
+from playground.engines.vllm.launch import LaunchConfig, Launched, env_server_args
 from playground.errors import PlaygroundError
-from playground.model.drafter import save_drafter
+from playground.model.drafter import drafter_fingerprint, save_drafter
+from playground.model.fingerprint import folder_fingerprint
 from playground.model.target import embedded_target_folder
 from playground.model.variants import NAMES, NONE, SHIPPED, shipped_path
 
-VLLM_MAX_CONTEXT = 8192  # the target's own; long-context benchmark prompts reach about 4.1k tokens
+VLLM_MAX_CONTEXT = 8192  # the embedded target's own; long-context benchmark prompts reach about 4.1k tokens
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start: the embedded target with the shipped drafters (the default), or any model
+    with the drafters given for it (a folder or hub id each); a server without speculation too."""
+    model: str | None = None                  # None: the embedded SmolLM2
+    drafters: tuple[str, ...] = ()            # NAME=FOLDER_OR_HUB_ID
+    k: int = 5
+    server_args: tuple[str, ...] = ()         # passed on to every `vllm serve`
 
 
 def drafter_folder(engine: ReferenceEngine, name: str) -> tuple[Path, bool]:
-    """A checkpoint folder vLLM can load: the shipped one, or the seeded random drafter saved once."""
+    """A checkpoint folder vLLM can load: the shipped one, or the seeded random drafter saved once
+    (in float32, so that it holds exactly the reference engine's random weights)."""
     path = shipped_path(name)
     if (path / "model.safetensors").exists():
         return path, True
-    folder = embedded_target_folder().parent / "drafters" / f"{name}-random"
+    folder = embedded_target_folder().parent / "drafters" / f"{name}-random-float32"
     if not (folder / "model.safetensors").exists():
-        save_drafter(random_drafter(engine.target, SHIPPED[name]), folder)
+        save_drafter(random_drafter(engine.target, SHIPPED[name]), folder, torch.float32)
     return folder, False
 
 
-def parse_urls(specs: list[str], k: int) -> list[Server]:
-    """`NAME=URL` pairs, e.g. eagle3.1=http://127.0.0.1:8101."""
-    servers = []
+def parse_pairs(specs: list[str] | tuple[str, ...], flag: str, names: tuple[str, ...], value: str) -> dict[str, str]:
+    """`NAME=VALUE` pairs, e.g. eagle3.1=http://127.0.0.1:8101."""
+    pairs = {}
     for spec in specs:
-        name, sep, url = spec.partition("=")
-        if not sep or name not in NAMES or not url.startswith("http"):
-            raise PlaygroundError(f"bad --vllm-url {spec!r}: use NAME=URL with NAME one of {', '.join(NAMES)}")
-        servers.append(Server(name, url.rstrip("/"), k))
-    return servers
+        name, sep, given = spec.partition("=")
+        if not sep or name not in names or not given:
+            raise PlaygroundError(f"bad {flag} {spec!r}: use NAME={value} with NAME one of {', '.join(names)}")
+        if name in pairs:
+            raise PlaygroundError(f"{flag} names {name} twice")
+        pairs[name] = given
+    return pairs
 
 
-def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: bool, k: int = 5,
+def parse_urls(specs: list[str]) -> list[Server]:
+    urls = parse_pairs(specs, "--vllm-url", NAMES, "URL")
+    for name, url in urls.items():
+        if not url.startswith(("http://", "https://")):
+            raise PlaygroundError(f"bad --vllm-url {name}={url}: the URL starts with http:// or https://")
+    return [Server(name, url.rstrip("/")) for name, url in urls.items()]
+
+
+def replay_check(reference: ReferenceEngine) -> ReplayCheck:
+    """The reference engine replays a server's runs only when it holds the same target and drafter:
+    both checkpoints found on this machine from what the server publishes, and fingerprinted."""
+    target_folder = Path(reference.target.path or embedded_target_folder())
+
+    def check(name: str, info: ServerInfo) -> tuple[Replayer | None, str]:
+        if name not in SHIPPED:
+            return None, "a run without speculation has no drafter"
+        if info.drafter_source is None:
+            return None, ("the server does not publish its drafter (vLLM shows its configuration at /server_info "
+                          "when started with VLLM_SERVER_DEV_MODE=1), so it cannot be checked against the "
+                          "reference engine's; vLLM reports accept counts only")
+        served_target = folder_fingerprint(info.root)
+        if served_target is None or served_target != folder_fingerprint(target_folder):
+            return None, (f"the server's target {info.root} is not the reference engine's ({target_folder}); "
+                          "vLLM reports accept counts only")
+        served_drafter = drafter_fingerprint(info.drafter_source)
+        if served_drafter is None or served_drafter != reference.drafters.fingerprint(name):
+            return None, (f"the server's drafter {info.drafter_source} is not the reference engine's {name}; "
+                          "vLLM reports accept counts only")
+        return reference, ""
+
+    return check
+
+
+def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str, ...]) -> LaunchConfig:
+    """One server per drafter in `names` (a given checkpoint, else the shipped one for the embedded
+    target; another model has only the drafters given), and one without speculation when `names` has none."""
+    given = parse_pairs(spec.drafters, "--vllm-drafter", tuple(SHIPPED), "FOLDER_OR_HUB_ID")
+    baseline = {NONE: (None, False)}
+    if spec.model is None:
+        drafters = {}
+        for name in names:
+            if name in given:
+                drafters[name] = (given[name], True)
+            elif name != NONE:
+                folder, trained = drafter_folder(reference, name)
+                drafters[name] = (str(folder), trained)
+        return LaunchConfig(target=str(embedded_target_folder()), k=spec.k, max_model_len=VLLM_MAX_CONTEXT,
+                            drafters={**drafters, **(baseline if NONE in names else {})},
+                            extra_args=env_server_args() + spec.server_args)
+    drafters = {name: (source, True) for name, source in given.items() if name in names}
+    if not drafters and NONE not in names:
+        raise PlaygroundError(f"--vllm-model needs a drafter for {' or '.join(n for n in names if n != NONE)}: "
+                              "--vllm-drafter NAME=FOLDER_OR_HUB_ID")
+    return LaunchConfig(target=spec.model, served_name=Path(spec.model.rstrip("/")).name, k=spec.k,
+                        drafters={**drafters, **(baseline if NONE in names else {})}, dtype=None, max_model_len=None,
+                        extra_args=env_server_args() + spec.server_args)
+
+def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: LaunchSpec | None,
                  names: tuple[str, ...] = NAMES, status: Callable[[str], None] = print,
-                 ports: dict[str, int] | None = None, **launch_options) -> tuple[VLLMEngine, Launched | None]:
-    """The vLLM engine over given servers, or over servers it starts (one per name in `names`, on
-    free local ports, or on `ports[name]` as given)."""
+                 ports: dict[str, int] | None = None) -> tuple[VLLMEngine, Launched | None]:
+    """The vLLM engine over the servers at `urls` (NAME=URL), or over servers it starts (the embedded
+    target: one per name in `names`; another model: one per drafter given and one without speculation)
+    on free local ports, or on `ports[name]` as given."""
     launched = None
-    if launch:
-        drafters = {name: drafter_folder(reference, name) if name != NONE else (None, False) for name in names}
-        config = LaunchConfig(target=embedded_target_folder(), drafters=drafters, k=k,
-                              max_model_len=VLLM_MAX_CONTEXT, **launch_options)
-        launched = Launched(config, status, ports)
+    if launch is not None:
+        launched = Launched(launch_config(reference, launch, names), status, ports)
         servers = launched.wait_healthy(status=status)
     else:
-        servers = parse_urls(urls, k)
+        servers = parse_urls(urls)
     if not servers:
         raise PlaygroundError("the vLLM backend needs --vllm-url NAME=URL (repeatable) or --launch")
-    target = reference.target
-    engine = VLLMEngine(servers, target.tokenizer, min(VLLM_MAX_CONTEXT, target.max_context), target.eos_ids,
-                        max_tokens_limit=reference.max_tokens_limit)
+    engine = VLLMEngine(servers, max_tokens_limit=reference.max_tokens_limit, replay_check=replay_check(reference))
     return engine, launched
 
 
@@ -71,7 +143,8 @@ class StartingBackend:
     name = "vllm"
     shows_drafter_internals = False
 
-    def __init__(self, start: Callable[[Callable[[str], None]], VLLMEngine]):
+    def __init__(self, start: Callable[[Callable[[str], None]], VLLMEngine], drafter_names: tuple[str, ...]):
+        self.drafter_names = drafter_names
         self.lines: list[str] = ["starting the vLLM servers"]
         self.engine: VLLMEngine | None = None
         self.error: str | None = None
@@ -80,6 +153,7 @@ class StartingBackend:
     def _start(self, start: Callable[[Callable[[str], None]], VLLMEngine]) -> None:
         try:
             self.engine = start(self._status)
+            self.drafter_names = self.engine.drafter_names
         except Exception as e:   # shown to every later run on this backend
             self.error = str(e)
 
@@ -104,3 +178,10 @@ class StartingBackend:
     def limitations(self, drafter: str) -> str:
         return self.ready().limitations(drafter)
 
+    def replayer(self, drafter: str) -> Replayer | None:
+        return self.ready().replayer(drafter)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        if self.engine is not None:
+            return self.engine.describe()
+        return [(name, "", self.error or f"starting: {self.lines[-1]}") for name in self.drafter_names]

@@ -1,8 +1,10 @@
 """The vLLM backend: StepEvents from `vllm serve` servers (one per drafter) over the OpenAI API.
 
+The servers may serve any model: the backend asks each what it serves (introspect), has it
+template and tokenise the prompt and decode the tokens (tokens), and never needs the model here.
 Each request streams /v1/completions with `return_token_ids` and `stream_options.include_usage`;
-servers run with `--per-request-spec-decode-metrics detailed`, so the final usage chunk holds
-the accepted and drafted count of every verify step. While streaming, each chunk becomes one
+servers started with `--per-request-spec-decode-metrics detailed` end the stream with the
+accepted and drafted count of every verify step. While streaming, each chunk becomes one
 provisional step (a chunk is one engine step unless the server merged several because the
 client lagged); the last event carries the server's per-step counts, and `reconcile` re-splits
 the tokens into the exact steps. vLLM does not report rejected draft tokens or drafter attention,
@@ -12,43 +14,64 @@ so those fields stay empty and `observed` says so.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 
 from playground.engines.drafters import DrafterInfo
 from playground.engines.events import StepEvent
+from playground.engines.protocol import Replayer
 from playground.engines.request import GenerationRequest
-from playground.engines.text import IncrementalDetokenizer
+from playground.engines.vllm.api import error_text
+from playground.engines.vllm.introspect import ServerInfo, inspect_server
+from playground.engines.vllm.tokens import ServerTokenizer
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE
 
-OBSERVED = ("counts",)
+OBSERVED = ("counts",)          # the server reported every step's counts
+OBSERVED_CHUNKS = ("chunks",)   # it did not: steps are the stream's chunks, counts estimated from them
 FINISH = {"stop": "eos", "length": "length"}
 
 
 @dataclass(frozen=True)
 class Server:
-    """One `vllm serve` process serving the target with one drafter (or none)."""
-    drafter: str                 # eagle3 | eagle3.1 | none
+    """A vLLM server given the runs of one drafter."""
+    drafter: str                 # eagle3 | eagle3.1 | none: the part it plays in a comparison
     url: str                     # e.g. http://127.0.0.1:8101
-    k: int = 5                   # num_speculative_tokens it was started with
-    model: str = "smollm2"       # --served-model-name
-    source: str = ""             # the drafter checkpoint folder it serves
+    source: str = ""             # the drafter checkpoint, when this playground started the server
     trained: bool = True
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A server as the backend knows it once it has answered."""
+    server: Server
+    info: ServerInfo
+    tokens: ServerTokenizer
+    replayer: Replayer | None    # the reference engine, when it holds this server's target and drafter
+    unreplayable: str            # why not, in a sentence ('' when it does)
+
+
+# (drafter name, what the server says) -> (replayer, why not)
+ReplayCheck = Callable[[str, ServerInfo], tuple[Replayer | None, str]]
 
 
 class VLLMEngine:
     name = "vllm"
     shows_drafter_internals = False
 
-    def __init__(self, servers: list[Server], tokenizer, max_context: int, eos_ids: set[int],
-                 max_tokens_limit: int | None = None, timeout_s: float = 120.0):
+    def __init__(self, servers: list[Server], max_tokens_limit: int | None = None, timeout_s: float = 120.0,
+                 replay_check: ReplayCheck | None = None):
         self.servers = {s.drafter: s for s in servers}
-        self.tokenizer, self.max_context, self.eos_ids = tokenizer, max_context, eos_ids
+        self.drafter_names = tuple(self.servers)
         self.max_tokens_limit, self.timeout_s = max_tokens_limit, timeout_s
+        self.replay_check = replay_check or (lambda name, info: (None, "no reference engine to replay with"))
+        self.client = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
+        self.connections: dict[str, Connection] = {}
+        self.lock = threading.Lock()
 
     def server(self, drafter: str) -> Server:
         if drafter not in self.servers:
@@ -56,48 +79,109 @@ class VLLMEngine:
                                   f"{', '.join(self.servers)}")
         return self.servers[drafter]
 
+    def connection(self, drafter: str) -> Connection:
+        """The server for `drafter`, asked what it serves the first time (every server is asked then,
+        so that servers of different models are found whichever is used first)."""
+        server = self.server(drafter)
+        with self.lock:
+            if drafter not in self.connections:
+                for name in self.servers:
+                    if name not in self.connections and name != drafter:
+                        try:
+                            self.connections[name] = self._connect(self.servers[name])
+                        except PlaygroundError:
+                            pass   # its own runs will say why
+                self.connections[drafter] = self._connect(server)
+            connection = self.connections[drafter]
+            others = [c for name, c in self.connections.items() if name != drafter]
+        mismatched = [c for c in others if c.info.target != connection.info.target]
+        if mismatched:
+            serving = "; ".join(f"{c.server.drafter} at {c.server.url} serves {c.info.root}"
+                                for c in [connection, *mismatched])
+            raise PlaygroundError(f"these servers serve different models ({serving}): one backend compares "
+                                  "the drafters of one target")
+        return connection
+
+    def _connect(self, server: Server) -> Connection:
+        info = inspect_server(server.url, self.client)
+        if server.drafter == NONE and info.speculative:
+            raise PlaygroundError(f"the server for 'none' at {server.url} speculates (k = {info.k}); the baseline "
+                                  "must be a server without --speculative-config")
+        if server.drafter != NONE and not info.speculative:
+            raise PlaygroundError(f"the server for {server.drafter} at {server.url} runs without speculation: "
+                                  "start it with --speculative-config, or name it none")
+        replayer, why_not = self.replay_check(server.drafter, info)
+        return Connection(server, info, ServerTokenizer(server.url, info.model, self.client), replayer, why_not)
+
     def drafter_info(self, name: str) -> DrafterInfo:
-        s = self.server(name)
-        return DrafterInfo(name, name, s.source, trained=s.trained)
+        s, info = self.server(name), self.connection(name).info
+        return DrafterInfo(name, name, s.source or info.drafter_source or "not published by the server",
+                           trained=s.trained)
+
+    def replayer(self, drafter: str) -> Replayer | None:
+        return self.connection(drafter).replayer
 
     def limitations(self, drafter: str) -> str:
-        return ("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) nor "
-                f"the drafter's attention; it drafts k = {self.server(drafter).k} per step, fixed when the server "
-                "starts.")
+        c = self.connection(drafter)
+        notes = [f"Served by vLLM: {c.info.describe()}."]
+        if drafter == NONE:
+            return notes[0]
+        notes.append("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
+                     f"nor the drafter's attention; it drafts k = {c.info.k} per step, fixed when the server starts.")
+        if c.info.reports_steps is False:
+            notes.append("This server does not report each step's counts (start it with "
+                         "--per-request-spec-decode-metrics detailed): steps and counts are read from the stream's "
+                         "chunks and are approximate.")
+        if c.replayer is None:
+            notes.append(f"The drafter's internals are not shown: {c.unreplayable}.")
+        return " ".join(notes)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(drafter, url, what the server serves, or why it cannot be used) for every server."""
+        rows = []
+        for name, server in self.servers.items():
+            try:
+                rows.append((name, server.url, self.connection(name).info.describe()))
+            except PlaygroundError as e:
+                rows.append((name, server.url, f"unusable: {e}"))
+        return rows
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Validate, then stream StepEvents from the server for `request.drafter`.
 
         The server's k is fixed when it starts; `request.k` does not change it."""
         request.validate(self.max_tokens_limit)
-        server = self.server(request.drafter)
-        prompt_ids = request.prompt_ids(self.tokenizer, self.max_context)
-        max_tokens = min(request.max_tokens, self.max_context - len(prompt_ids))
-        body = {"model": server.model, "prompt": prompt_ids, "max_tokens": max_tokens,
+        connection = self.connection(request.drafter)
+        context = connection.info.max_model_len
+        prompt_ids = connection.tokens.prompt_ids(request, context)
+        max_tokens = min(request.max_tokens, context - len(prompt_ids))
+        body = {"model": connection.info.model, "prompt": prompt_ids, "max_tokens": max_tokens,
                 "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed,
                 "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
-        return self._stream(server, body, prompt_ids, context_bound=max_tokens < request.max_tokens)
+        return self._stream(connection, body, prompt_ids, context_bound=max_tokens < request.max_tokens)
 
-    def _stream(self, server: Server, body: dict, prompt_ids: list[int], context_bound: bool) -> Iterator[StepEvent]:
+    def _stream(self, connection: Connection, body: dict, prompt_ids: list[int],
+                context_bound: bool) -> Iterator[StepEvent]:
         t0 = time.perf_counter()
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
-        k = 0 if server.drafter == NONE else server.k
+        server, k = connection.server, connection.info.k or 0
         position, step, pending = len(prompt_ids), 0, None
         finish, metrics = None, None
         for chunk in self._chunks(server, body):
             if chunk.get("choices"):
                 choice = chunk["choices"][0]
                 ids = [int(t) for t in choice.get("token_ids") or []]
+                texts = connection.tokens.texts(ids, choice.get("text") or "")
                 finish = choice.get("finish_reason") or finish
-                for ids_step in ([ids[:1], ids[1:]] if step == 0 and len(ids) > 1 else [ids]):
+                # the first chunk may hold the prefill's token and the first verify step's
+                cut = 1 if step == 0 and len(ids) > 1 else 0
+                for ids_step, texts_step in ([(ids[:1], texts[:1]), (ids[1:], texts[1:])] if cut else [(ids, texts)]):
                     if not ids_step:
                         continue
                     if pending is not None:
                         yield pending
                     drafted = 0 if step == 0 else k
                     pending = StepEvent(
-                        step=step, position=position, token_ids=tuple(ids_step),
-                        token_texts=tuple(detok.add(t) for t in ids_step),
+                        step=step, position=position, token_ids=tuple(ids_step), token_texts=tuple(texts_step),
                         drafted=drafted, accepted=min(len(ids_step) - 1, drafted),
                         elapsed_s=time.perf_counter() - t0, backend=self.name, observed=OBSERVED)
                     position += len(ids_step)
@@ -111,6 +195,8 @@ class VLLMEngine:
         if metrics and metrics.get("per_step_accepted") is not None:
             counts = {"step_accepted": tuple(metrics["per_step_accepted"]),
                       "step_drafted": tuple(metrics.get("per_step_drafted") or ())}
+        elif k:
+            counts = {"observed": OBSERVED_CHUNKS}
         yield StepEvent(**{**pending.to_fields(), "finish_reason": reason,
                            "elapsed_s": time.perf_counter() - t0, **counts})
 
@@ -121,7 +207,7 @@ class VLLMEngine:
             with httpx.stream("POST", url, json=body, timeout=httpx.Timeout(self.timeout_s, connect=5.0)) as r:
                 if r.status_code != 200:
                     raise PlaygroundError(f"the vLLM server at {server.url} answered {r.status_code}: "
-                                          f"{_error_text(r.read())}")
+                                          f"{error_text(r.read())}")
                 for line in r.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -136,7 +222,7 @@ class VLLMEngine:
                     if not isinstance(chunk, dict):
                         raise PlaygroundError(f"malformed stream from the vLLM server at {server.url}")
                     if "error" in chunk:
-                        raise PlaygroundError(f"the vLLM server at {server.url} failed: {_error_text(chunk)}")
+                        raise PlaygroundError(f"the vLLM server at {server.url} failed: {error_text(chunk)}")
                     yield chunk
         except httpx.ConnectError:
             raise PlaygroundError(f"cannot reach the vLLM server at {server.url}: is it running?") from None
@@ -147,11 +233,3 @@ class VLLMEngine:
             raise PlaygroundError(f"the vLLM server at {server.url} closed the connection mid-stream") from None
         raise PlaygroundError(f"the stream from the vLLM server at {server.url} ended before it finished")
 
-
-def _error_text(payload) -> str:
-    try:
-        data = json.loads(payload) if isinstance(payload, (bytes, str)) else payload
-        error = data.get("error", data)
-        return str(error.get("message", error) if isinstance(error, dict) else error)[:300]
-    except (ValueError, AttributeError):
-        return str(payload)[:300]

@@ -11,7 +11,9 @@ import atexit
 import json
 import os
 import shlex
+import socket
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,30 +33,62 @@ SERVERS_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / "playground-vllm-servers
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    target: Path                            # safetensors folder (python -m playground convert)
-    drafters: dict[str, tuple[Path, bool]]  # name -> (checkpoint folder, trained); NONE -> no speculation
+    target: str                                    # a model folder, or a hub id vLLM downloads
+    drafters: dict[str, tuple[str | None, bool]]   # name -> (checkpoint folder or hub id, trained); NONE -> None
+    served_name: str = "smollm2"
     k: int = 5
     base_port: int = 8101
     # the vLLM interpreter and extra server flags may come from the environment (the GPU image sets
     # PLAYGROUND_VLLM_ARGS="--dtype bfloat16 --gpu-memory-utilization 0.28" for three servers on one GPU)
     python: Path = field(default_factory=lambda: Path(os.environ.get("PLAYGROUND_VLLM_PYTHON", DEFAULT_PYTHON)))
-    dtype: str = "float32"                  # float32 keeps greedy output comparable with the reference engine
-    max_model_len: int = 8192
+    dtype: str | None = "float32"           # float32 keeps greedy output comparable with the reference engine
+    max_model_len: int | None = 8192        # None: the model's own
     kv_cache_gib: int = 1                   # VLLM_CPU_KVCACHE_SPACE on CPU
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
-    extra_args: tuple[str, ...] = field(default_factory=lambda: tuple(shlex.split(
-        os.environ.get("PLAYGROUND_VLLM_ARGS", ""))))
+    extra_args: tuple[str, ...] = field(default_factory=lambda: env_server_args())
+
+
+def env_server_args() -> tuple[str, ...]:
+    return tuple(shlex.split(os.environ.get("PLAYGROUND_VLLM_ARGS", "")))
 
 
 def server_command(config: LaunchConfig, name: str, port: int) -> list[str]:
-    cmd = [str(config.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(config.target),
-           "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", config.dtype, "--max-model-len", str(config.max_model_len), *config.extra_args]
+    cmd = [str(config.python), "-m", "vllm.entrypoints.openai.api_server", "--model", config.target,
+           "--served-model-name", config.served_name, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--dtype", config.dtype] if config.dtype else []
+    cmd += ["--max-model-len", str(config.max_model_len)] if config.max_model_len else []
     if name != NONE:   # vLLM refuses per-request spec-decode metrics without speculation
-        folder, _ = config.drafters[name]
-        spec = {"method": "eagle3", "model": str(folder), "num_speculative_tokens": config.k}
+        source, _ = config.drafters[name]
+        spec = {"method": "eagle3", "model": source, "num_speculative_tokens": config.k}
         cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
-    return cmd
+    return cmd + list(config.extra_args)   # last, so that they override the flags above
+
+
+def check_available(source: str, what: str) -> None:
+    """A model vLLM can load here: a local folder, or a hub id it can download or has cached.
+    Without this, a hub id on a machine without internet fails minutes later deep in a server log."""
+    path = Path(source)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise PlaygroundError(f"the {what} folder {source} has no config.json")
+        return
+    if source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise PlaygroundError(f"the {what} {source!r} is neither a folder here nor a hub id (organisation/name)")
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(source, "config.json"), str):
+        return
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        try:
+            socket.create_connection((host, 443), timeout=5).close()
+            return
+        except OSError as e:
+            reason = f"{host} cannot be reached: {e.strerror or e}"
+    raise PlaygroundError(f"the {what} {source!r} is not a folder here, not in the Hugging Face cache, and {reason}: "
+                          "download it on a machine with internet and pass its folder")
 
 
 class Launched:
@@ -66,12 +100,19 @@ class Launched:
         if not Path(config.python).exists():
             raise PlaygroundError(f"no vLLM interpreter at {config.python}: run `bash scripts/setup-vllm.sh --cpu` "
                                   "(or --gpu), or pass its python")
+        check_available(config.target, "model")
+        for name, (source, _) in config.drafters.items():
+            if source is not None:
+                check_available(source, f"{name} drafter")
         self.config = config
         self.processes: dict[str, ServerProcess] = {}
         # vLLM 0.32 never loads its AOT compile cache back ("'function' object has no attribute
         # 'finalize_loading'") and recompiles at every start; its older compile cache loads (a second
         # start of one CPU server: 64 s instead of 144 s)
-        env = {"VLLM_USE_AOT_COMPILE": "0", **os.environ, "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
+        # VLLM_SERVER_DEV_MODE publishes each server's configuration (/server_info), so that the backend
+        # can check which drafter it runs; the servers listen on 127.0.0.1 only
+        env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_SERVER_DEV_MODE": "1", **os.environ,
+               "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
         atexit.register(self.stop)
         taken: set[int] = set()
         for i, name in enumerate(config.drafters):
@@ -103,7 +144,7 @@ class Launched:
         return self.servers()
 
     def servers(self) -> list[Server]:
-        return [Server(name, process.url, self.config.k, source=str(self.config.drafters[name][0] or ""),
+        return [Server(name, process.url, source=self.config.drafters[name][0] or "",
                        trained=self.config.drafters[name][1]) for name, process in self.processes.items()]
 
     def stop(self) -> None:

@@ -1,0 +1,44 @@
+"""Calls to a vLLM server's HTTP API, with every failure a one-line PlaygroundError."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from playground.errors import PlaygroundError
+
+
+def call(client: httpx.Client, method: str, url: str, path: str, **kwargs) -> httpx.Response:
+    """`method` `url + path`; a 200 answer, or a PlaygroundError that says what went wrong."""
+    try:
+        response = client.request(method, f"{url}{path}", **kwargs)
+    except httpx.ConnectError:
+        raise PlaygroundError(f"cannot reach the vLLM server at {url}: is it running?") from None
+    except httpx.HTTPError as e:
+        raise PlaygroundError(f"the vLLM server at {url} did not answer {path}: {type(e).__name__}") from None
+    if response.status_code != 200:
+        raise PlaygroundError(f"the server at {url} answered {path} with {response.status_code}: "
+                              f"{error_text(response.content)}")
+    return response
+
+
+def call_json(client: httpx.Client, method: str, url: str, path: str, **kwargs) -> dict:
+    response = call(client, method, url, path, **kwargs)
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise PlaygroundError(f"the server at {url} does not answer {path} as vLLM does")
+    return data
+
+
+def error_text(payload) -> str:
+    """The message of a vLLM error body (or the start of whatever else it is)."""
+    try:
+        data = json.loads(payload) if isinstance(payload, (bytes, str)) else payload
+        error = data.get("error", data)
+        return str(error.get("message", error) if isinstance(error, dict) else error)[:300]
+    except (ValueError, AttributeError):
+        return (payload.decode(errors="replace") if isinstance(payload, bytes) else str(payload))[:300]

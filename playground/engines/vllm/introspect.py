@@ -1,0 +1,85 @@
+"""What a vLLM server says about itself: the model it serves, whether and how it speculates.
+
+Every server tells its served name, the model it loaded and its context (`/v1/models`), and
+whether it speculates and with how many draft positions (the spec-decode counters of
+`/metrics`). Which drafter it runs, and whether it reports per-step counts, only a server
+started with VLLM_SERVER_DEV_MODE=1 publishes (`/server_info`); the launcher starts its own
+servers so. What a server does not publish stays None, and the page says so.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+import httpx
+
+from playground.engines.vllm.api import call, call_json
+from playground.errors import PlaygroundError
+
+DRAFT_POSITION = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{.*position="(\d+)"')
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    url: str
+    model: str               # the served name, sent with every request
+    root: str                # what it loaded: a folder on its machine or a hub id
+    max_model_len: int
+    speculative: bool
+    k: int | None            # draft positions, when it speculates
+    config: dict | None      # /server_info's vllm_config, when published
+
+    @property
+    def target(self) -> str:
+        """The model's name without its folder or hub organisation: what two servers of one
+        target share even when they loaded it from different places."""
+        return PurePosixPath(self.root.rstrip("/")).name or self.root
+
+    @property
+    def drafter_source(self) -> str | None:
+        return ((self.config or {}).get("speculative_config") or {}).get("model")
+
+    @property
+    def method(self) -> str | None:
+        return ((self.config or {}).get("speculative_config") or {}).get("method")
+
+    @property
+    def reports_steps(self) -> bool | None:
+        """Whether its streams end with every verify step's counts (None: not published)."""
+        if self.config is None:
+            return None
+        return (self.config.get("observability_config") or {}).get("per_request_spec_decode_metrics") == "detailed"
+
+    def describe(self) -> str:
+        """One line for people: the model, and what is known of the drafter."""
+        if not self.speculative:
+            drafting = "no speculation"
+        else:
+            drafter = (f"{self.method} drafter {self.drafter_source}" if self.drafter_source
+                       else "a drafter it does not name (start it with VLLM_SERVER_DEV_MODE=1 to publish it)")
+            drafting = f"{drafter}, k = {self.k}"
+        return f"{self.model} ({self.root}, context {self.max_model_len:,}) with {drafting}"
+
+
+def inspect_server(url: str, client: httpx.Client) -> ServerInfo:
+    """Ask the server at `url`; a server that cannot be reached or is not vLLM is a PlaygroundError."""
+    models = call_json(client, "GET", url, "/v1/models").get("data") or []
+    if not models:
+        raise PlaygroundError(f"the server at {url} serves no model")
+    card = models[0]
+    if not isinstance(card, dict) or not card.get("id"):
+        raise PlaygroundError(f"the server at {url} does not name its model in /v1/models")
+    metrics = call(client, "GET", url, "/metrics").text
+    positions = {int(m.group(1)) for line in metrics.splitlines() if (m := DRAFT_POSITION.match(line))}
+    speculative = "vllm:spec_decode_num_drafts_total" in metrics
+    try:   # development mode only
+        config = call_json(client, "GET", url, "/server_info", params={"config_format": "json"}).get("vllm_config")
+    except PlaygroundError:
+        config = None
+    k = ((config or {}).get("speculative_config") or {}).get("num_speculative_tokens") or (
+        max(positions) + 1 if positions else None)
+    return ServerInfo(url=url, model=card["id"], root=str(card.get("root") or card["id"]),
+                      max_model_len=int(card.get("max_model_len") or 0), speculative=speculative,
+                      k=k if speculative else None, config=config if isinstance(config, dict) else None)

