@@ -4,7 +4,9 @@ The address comes from --host/--port, else PLAYGROUND_HOST/PLAYGROUND_PORT, else
 GRADIO_SERVER_NAME/GRADIO_SERVER_PORT, else 0.0.0.0:7860.
 Limits for a public deployment come from flags or environment variables (PLAYGROUND_MAX_TOKENS,
 PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE); the defaults suit a public Space.
-PLAYGROUND_BACKEND=vllm and PLAYGROUND_VLLM_LAUNCH=1 (the GPU image) start vLLM servers too.
+PLAYGROUND_BACKEND=vllm and PLAYGROUND_VLLM_LAUNCH=1 (the GPU image) start vLLM servers too: of the
+embedded target, or of PLAYGROUND_VLLM_MODEL with PLAYGROUND_VLLM_DRAFTERS="eagle3=ID eagle3.1=ID",
+each with PLAYGROUND_VLLM_ARGS (docs/vllm.md).
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) ->
                         f"({', '.join(SHIPPED)}); repeatable")
     p.add_argument("--vllm-k", type=int, default=default(None), help="with --launch: drafts per step of the servers")
     p.add_argument("--vllm-args", default=default(""), metavar="'ARGS'",
-                   help="with --launch: more `vllm serve` arguments for every server, quoted as one, e.g. "
-                        "'--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")
+                   help="with --launch: more `vllm serve` arguments for every server, as one value, e.g. "
+                        "--vllm-args='--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")
 
 
 def launch_spec(args: argparse.Namespace, k: int):

@@ -111,7 +111,7 @@ def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str
                             drafters={**drafters, **(baseline if NONE in names else {})},
                             extra_args=env_server_args() + spec.server_args)
     drafters = {name: (source, True) for name, source in given.items() if name in names}
-    if not drafters and NONE not in names:
+    if not drafters and set(names) != {NONE}:
         raise PlaygroundError(f"--vllm-model needs a drafter for {' or '.join(n for n in names if n != NONE)}: "
                               "--vllm-drafter NAME=FOLDER_OR_HUB_ID")
     return LaunchConfig(target=spec.model, served_name=Path(spec.model.rstrip("/")).name, k=spec.k,
