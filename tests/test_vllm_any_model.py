@@ -165,8 +165,19 @@ def test_the_page_streams_from_the_model_and_keeps_serving_past_a_dead_server(ti
         with pytest.raises(Exception, match="cannot reach"):
             client.predict(PROMPTS[1], "", "model", "eagle3.1", K, 0, 1, 8, "vllm", api_name="/run")
         assert client.predict(PROMPTS[1], "", "model", "none", K, 0, 1, 24, "vllm", api_name="/run")[1] == out[1]
+        with pytest.raises(Exception, match="cannot reach"):   # a comparison names the server it lacks
+            client.predict(PROMPTS[1], "", "model", K, 0, 1, 8, True, "vllm", api_name="/compare")
     finally:
         app.stop()
+
+
+def test_load_benchmark_pairs_the_servers_it_is_given(tiny):
+    from playground.evaluation.vllm_load import LoadConfig, throughput
+
+    a, _ = tiny
+    rows = throughput(a, LoadConfig(concurrency=(1, 2), max_tokens=8, k=K))
+    assert {(r["concurrency"], r["drafter"]) for r in rows} == {(c, d) for c in (1, 2) for d in ("eagle3", "none")}
+    assert all(r["tokens"] > 0 for r in rows)
 
 
 def test_a_model_without_drafters_is_a_usage_error(engine):
