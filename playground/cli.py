@@ -15,7 +15,7 @@ from pathlib import Path
 
 from playground.errors import PlaygroundError
 from playground.model.variants import EAGLE31, NAMES, NONE, SHIPPED
-from playground.options import add_vllm_options, launch_spec
+from playground.options import add_tree_options, add_vllm_options, launch_spec, tree_shape
 
 
 def _add_generate(sub) -> None:
@@ -36,6 +36,7 @@ def _add_generate(sub) -> None:
                    help="float32 is bit-exact greedy; bfloat16 is faster where supported, not bit-exact")
     p.add_argument("--target", default=None, help="a local transformers Llama-family folder (default: embedded SmolLM2)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per verify step, then a summary")
+    add_tree_options(p)
     add_vllm_options(p)
 
 
@@ -47,11 +48,14 @@ def generate(args: argparse.Namespace) -> int:
 
     request = GenerationRequest(prompt=args.prompt, system=args.system, template=args.template,
                                 drafter=args.drafter, k=args.k, temperature=args.temperature,
-                                top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed).validate()
+                                top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
+                                tree=tree_shape(args)).validate()
     engine = ReferenceEngine.load(args.target, args.dtype)
     if args.backend == "vllm":
         from playground.engines.vllm.backend import vllm_backend
+        from playground.engines.vllm.client import chains_only
 
+        chains_only(request)   # before any server starts
         engine, _ = vllm_backend(engine, args.vllm_url, launch_spec(args, args.k), names=(request.drafter,),
                                  status=lambda line: print(line, file=sys.stderr))
     info = engine.drafter_info(request.drafter)

@@ -28,6 +28,23 @@ def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) ->
                         "--vllm-args='--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")
 
 
+def add_tree_options(p: argparse.ArgumentParser) -> None:
+    from playground.engines.tree import TreeShape
+
+    p.add_argument("--tree", action="store_true",
+                   help="draft a tree (EAGLE-2 dynamic trees, greedy, the embedded engine) instead of a chain of k")
+    p.add_argument("--tree-top-k", type=int, default=TreeShape.top_k, help="children per node, nodes expanded per depth")
+    p.add_argument("--tree-depth", type=int, default=TreeShape.depth, help="levels of drafts")
+    p.add_argument("--tree-nodes", type=int, default=TreeShape.nodes, help="drafts the target verifies per step")
+
+
+def tree_shape(args: argparse.Namespace):
+    """The request's TreeShape, or None for chains."""
+    from playground.engines.tree import TreeShape
+
+    return TreeShape(args.tree_top_k, args.tree_depth, args.tree_nodes) if args.tree else None
+
+
 def launch_spec(args: argparse.Namespace, k: int):
     """The servers to start (engines.vllm.backend.LaunchSpec), or None without --launch."""
     from playground.engines.vllm.backend import LaunchSpec

@@ -33,6 +33,15 @@ class StepEvent:
     # steps) put the accepted / drafted count of every verify step on the last event.
     step_accepted: tuple[int, ...] = ()
     step_drafted: tuple[int, ...] = ()
+    # Tree mode (engines/tree.py): every drafted node in creation order; the fields above then
+    # describe the tree's main line (tree.main_line), so chain consumers read a tree step correctly.
+    tree_ids: tuple[int, ...] = ()
+    tree_texts: tuple[str, ...] = ()
+    tree_parents: tuple[int, ...] = ()      # index of the parent node; -1: the last committed token
+    tree_depths: tuple[int, ...] = ()       # 1 for the root's children
+    tree_probs: tuple[float, ...] = ()      # drafter probability given the parent
+    tree_scores: tuple[float, ...] = ()     # cumulative log-probability, the rank in the tree
+    tree_path: tuple[int, ...] = ()         # the accepted nodes, depth 1 first
 
     @property
     def text(self) -> str:
@@ -42,6 +51,13 @@ class StepEvent:
     def accept_flags(self) -> tuple[bool, ...]:
         return tuple(i < self.accepted for i in range(self.drafted))
 
+    @property
+    def tree_verdicts(self) -> tuple[str, ...]:
+        """accepted | rejected (verified: its parent was accepted, it was not) | unreached, per node."""
+        path = set(self.tree_path)
+        return tuple("accepted" if i in path else "rejected" if p == -1 or p in path else "unreached"
+                     for i, p in enumerate(self.tree_parents))
+
     def to_fields(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -49,6 +65,8 @@ class StepEvent:
         out = asdict(self)
         out["text"] = self.text
         out["accept_flags"] = list(self.accept_flags)
+        if self.tree_ids:
+            out["tree_verdicts"] = list(self.tree_verdicts)
         return out
 
 

@@ -7,6 +7,7 @@ attention mass on sink / self-drafted keys and the RMS of the state fed into eac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from playground.engines.sampling import SamplingParams, probabilities
+from playground.engines.tree import ROOT, DraftTree, TreeShape
 from playground.model.drafter import Eagle3Drafter
 from playground.model.kv_cache import KVCache
 
@@ -96,8 +98,7 @@ class EagleProposer:
             draft_id, prob, q = self._choose(logits, params, generator)
             proposal.ids.append(draft_id)
             proposal.probs.append(prob)
-            proposal.sink_attention.append(self._probe["sink"])
-            proposal.self_attention.append(self._probe["self"])
+            self._record(proposal)
             if q is not None:
                 q_rows.append(q)
             hidden = fed_back[:, -1:]
@@ -117,20 +118,80 @@ class EagleProposer:
         q = torch.zeros(self.vocab_size).index_copy_(0, self.draft_vocab_ids, q_draft)
         return int(self.draft_vocab_ids[d]), float(q_draft[d]), q
 
-    def _attend_fn(self, start: int, committed_end: int):
-        """Attention over the drafter cache; records the last query's sink and self mass."""
+    @torch.inference_mode()
+    def propose_tree(self, shape: TreeShape) -> tuple[DraftTree, Proposal]:
+        """A greedy draft tree (tree.py), and its probes by depth in a Proposal (sink and self
+        attention and fed-back RMS averaged over the nodes expanded at each depth)."""
+        probes = Proposal()
+        committed = self.cache.length
+        hidden = self.drafter.fuse(torch.cat(self.pending_features).to(self.drafter.dtype))[None]
+        ids = torch.tensor(self.pending_ids)
+        self.pending_features, self.pending_ids = [], []
+        end = committed + ids.shape[0]
+        probes.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
+        embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
+        normed, fed_back = self.drafter.step(hidden, embeds, torch.arange(committed, end),
+                                             self._attend_fn(start=committed, committed_end=end))
+        self.cache.truncate(end)
+        self._record(probes)
+        tree, sources = DraftTree(), {}
+        frontier = self._expand(tree, sources, ROOT, 0.0, normed[0, -1], fed_back[0, -1], shape.top_k)
+        slots: dict[int, int] = {}   # expanded node -> its scratch slot in the drafter cache
+        for depth in range(1, shape.depth):
+            frontier = sorted(frontier, key=lambda i: -tree.scores[i])[:shape.top_k]
+            start = end + len(slots)
+            slots.update({node: start + row for row, node in enumerate(frontier)})
+            hidden = torch.stack([sources[n] for n in frontier])[None]
+            probes.hidden_norm.append(float(hidden[0].float().pow(2).mean(-1).sqrt().mean()))
+            mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
+            mask[:, :end] = True
+            for row, node in enumerate(frontier):
+                while node != ROOT:   # a frontier node's ancestors were all expanded before it
+                    mask[row, slots[node]] = True
+                    node = tree.parents[node]
+            embeds = self.embed_tokens(torch.tensor([tree.tokens[n] for n in frontier]))[None].to(self.drafter.dtype)
+            normed, fed_back = self.drafter.step(hidden, embeds, torch.full((len(frontier),), end + depth - 1),
+                                                 self._attend_fn(start, end, mask))
+            self._record(probes)
+            frontier = [child for row, node in enumerate(frontier) for child in self._expand(
+                tree, sources, node, tree.scores[node], normed[0, row], fed_back[0, row], shape.top_k)]
+        return tree.best(shape.nodes), probes
+
+    def _expand(self, tree: DraftTree, sources: dict, parent: int, score: float, normed: torch.Tensor,
+                fed_back: torch.Tensor, top_k: int) -> list[int]:
+        """Add the `top_k` likeliest children of `parent` (drafter output `normed`); return them."""
+        logp = self.drafter.draft_logits(normed).float().log_softmax(-1)
+        best = logp.topk(top_k)
+        children = []
+        for lp, d in zip(best.values.tolist(), best.indices.tolist()):
+            child = tree.add(int(self.draft_vocab_ids[d]), parent, math.exp(lp), score + lp)
+            sources[child] = fed_back
+            children.append(child)
+        return children
+
+    def _record(self, probes: Proposal) -> None:
+        probes.sink_attention.append(self._probe["sink"])
+        probes.self_attention.append(self._probe["self"])
+
+    def _attend_fn(self, start: int, committed_end: int, mask: torch.Tensor | None = None):
+        """Attention over the drafter cache (causal unless `mask` [T, start+T] says otherwise);
+        records the sink and self mass of the last query, or with a mask of every query, averaged."""
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             T = q.shape[2]
             keys, values = self.cache.write(0, start, k, v)  # [1, kv, start+T, hd]
-            mask = None if T == 1 else torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            causal = None if T == 1 else torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal if mask is None else mask,
+                                                 enable_gqa=True)
             kv_heads, hd = keys.shape[1], keys.shape[3]
-            last_q = q[0, :, -1].view(kv_heads, self.group, hd)    # query head h reads kv head h // group
-            scores = torch.einsum("kgd,ksd->kgs", last_q, keys[0]).reshape(kv_heads * self.group, -1)
-            probs = (scores.float() * self.scale).softmax(-1)      # [heads, start+T]
-            self._probe = {"sink": float(probs[:, :self.sink_tokens].sum(-1).mean()),
-                           "self": float(probs[:, committed_end:].sum(-1).mean())}
+            rows = q[0, :, -1:] if mask is None else q[0]                 # [heads, R, hd]
+            grouped = rows.reshape(kv_heads, self.group, rows.shape[1], hd)  # query head h reads kv head h // group
+            scores = torch.einsum("kgrd,ksd->kgrs", grouped, keys[0]).float() * self.scale
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            probs = scores.softmax(-1)                                     # [kv, group, R, start+T]
+            self._probe = {"sink": float(probs[..., :self.sink_tokens].sum(-1).mean()),
+                           "self": float(probs[..., committed_end:].sum(-1).mean())}
             return out
 
         return attend

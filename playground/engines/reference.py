@@ -21,6 +21,7 @@ from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Pr
 from playground.engines.request import GenerationRequest
 from playground.engines.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_sampling
 from playground.engines.text import IncrementalDetokenizer, token_text
+from playground.engines.tree import DraftTree
 from playground.model.drafter import Eagle3Drafter
 from playground.model.packed_linear import drafting_dtype
 from playground.model.target import Target
@@ -120,11 +121,15 @@ class ReferenceEngine:
              clock: "EngineClock") -> Iterator[StepEvent]:
         params = request.sampling
         k = 0 if drafter is None else request.k
+        tree = None if drafter is None else request.tree
+        # the most positions one step writes past the committed ones: in the target, in the drafter
+        verified = k if tree is None else tree.nodes
+        scratch = k if tree is None else tree.top_k * tree.depth
         generator = torch.Generator().manual_seed(request.seed)
-        capacity = min(self.target.max_context, len(prompt_ids) + request.max_tokens + k + 1)
+        capacity = min(self.target.max_context, len(prompt_ids) + request.max_tokens + verified + 1)
         cache = self.target.new_cache(capacity)
         proposer: Proposer = (NoProposer() if drafter is None
-                              else EagleProposer(drafter, self.target.embed_tokens, capacity + k))
+                              else EagleProposer(drafter, self.target.embed_tokens, capacity + scratch))
         detok = IncrementalDetokenizer(self.tokenizer, prompt_ids)
 
         out = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)
@@ -141,24 +146,50 @@ class ReferenceEngine:
             # drafts beyond what max_tokens or the context can still take would be wasted
             k_step = max(0, min(k, request.max_tokens - len(emitted) - 1, cache.capacity - cache.length - 1))
             t_draft = time.perf_counter()
-            with record_function("draft"):
-                proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
-            t_verify = time.perf_counter()
-            start = cache.length
-            with record_function("verify"):
-                out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
-                accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
-                cache.truncate(start + accepted + 1)  # keep `last` and the accepted drafts
-                committed = proposal.ids[:accepted] + [next_id]
-                proposer.observe(out.features[0, :accepted + 1], committed)
+            start, drafted_tree = cache.length, None
+            if tree is not None and k_step and cache.capacity - cache.length - 1 >= tree.nodes:
+                with record_function("draft"):
+                    draft_tree, proposal = proposer.propose_tree(tree)
+                t_verify = time.perf_counter()
+                with record_function("verify"):
+                    path, committed, proposal = self._verify_tree(draft_tree, proposal, last, cache, proposer)
+                accepted, drafted_tree = len(path), (draft_tree, path)
+            else:
+                with record_function("draft"):
+                    proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
+                t_verify = time.perf_counter()
+                with record_function("verify"):
+                    out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
+                    accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
+                    cache.truncate(start + accepted + 1)  # keep `last` and the accepted drafts
+                    committed = proposal.ids[:accepted] + [next_id]
+                    proposer.observe(out.features[0, :accepted + 1], committed)
             t_done = time.perf_counter()
             with record_function("event"):
                 committed = self._clip(committed, request.max_tokens - len(emitted))
                 emitted += committed
                 event = self._event(step, start + 1, committed, proposal, accepted, detok,
                                     (t_verify - t_draft) * 1e3, (t_done - t_verify) * 1e3, clock,
-                                    self._finish(emitted, request, cache))
+                                    self._finish(emitted, request, cache), drafted_tree)
             yield event
+
+    def _verify_tree(self, tree: DraftTree, probes: Proposal, last: int, cache, proposer: Proposer
+                     ) -> tuple[list[int], list[int], Proposal]:
+        """Verify a draft tree in one forward; keep the accepted path in the target's cache and give
+        it to the drafter. Returns (the accepted path, committed tokens, the step's proposal: the
+        tree's main line with the probes by depth)."""
+        start = cache.length
+        depths = torch.tensor([0] + tree.depths)
+        out = self.target.forward(torch.tensor([[last] + tree.tokens]), cache, tree=(depths, tree.attention()))
+        predicted = out.logits[0].argmax(-1).tolist()
+        path = tree.longest_match(predicted)
+        rows = [0] + [i + 1 for i in path]
+        cache.keep(start, rows)
+        committed = [tree.tokens[i] for i in path] + [predicted[rows[-1]]]
+        proposer.observe(out.features[0, rows], committed)
+        line = tree.main_line(path)
+        proposal = replace(probes, ids=[tree.tokens[i] for i in line], probs=[tree.probs[i] for i in line])
+        return path, committed, proposal
 
     def _target_token(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
         return int(logits.argmax()) if params.greedy else sample(probabilities(logits, params), generator)
@@ -190,8 +221,8 @@ class ReferenceEngine:
 
     def _event(self, step: int, position: int, committed: list[int], proposal: Proposal, accepted: int,
                detok: IncrementalDetokenizer, draft_ms: float, verify_ms: float, clock: "EngineClock",
-               finish_reason: str | None) -> StepEvent:
-        return StepEvent(
+               finish_reason: str | None, tree: tuple[DraftTree, list[int]] | None = None) -> StepEvent:
+        return StepEvent(**(self._tree_fields(*tree) if tree is not None else {}),
             step=step, position=position,
             token_ids=tuple(committed),
             token_texts=tuple(detok.add(t) for t in committed),
@@ -206,6 +237,12 @@ class ReferenceEngine:
             elapsed_s=clock.elapsed(),
             finish_reason=finish_reason,
         )
+
+
+    def _tree_fields(self, tree: DraftTree, path: list[int]) -> dict:
+        return {"tree_ids": tuple(tree.tokens), "tree_texts": tuple(token_text(self.tokenizer, t) for t in tree.tokens),
+                "tree_parents": tuple(tree.parents), "tree_depths": tuple(tree.depths),
+                "tree_probs": tuple(tree.probs), "tree_scores": tuple(tree.scores), "tree_path": tuple(path)}
 
 
 class EngineClock:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from playground.engines import chat
 from playground.engines.chat import DEFAULT_TEMPLATE, TEMPLATES
 from playground.engines.sampling import SamplingParams
+from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.model.variants import EAGLE31
 
@@ -28,6 +29,7 @@ class GenerationRequest:
     max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int = 0
     history: tuple[dict, ...] = field(default=())  # earlier turns, {"role", "content"}
+    tree: TreeShape | None = None      # draft trees instead of chains (the reference engine; k is unused)
 
     @property
     def messages(self) -> list[dict]:
@@ -58,6 +60,10 @@ class GenerationRequest:
             raise PlaygroundError(f"max tokens must be at least 1, got {self.max_tokens}")
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
             raise PlaygroundError(f"max tokens is limited to {max_tokens_limit}, got {self.max_tokens}")
+        if self.tree is not None:
+            self.tree.validate()
+            if not self.sampling.greedy:
+                raise PlaygroundError("draft trees are verified greedily: use temperature 0 with a tree")
         return self
 
 

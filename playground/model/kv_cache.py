@@ -27,3 +27,12 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         self.length = length
+
+    def keep(self, start: int, offsets: list[int]) -> None:
+        """Keep the entries at start + offsets (ascending), moved to start, start + 1, ...: a draft
+        tree's accepted path, packed where the next step expects it."""
+        source = torch.tensor(offsets) + start
+        end = start + len(offsets)
+        self.keys[:, :, :, start:end] = self.keys[:, :, :, source]
+        self.values[:, :, :, start:end] = self.values[:, :, :, source]
+        self.length = end

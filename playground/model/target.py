@@ -193,18 +193,23 @@ class Target:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False,
-                key_padding: torch.Tensor | None = None) -> TargetOutput:
+                key_padding: torch.Tensor | None = None, tree: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> TargetOutput:
         """Run ids [B, T] at positions cache.length.., append to the cache, advance it.
 
         key_padding [B, capacity] (True = padding) masks left padding in batched generation;
-        RoPE is relative, so padded rows need no position shift.
+        RoPE is relative, so padded rows need no position shift. A draft tree gives `tree`:
+        (depths [T], attention [T, T] among the new tokens); token t then sits at position
+        cache.length + depths[t] and sees the cache and the new tokens its row allows.
         """
         B, T = ids.shape
         start = cache.length
-        positions = torch.arange(start, start + T, device=ids.device)
+        positions = start + (torch.arange(T) if tree is None else tree[0]).to(ids.device)
         h = self.embed_tokens(ids)  # [B, T, H]
         cos, sin = self.rotary_emb(h, positions[None])  # [1, T, head_dim]
         mask = _attention_mask(start, T, key_padding, ids.device)
+        if tree is not None:
+            mask = torch.cat([torch.ones(T, start, dtype=torch.bool), tree[1]], dim=1)[None, None].to(ids.device)
         taps = []
         for i, layer in enumerate(self.layers):
             if i in self.aux_layers:

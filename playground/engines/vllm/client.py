@@ -36,6 +36,12 @@ OBSERVED_CHUNKS = ("chunks",)   # it did not: steps are the stream's chunks, cou
 FINISH = {"stop": "eos", "length": "length"}
 
 
+def chains_only(request: GenerationRequest) -> None:
+    if request.tree is not None:
+        raise PlaygroundError("draft trees run in the embedded engine only: vLLM drafts chains "
+                              "(use --backend reference)")
+
+
 @dataclass(frozen=True)
 class Server:
     """A vLLM server given the runs of one drafter."""
@@ -151,6 +157,7 @@ class VLLMEngine:
 
         The server's k is fixed when it starts; `request.k` does not change it."""
         request.validate(self.max_tokens_limit)
+        chains_only(request)
         connection = self.connection(request.drafter)
         context = connection.info.max_model_len
         prompt_ids = connection.tokens.prompt_ids(request, context)
