@@ -109,3 +109,18 @@ def test_comparison_tab_streams_both_columns(page, tmp_path):
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
     screenshot(page, tmp_path, "comparison.png")
+
+
+def test_the_draft_tree_is_drawn_and_can_be_hovered(page, tmp_path):
+    page.get_by_role("tab", name="Playground").click()
+    page.locator("#pg-draft").get_by_label("tree", exact=True).check()
+    run_playground(page, "Explain how a rainbow forms.", 48)
+    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    expect(page.locator("#tree svg .node.acc").first).to_be_visible()
+    assert page.locator("#tree svg .node.rej").count() > 0 and page.locator("#tree svg .node.tgt").count() == 1
+    assert "drafter p" in page.locator("#tree svg .node.acc title").first.text_content()
+    set_number(page, "step", 1)   # the inspector draws the step's tree too
+    expect(page.locator("#inspector .tree svg")).to_be_visible(timeout=10_000)
+    expect(page.locator("#inspector .tree-head")).to_contain_text("step 1")
+    screenshot(page, tmp_path, "tree.png")
+    page.locator("#pg-draft").get_by_label("chain", exact=True).check()

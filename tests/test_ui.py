@@ -13,7 +13,7 @@ from playground.engines.events import StepEvent
 from playground.ui import render
 
 PROMPT = "Write a haiku about the sea."
-ANSWER, TEXT, STATE_FILES = 0, 1, 8
+ANSWER, TEXT, STATE_FILES, TREE = 0, 1, 8, 9   # the run state (gr.State) is not an API output
 
 
 def cli_text(prompt: str, max_tokens: int, drafter: str = "eagle3.1", k: int = 4) -> str:
@@ -48,6 +48,18 @@ def test_playground_streams_and_ends_with_the_cli_text(client):
     exported = json.loads(open(paths[0]).read())["eagle3.1"]
     assert exported["summary"]["text"] == expected
     assert exported["steps"][0]["step"] == 0
+
+
+def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
+    expected = cli_text(PROMPT, 40)   # greedy decoding: the same tokens, whichever way they were drafted
+    final = client.predict(*run_args(), "tree", 4, 5, 16, api_name="/run")
+    assert final[TEXT] == expected
+    assert "<svg" in final[TREE] and 'class="node acc"' in final[TREE] and 'class="node tgt"' in final[TREE]
+    for args, message in [((*run_args(temperature=0.7), "tree", 4, 5, 16), "verified greedily"),
+                          ((*run_args(), "tree", 4, 5, 0), "less than minimum value 1"),   # the slider refuses it first
+                          ((*run_args(), "bush", 4, 5, 16), "not in the list of choices")]:
+        with pytest.raises(Exception, match=message):
+            client.predict(*args, api_name="/run")
 
 
 @pytest.mark.slow

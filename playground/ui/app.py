@@ -8,7 +8,7 @@ from typing import Mapping
 import gradio as gr
 
 from playground.engines.protocol import Engine
-from playground.ui import compare_tab, playground_tab, render
+from playground.ui import compare_tab, playground_tab, render, tree_view
 from playground.ui.streams import Limits
 
 EXPLAINER = (Path(__file__).with_name("explainer.md")).read_text()
@@ -44,5 +44,5 @@ def servers_panel(engine, demo: gr.Blocks) -> None:
 
 
 def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:
-    demo.launch(server_name=host, server_port=port, css=render.CSS, footer_links=["api"], show_error=True,
-                state_session_capacity=limits.sessions, **kwargs)
+    demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS, footer_links=["api"],
+                show_error=True, state_session_capacity=limits.sessions, **kwargs)

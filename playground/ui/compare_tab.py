@@ -11,6 +11,7 @@ import gradio as gr
 from playground import plots
 from playground.engines.protocol import Engine
 from playground.engines.stats import RunSummary
+from playground.engines.tree import TreeShape
 from playground.model.variants import NAMES, NONE
 from playground.ui import render
 from playground.ui.playground_tab import drafter_note, settings
@@ -54,12 +55,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     table = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
     files = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
 
-    def stream(prompt, system, template, k, temperature, top_p, max_tokens, with_none, backend_name):
+    def stream(prompt, system, template, k, temperature, top_p, max_tokens, with_none, backend_name, draft="chain",
+               tree_top_k=TreeShape.top_k, tree_depth=TreeShape.depth, tree_nodes=TreeShape.nodes):
         try:
             engine = backend(backends, backend_name)
             names = [n for n in COLUMNS if (with_none or n != NONE) and n in engine.drafter_names]
-            requests = {n: make_request(limits, prompt, system, template, n, k, temperature, top_p, max_tokens)
-                        for n in names}
+            requests = {n: make_request(limits, prompt, system, template, n, k, temperature, top_p, max_tokens,
+                                        draft=draft, tree=(tree_top_k, tree_depth, tree_nodes)) for n in names}
             notes = {n: drafter_note(engine, n) for n in names}
             streams = {n: engine.generate(r) for n, r in requests.items()}
             probes = {n: engine.replayer(n) for n in names if n != NONE}
@@ -98,7 +100,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         return tuple(out)
 
     inputs = [c[n] for n in ("prompt", "system", "template", "k", "temperature", "top_p", "max_tokens")]
-    inputs += [include_none, c["backend"]]
+    inputs += [include_none, c["backend"], c["draft"], c["tree_top_k"], c["tree_depth"], c["tree_nodes"]]
     outputs = [x for n in COLUMNS for x in (cards[n], answers[n], texts[n])]
     outputs += [accept_plot, attention_plot, norm_plot, table, files]
     running = run.click(stream, inputs, outputs, api_name="compare", concurrency_id="engine",

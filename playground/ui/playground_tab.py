@@ -10,8 +10,9 @@ from playground import plots
 from playground.engines.chat import TEMPLATES
 from playground.engines.protocol import Engine
 from playground.engines.request import K_RANGE, MAX_TEMPERATURE
+from playground.engines.tree import LIMITS, TreeShape
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
-from playground.ui import render
+from playground.ui import render, tree_view
 from playground.ui.presets import PRESETS
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, make_request
@@ -54,6 +55,15 @@ def settings(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool,
         c["top_p"] = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="top-p", elem_id=eid("top-p"))
         c["max_tokens"] = gr.Slider(1, limits.max_tokens, value=min(256, limits.max_tokens), step=1,
                                     label="max tokens", elem_id=eid("max-tokens"))
+    with gr.Row():
+        c["draft"] = gr.Radio(["chain", "tree"], value="chain", label="draft", elem_id=eid("draft"),
+                              info="tree: EAGLE-2 dynamic trees, greedy, reference backend")
+        c["tree_top_k"] = gr.Slider(*LIMITS["top_k"], value=TreeShape.top_k, step=1, label="tree top-k",
+                                    elem_id=eid("tree-top-k"))
+        c["tree_depth"] = gr.Slider(*LIMITS["depth"], value=TreeShape.depth, step=1, label="tree depth",
+                                    elem_id=eid("tree-depth"))
+        c["tree_nodes"] = gr.Slider(*LIMITS["nodes"], value=TreeShape.nodes, step=1, label="tree nodes",
+                                    elem_id=eid("tree-nodes"))
     c["preset"].change(lambda name: _preset(name), c["preset"], [c["prompt"], c["system"], c["template"]],
                        api_name=False, queue=False)
     return c
@@ -73,22 +83,25 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
     gr.HTML(render.LEGEND)
     answer = gr.HTML(render.answer_html([]), elem_id="answer")
+    tree = gr.HTML(tree_view.tree_html(None), elem_id="tree")
     cards = gr.HTML(render.figures_html(None), elem_id="cards")
     with gr.Row():
         accept_plot = gr.Plot(label="acceptance by depth", elem_id="plot-acceptance")
         attention_plot = gr.Plot(label="attention by depth", elem_id="plot-attention")
         norm_plot = gr.Plot(label="fed-back RMS by depth", elem_id="plot-norm")
     with gr.Accordion("Step inspector", open=True):
-        step = gr.Slider(0, 1, value=0, step=1, label="verify step")
+        step = gr.Slider(0, 1, value=0, step=1, label="verify step", elem_id="step")
         inspector = gr.HTML(render.inspector_html(None), elem_id="inspector")
     with gr.Accordion("Plain text and downloads", open=False):
         text = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
         files = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
     events = gr.State([])
 
-    def stream(prompt, system, template, drafter, k, temperature, top_p, max_tokens, backend_name):
+    def stream(prompt, system, template, drafter, k, temperature, top_p, max_tokens, backend_name, draft="chain",
+               tree_top_k=TreeShape.top_k, tree_depth=TreeShape.depth, tree_nodes=TreeShape.nodes):
         try:
-            request = make_request(limits, prompt, system, template, drafter, k, temperature, top_p, max_tokens)
+            request = make_request(limits, prompt, system, template, drafter, k, temperature, top_p, max_tokens,
+                                   draft=draft, tree=(tree_top_k, tree_depth, tree_nodes))
             engine = backend(backends, backend_name)
             note = drafter_note(engine, request.drafter)
             probe = engine.replayer(request.drafter)
@@ -97,7 +110,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             raise gr.Error(failure_message(e)) from None
         run_log, pacer, live = RunLog(request), Pacer(), LivePlots()
         yield (render.answer_html([], note or "waiting for the engine…"), "", render.figures_html(None),
-               *live.last, 0, render.inspector_html(None), None, [])
+               *live.last, 0, render.inspector_html(None), None, [], tree_view.tree_html(None))
         try:
             for event in steps:
                 run_log.events.append(event)
@@ -118,18 +131,22 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         return (html, run_log.text, render.figures_html(summary),
                 *live.get(lambda: plots.all_figures(runs), redraw),
                 gr.update(maximum=max(1, len(run_log.events) - 1), value=len(run_log.events) - 1) if final else 0,
-                render.inspector_html(run_log.events[-1] if final else None),
+                inspect(run_log.events[-1] if final else None),
                 export({run_log.request.drafter: run_log},
                        lambda path: plots.figures_file(runs, path)) if final else None,
-                list(run_log.events))
+                list(run_log.events), tree_view.tree_html(run_log.events[-1] if run_log.events else None))
 
     inputs = [c[n] for n in ("prompt", "system", "template", "drafter", "k", "temperature", "top_p",
-                             "max_tokens", "backend")]
-    outputs = [answer, text, cards, accept_plot, attention_plot, norm_plot, step, inspector, files, events]
+                             "max_tokens", "backend", "draft", "tree_top_k", "tree_depth", "tree_nodes")]
+    outputs = [answer, text, cards, accept_plot, attention_plot, norm_plot, step, inspector, files, events, tree]
     running = run.click(stream, inputs, outputs, api_name="run", concurrency_id="engine",
                         concurrency_limit=limits.concurrency)
     submitted = c["prompt"].submit(stream, inputs, outputs, api_name=False, concurrency_id="engine",
                                    concurrency_limit=limits.concurrency)
     stop.click(None, None, None, cancels=[running, submitted], api_name=False)
-    step.input(lambda i, evs: render.inspector_html(evs[int(i)] if evs and 0 <= i < len(evs) else None),
+    step.input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
                [step, events], inspector, api_name="inspect", queue=False, trigger_mode="always_last")
+
+
+def inspect(event) -> str:
+    return render.inspector_html(event) + (tree_view.tree_html(event) if event is not None and event.tree_ids else "")

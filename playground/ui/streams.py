@@ -9,6 +9,7 @@ from typing import Iterator, Mapping
 from playground.engines.events import StepEvent
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
+from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.model.variants import NAMES
 
@@ -26,7 +27,8 @@ class Limits:
 
 
 def make_request(limits: Limits, prompt: str, system: str, template: str, drafter: str, k: float,
-                 temperature: float, top_p: float, max_tokens: float, seed: float = 0) -> GenerationRequest:
+                 temperature: float, top_p: float, max_tokens: float, seed: float = 0, draft: str = "chain",
+                 tree: tuple = (TreeShape.top_k, TreeShape.depth, TreeShape.nodes)) -> GenerationRequest:
     """A validated request; every problem is a PlaygroundError with a one-line reason."""
     prompt = prompt or ""
     if drafter not in NAMES:   # the page never loads a checkpoint from a path it is given
@@ -43,9 +45,15 @@ def make_request(limits: Limits, prompt: str, system: str, template: str, drafte
     k, temperature, top_p, max_tokens, seed = numbers
     if not all(float(x).is_integer() for x in (k, max_tokens, seed)):
         raise PlaygroundError("k, max tokens and seed must be whole numbers")
+    try:
+        shape = tuple(float(x) for x in tree)
+    except (TypeError, ValueError):
+        raise PlaygroundError("the tree's top-k, depth and nodes must be numbers") from None
+    if not all(x.is_integer() for x in shape):
+        raise PlaygroundError("the tree's top-k, depth and nodes must be whole numbers")
     request = GenerationRequest(prompt=prompt, system=system or None, template=template, drafter=drafter,
                                 k=int(k), temperature=temperature, top_p=top_p, max_tokens=int(max_tokens),
-                                seed=int(seed))
+                                seed=int(seed), tree=TreeShape(*map(int, shape)) if draft == "tree" else None)
     return request.validate(limits.max_tokens)
 
 
