@@ -173,6 +173,7 @@ def _add_train(sub) -> None:
                         "tokens); 'training': six prompts the shipped drafters trained on, to measure how far they "
                         "generalise")
     p.add_argument("--prompts", type=int, default=None, help="only each kind's first N prompts (default: all)")
+    add_tree_options(p)
     p.add_argument("--figures", type=Path, default=None,
                    help="also write each kind's acceptance, sink attention and fed-back RMS by depth, for every "
                         "drafter, to this HTML file (plotly, opens offline)")
@@ -295,9 +296,10 @@ def train(args: argparse.Namespace) -> int:
             return eval_requests(kind, drafter, k, max_tokens)
 
         kinds = [EVAL_KINDS[x] for x in args.kinds] if args.kinds else KINDS
-        rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts, requests)
+        rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts, requests,
+                        tree=tree_shape(args))
         print(format_rows(rows))
-        if len(args.drafters) > 1:
+        if len(args.drafters) > 1 or args.tree:
             print("\n" + format_ratios(rows))
         if args.figures:
             write_figures(rows, args.figures)

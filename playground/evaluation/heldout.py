@@ -23,7 +23,7 @@ gap to "chat" and "code" measures how far the drafters generalise beyond their t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from playground import plots
 from playground.engines.events import reconcile
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import Pooled, bootstrap_interval, drafting_counts, pool, pooled_tau
+from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation.prompt_sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
                                                HELDOUT_SYSTEMS, KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
@@ -66,6 +67,11 @@ class EvalRow:
     pooled: Pooled
     draftable: float   # share of the answer tokens inside the drafter's draft vocabulary: the others cannot be accepted
     counts: tuple[tuple[int, int], ...]   # per prompt: (accepted drafts, drafting steps)
+    draft: str = "chain"                  # chain | tree (the TreeShape evaluate was given)
+
+    @property
+    def label(self) -> str:
+        return self.drafter if self.draft == "chain" else f"{self.drafter} {self.draft}"
 
     def tau_interval(self) -> tuple[float, float]:
         """95% bootstrap interval of the pooled tau over this kind's prompts."""
@@ -73,19 +79,23 @@ class EvalRow:
 
 
 def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS,
-             prompts: int | None = None, requests=eval_requests) -> list[EvalRow]:
-    """One row per kind and drafter; tau and acceptance pooled over the kind's steps (its first
-    `prompts` prompts, or all). `requests(kind, drafter, k, max_tokens)` gives a kind's requests."""
+             prompts: int | None = None, requests=eval_requests, tree: TreeShape | None = None) -> list[EvalRow]:
+    """One row per kind and drafter (and, given a `tree`, a second one drafting that tree); tau and
+    acceptance pooled over the kind's steps (its first `prompts` prompts, or all).
+    `requests(kind, drafter, k, max_tokens)` gives a kind's requests."""
     if prompts is not None and prompts < 1:
         raise PlaygroundError(f"--prompts must be at least 1, got {prompts}")
     rows = []
     for kind in kinds:
         for name in drafters:
-            runs = [reconcile(list(engine.generate(r))) for r in requests(kind, name, k, max_tokens)[:prompts]]
-            answer = torch.tensor([t for run in runs for e in run for t in e.token_ids], dtype=torch.long)
-            drafter = engine.drafter(name)
-            draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
-            rows.append(EvalRow(name, kind, pool(runs), draftable, tuple(drafting_counts(run) for run in runs)))
+            for draft, shape in [("chain", None)] + ([("tree", tree)] if tree is not None else []):
+                runs = [reconcile(list(engine.generate(replace(r, tree=shape))))
+                        for r in requests(kind, name, k, max_tokens)[:prompts]]
+                answer = torch.tensor([t for run in runs for e in run for t in e.token_ids], dtype=torch.long)
+                drafter = engine.drafter(name)
+                draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
+                rows.append(EvalRow(name, kind, pool(runs), draftable, tuple(drafting_counts(run) for run in runs),
+                                    draft))
     return rows
 
 
@@ -96,24 +106,29 @@ def format_rows(rows: list[EvalRow]) -> str:
     fmt = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
     for r in rows:
         p = r.pooled
-        lines.append(f"| {r.kind} | {r.drafter} | {p.runs} | {p.min_prompt_tokens} | {p.mean_acceptance_length:.2f} | "
+        lines.append(f"| {r.kind} | {r.label} | {p.runs} | {p.min_prompt_tokens} | {p.mean_acceptance_length:.2f} | "
                      f"{'{:.2f}-{:.2f}'.format(*r.tau_interval())} | {fmt(p.acceptance)} | "
                      f"{fmt(p.sink_attention, '{:.3f}')} | {fmt(p.hidden_norm)} | {r.draftable:.3f} |")
     return "\n".join(lines)
 
 
+def paired_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float]]:
+    """tau of `a` over tau of `b`, with a 95% paired bootstrap interval: both answered the same
+    prompts (and, greedy, with the same tokens), so a resample draws the same prompts for both."""
+    ratio = lambda idx: pooled_tau([a.counts[i] for i in idx]) / pooled_tau([b.counts[i] for i in idx])
+    return ratio(range(len(b.counts))), bootstrap_interval(ratio, len(b.counts))
+
+
 def tau_ratios(rows: list[EvalRow]) -> list[tuple[str, str, str, float, tuple[float, float]]]:
-    """Per kind, tau of each later drafter over the first one's, with a 95% paired bootstrap
-    interval: the drafters answered the same prompts (and, greedy, the same tokens), so a
-    resample draws the same prompts for both."""
+    """Per kind, each later drafter's chain tau over the first one's; then, where trees were
+    drafted, each drafter's tree tau over its chain tau."""
     ratios = []
     for kind in dict.fromkeys(r.kind for r in rows):
-        base, *others = [r for r in rows if r.kind == kind]
-        for other in others:
-            ratio = lambda idx: (pooled_tau([other.counts[i] for i in idx])
-                                 / pooled_tau([base.counts[i] for i in idx]))
-            ratios.append((kind, other.drafter, base.drafter, ratio(range(len(base.counts))),
-                           bootstrap_interval(ratio, len(base.counts))))
+        base, *others = [r for r in rows if r.kind == kind and r.draft == "chain"]
+        ratios += [(kind, other.drafter, base.drafter, *paired_ratio(other, base)) for other in others]
+    chains = {(r.kind, r.drafter): r for r in rows if r.draft == "chain"}
+    ratios += [(r.kind, r.label, f"{r.drafter} chain", *paired_ratio(r, chains[r.kind, r.drafter]))
+               for r in rows if r.draft != "chain"]
     return ratios
 
 
@@ -131,7 +146,7 @@ def write_figures(rows: list[EvalRow], path: Path) -> None:
     standalone HTML file."""
     figs = []
     for kind in dict.fromkeys(r.kind for r in rows):
-        pooled = {r.drafter: r.pooled for r in rows if r.kind == kind}
+        pooled = {r.label: r.pooled for r in rows if r.kind == kind}
         figs += [plots.by_depth({n: p.acceptance for n, p in pooled.items()}, f"{kind}: acceptance by depth",
                                   "acceptance rate", [0, 1.05]),
                  plots.by_depth({n: p.sink_attention for n, p in pooled.items()},
