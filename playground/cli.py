@@ -208,6 +208,11 @@ def _add_bench(sub) -> None:
     v = suites.add_parser("vllm", help="vLLM servers (EAGLE 3.1, EAGLE 3, none): output tokens/s by concurrency")
     _bench_options(v, False)
     v.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    t = suites.add_parser("trees", help="chain against draft trees (both drafters) and a sweep of tree shapes, on "
+                                        "held-out chat and code")
+    _bench_options(t, False)
+    add_tree_options(t)
+    t.add_argument("--prompts", type=int, default=6, help="prompts per kind")
     _bench_options(suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, "
                                                      "--k, --max-tokens)"), False)
     m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
@@ -230,6 +235,20 @@ def bench(args: argparse.Namespace) -> int:
 
         request = GenerationRequest(prompt=CODING[0], drafter=args.drafters[-1], k=args.k, max_tokens=args.max_tokens)
         print(profile_run(ReferenceEngine.load(), request))
+        return 0
+    if args.suite == "trees":
+        from playground.evaluation import trees
+
+        shape = tree_shape(args) or trees.TreeBenchConfig.tree
+        config = trees.TreeBenchConfig(drafters=tuple(args.drafters), k=args.k, tree=shape.validate(),
+                                       prompts=args.prompts, max_tokens=args.max_tokens)
+        result = trees.measure(ReferenceEngine.load(), config)
+        out_dir = args.out or Path("assets/benchmark/trees")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.json").write_text(json.dumps(result, indent=1))
+        (out_dir / "results.md").write_text(trees.markdown(result))
+        print(trees.markdown(result))
+        print(f"wrote {out_dir / 'results.md'}, {out_dir / 'results.json'}", file=sys.stderr)
         return 0
     if args.suite == "memory":
         from playground.evaluation.memory import rss_over_runs
