@@ -32,7 +32,7 @@ def add_tree_options(p: argparse.ArgumentParser) -> None:
     from playground.engines.tree import TreeShape
 
     p.add_argument("--tree", action="store_true",
-                   help="draft a tree (EAGLE-2 dynamic trees, greedy, the embedded engine) instead of a chain of k")
+                   help="draft a tree (EAGLE-2 dynamic trees, the embedded engine) instead of a chain of k")
     p.add_argument("--tree-top-k", type=int, default=TreeShape.top_k, help="children per node, nodes expanded per depth")
     p.add_argument("--tree-depth", type=int, default=TreeShape.depth, help="levels of drafts")
     p.add_argument("--tree-nodes", type=int, default=TreeShape.nodes, help="drafts the target verifies per step")

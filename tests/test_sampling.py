@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from playground.engines.sampling import SamplingParams, probabilities, verify_sampling
+from playground.engines.tree import TreeShape
 
 # chi-square critical value at p = 0.001: a correct sampler fails with probability 1/1000
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 35: 66.62}
@@ -73,8 +74,9 @@ def test_top_p_keeps_the_nucleus_like_transformers():
 
 
 @pytest.mark.slow
-def test_engine_sampling_matches_target_distribution(engine):
-    """Real target, random drafter: the token after a fixed first token follows the target."""
+@pytest.mark.parametrize("tree", [None, TreeShape(3, 3, 6)], ids=["chain", "tree"])
+def test_engine_sampling_matches_target_distribution(engine, tree):
+    """Real target and drafter: the token after a fixed first token follows the target."""
     from playground.engines.request import GenerationRequest
 
     prompt = "What is 2+2?"
@@ -82,9 +84,9 @@ def test_engine_sampling_matches_target_distribution(engine):
     seconds: dict[int, list[int]] = {}
     for seed in range(150):
         request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=3, temperature=params.temperature,
-                                    top_p=params.top_p, max_tokens=16, seed=seed)
+                                    top_p=params.top_p, max_tokens=16, seed=seed, tree=tree)
         prefill, first_step = itertools.islice(engine.generate(request), 2)
-        assert first_step.drafted == 3
+        assert first_step.drafted == 3 if tree is None else len(first_step.tree_ids) == 6
         seconds.setdefault(prefill.token_ids[0], []).append(first_step.token_ids[0])
     first, seen = max(seconds.items(), key=lambda kv: len(kv[1]))
     assert len(seen) >= 40

@@ -119,9 +119,74 @@ def test_cli_tree_json_and_its_errors():
     tree_steps = [s for s in steps if s["tree_ids"]]
     assert tree_steps and all(len(s["tree_verdicts"]) == len(s["tree_ids"]) <= 8 for s in tree_steps)
     assert "summary" in json.loads(out.stdout.splitlines()[-1])
-    for args, message in [(("--tree", "--temperature", "0.5"), "verified greedily"),
-                          (("--tree", "--tree-nodes", "0"), "nodes must be between 1 and 64"),
+    for args, message in [(("--tree", "--tree-nodes", "0"), "nodes must be between 1 and 64"),
                           (("--tree", "--backend", "vllm", "--vllm-url", "eagle3.1=http://127.0.0.1:9"),
                            "embedded engine only")]:
         out = run(*args)
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_tree_benchmark_sets_each_tree_against_its_chain(engine):
+    from playground.evaluation.trees import TreeBenchConfig, markdown, measure
+
+    config = TreeBenchConfig(drafters=("eagle3.1",), kinds=("chat",), tree=TreeShape(3, 3, 6),
+                             shapes=(TreeShape(2, 2, 3),), prompts=1, max_tokens=12)
+    result = measure(engine, config)
+    assert [r["method"] for r in result["compare"]] == ["chain k=5", "tree 3/3/6"]
+    assert [r["method"] for r in result["sweep"]] == ["chain k=5", "tree 2/2/3"]
+    assert all(r["tokens"] == 12 and r["verify_ms"] > 0 for r in result["compare"] + result["sweep"])
+    assert result["compare"][0]["speedup_vs_chain"] == 1.0
+    assert "| chat | eagle3.1 | tree 3/3/6 |" in markdown(result)
+
+
+def sampled_tokens(tree: DraftTree, p: torch.Tensor, n: int, seed: int, rule=DraftTree.sample_path) -> torch.Tensor:
+    """n verify steps of one tree: the first two tokens each emits (-1 where it emitted one)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.full((n, 2), -1, dtype=torch.long)
+    for row in range(n):
+        path, nxt = rule(tree, p, gen)
+        emitted = [tree.tokens[i] for i in path] + [nxt]
+        out[row, :len(emitted[:2])] = torch.tensor(emitted[:2])
+    return out
+
+
+def toy_tree_and_target(seed: int = 0, vocab: int = 6):
+    """root -> 0, 1, 2; node 0 -> 3, 4; and the target's distributions after the root and each node."""
+    tree = DraftTree()
+    for token, score in ((0, -0.5), (1, -1.0), (2, -1.5)):
+        tree.add(token, TREE_ROOT, 0.3, score)
+    tree.add(3, 0, 0.5, -1.2)
+    tree.add(4, 0, 0.3, -1.9)
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.rand(len(tree) + 1, vocab, generator=gen) ** 3
+    return tree, p / p.sum(-1, keepdim=True)
+
+
+def test_tree_sampling_keeps_the_targets_distribution():
+    from tests.test_sampling import CHI2_999, chi_square
+
+    tree, p = toy_tree_and_target()
+    tokens = sampled_tokens(tree, p, 20_000, seed=1)
+    first = torch.bincount(tokens[:, 0], minlength=6).float()
+    assert chi_square(first, p[0]) < CHI2_999[5]
+    # after node 0's token, the next follows the target's distribution after node 0
+    after_zero = tokens[tokens[:, 0] == 0, 1]
+    assert chi_square(torch.bincount(after_zero, minlength=6).float(), p[1]) < CHI2_999[5]
+
+
+def test_the_tree_sampling_check_detects_a_lossy_rule():
+    from tests.test_sampling import CHI2_999, chi_square
+
+    def first_child_always(tree, p, gen):   # accepts the likeliest child whatever the target thinks
+        return [0], int(torch.multinomial(p[1], 1, generator=gen))
+
+    tree, p = toy_tree_and_target()
+    tokens = sampled_tokens(tree, p, 20_000, seed=1, rule=first_child_always)
+    assert chi_square(torch.bincount(tokens[:, 0], minlength=6).float(), p[0]) > CHI2_999[5]
+
+
+def test_sampled_trees_run_and_repeat_with_their_seed(engine):
+    request = GenerationRequest(prompt=PROMPT, max_tokens=24, drafter="eagle3.1", temperature=0.7,
+                                tree=TreeShape(3, 4, 10), seed=5)
+    runs = [summarize(list(engine.generate(request))) for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) == 24

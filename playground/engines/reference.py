@@ -152,7 +152,8 @@ class ReferenceEngine:
                     draft_tree, proposal = proposer.propose_tree(tree)
                 t_verify = time.perf_counter()
                 with record_function("verify"):
-                    path, committed, proposal = self._verify_tree(draft_tree, proposal, last, cache, proposer)
+                    path, committed, proposal = self._verify_tree(draft_tree, proposal, last, cache, proposer,
+                                                                  params, generator)
                 accepted, drafted_tree = len(path), (draft_tree, path)
             else:
                 with record_function("draft"):
@@ -173,19 +174,23 @@ class ReferenceEngine:
                                     self._finish(emitted, request, cache), drafted_tree)
             yield event
 
-    def _verify_tree(self, tree: DraftTree, probes: Proposal, last: int, cache, proposer: Proposer
-                     ) -> tuple[list[int], list[int], Proposal]:
+    def _verify_tree(self, tree: DraftTree, probes: Proposal, last: int, cache, proposer: Proposer,
+                     params: SamplingParams, generator: torch.Generator) -> tuple[list[int], list[int], Proposal]:
         """Verify a draft tree in one forward; keep the accepted path in the target's cache and give
         it to the drafter. Returns (the accepted path, committed tokens, the step's proposal: the
         tree's main line with the probes by depth)."""
         start = cache.length
         depths = torch.tensor([0] + tree.depths)
         out = self.target.forward(torch.tensor([[last] + tree.tokens]), cache, tree=(depths, tree.attention()))
-        predicted = out.logits[0].argmax(-1).tolist()
-        path = tree.longest_match(predicted)
+        if params.greedy:
+            predicted = out.logits[0].argmax(-1).tolist()
+            path = tree.longest_match(predicted)
+            next_id = predicted[path[-1] + 1 if path else 0]
+        else:
+            path, next_id = tree.sample_path(probabilities(out.logits[0], params), generator)
         rows = [0] + [i + 1 for i in path]
         cache.keep(start, rows)
-        committed = [tree.tokens[i] for i in path] + [predicted[rows[-1]]]
+        committed = [tree.tokens[i] for i in path] + [next_id]
         proposer.observe(out.features[0, rows], committed)
         line = tree.main_line(path)
         proposal = replace(probes, ids=[tree.tokens[i] for i in line], probs=[tree.probs[i] for i in line])

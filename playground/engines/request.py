@@ -62,8 +62,6 @@ class GenerationRequest:
             raise PlaygroundError(f"max tokens is limited to {max_tokens_limit}, got {self.max_tokens}")
         if self.tree is not None:
             self.tree.validate()
-            if not self.sampling.greedy:
-                raise PlaygroundError("draft trees are verified greedily: use temperature 0 with a tree")
         return self
 
 

@@ -4,7 +4,8 @@ The drafter expands the best `top_k` nodes of each depth by their `top_k` childr
 cumulative draft log-probability; a global rerank keeps the best `nodes`. The target verifies
 the whole tree in one forward: each node sees the committed context, its ancestors and itself
 (`attention`), at the position its depth gives. Greedy acceptance takes the longest path whose
-every token is the target's own argmax. With `top_k = 1` the tree is the chain.
+every token is the target's own argmax; sampling tries siblings in turn (`sample_path`). With
+`top_k = 1` the tree is the chain.
 """
 
 from __future__ import annotations
@@ -89,6 +90,32 @@ class DraftTree:
                 return path
             path.append(match)
             current = match
+
+    def sample_path(self, target_p: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
+        """Sampling acceptance: (the accepted path, the token the target adds after it).
+
+        `target_p[0]` is the target's distribution after the root, `target_p[1 + i]` after node i.
+        At each accepted node its children are tried in turn, likeliest first: child x is accepted
+        with probability p(x) / (mass left); if not, x's mass is removed and the next child is
+        tried; if none is accepted, the token comes from what is left of p. This is exact because
+        the drafts were chosen without the target's randomness: the chance that x comes out is the
+        chance that every earlier child was refused, prod(1 - p(c_j) / left_j) = left_i, times
+        p(x) / left_i, that is p(x); and a token that is no child comes out with
+        left_final * p(y) / left_final = p(y). Then the same holds one depth down."""
+        path, current = [], ROOT
+        while True:
+            p = target_p[current + 1].clone()
+            accepted = None
+            for child in sorted(self.children(current), key=lambda i: -self.scores[i]):
+                left = float(p.sum())
+                if left > 0 and float(torch.rand((), generator=generator)) * left < float(p[self.tokens[child]]):
+                    accepted = child
+                    break
+                p[self.tokens[child]] = 0.0
+            if accepted is None:
+                return path, int(torch.multinomial(p / p.sum(), 1, generator=generator))
+            path.append(accepted)
+            current = accepted
 
     def main_line(self, path: list[int]) -> list[int]:
         """The accepted path, then its best-scoring descendants one by one: the drafts a chain view

@@ -57,7 +57,7 @@ def settings(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool,
                                     label="max tokens", elem_id=eid("max-tokens"))
     with gr.Row():
         c["draft"] = gr.Radio(["chain", "tree"], value="chain", label="draft", elem_id=eid("draft"),
-                              info="tree: EAGLE-2 dynamic trees, greedy, reference backend")
+                              info="tree: EAGLE-2 dynamic trees, reference backend")
         c["tree_top_k"] = gr.Slider(*LIMITS["top_k"], value=TreeShape.top_k, step=1, label="tree top-k",
                                     elem_id=eid("tree-top-k"))
         c["tree_depth"] = gr.Slider(*LIMITS["depth"], value=TreeShape.depth, step=1, label="tree depth",
