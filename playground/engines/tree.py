@@ -22,9 +22,11 @@ LIMITS = {"top_k": (1, 10), "depth": (1, 10), "nodes": (1, 64)}
 
 @dataclass(frozen=True)
 class TreeShape:
-    top_k: int = 4     # children per expanded node, and nodes expanded per depth
-    depth: int = 5     # levels of drafts
-    nodes: int = 16    # drafts kept after the global rerank (the target verifies nodes + 1 tokens)
+    """The defaults are the fastest shape `bench trees` measured on a 2-core CPU (docs/performance.md):
+    beyond about 8 drafts a verify forward there costs more than the extra accepted tokens bring."""
+    top_k: int = 2     # children per expanded node, and nodes expanded per depth
+    depth: int = 4     # levels of drafts
+    nodes: int = 8     # drafts kept after the global rerank (the target verifies nodes + 1 tokens)
 
     def validate(self) -> "TreeShape":
         for name, (low, high) in LIMITS.items():
