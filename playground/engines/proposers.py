@@ -79,12 +79,7 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         proposal = Proposal()
-        committed = self.cache.length
-        features = torch.cat(self.pending_features).to(self.drafter.dtype)
-        hidden = self.drafter.fuse(features)[None]  # [1, m, H]
-        ids = torch.tensor(self.pending_ids)
-        self.pending_features, self.pending_ids = [], []
-        end = committed + ids.shape[0]          # first scratch position
+        hidden, ids, committed, end = self._take_pending()
         positions = torch.arange(committed, end)
         q_rows = []
         for depth in range(k):
@@ -123,11 +118,7 @@ class EagleProposer:
         """A greedy draft tree (tree.py), and its probes by depth in a Proposal (sink and self
         attention and fed-back RMS averaged over the nodes expanded at each depth)."""
         probes = Proposal()
-        committed = self.cache.length
-        hidden = self.drafter.fuse(torch.cat(self.pending_features).to(self.drafter.dtype))[None]
-        ids = torch.tensor(self.pending_ids)
-        self.pending_features, self.pending_ids = [], []
-        end = committed + ids.shape[0]
+        hidden, ids, committed, end = self._take_pending()
         probes.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
         embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
         normed, fed_back = self.drafter.step(hidden, embeds, torch.arange(committed, end),
@@ -156,6 +147,16 @@ class EagleProposer:
             frontier = [child for row, node in enumerate(frontier) for child in self._expand(
                 tree, sources, node, tree.scores[node], normed[0, row], fed_back[0, row], shape.top_k)]
         return tree.best(shape.nodes), probes
+
+    def _take_pending(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """The committed positions observed since the last proposal: their fused target features
+        [1, m, H], their next tokens [m], where they start in the drafter cache and where the
+        first scratch position is."""
+        committed = self.cache.length
+        hidden = self.drafter.fuse(torch.cat(self.pending_features).to(self.drafter.dtype))[None]
+        ids = torch.tensor(self.pending_ids)
+        self.pending_features, self.pending_ids = [], []
+        return hidden, ids, committed, committed + ids.shape[0]
 
     def _expand(self, tree: DraftTree, sources: dict, parent: int, score: float, normed: torch.Tensor,
                 fed_back: torch.Tensor, top_k: int) -> list[int]:

@@ -88,11 +88,11 @@ def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kin
     rows = []
     for kind in kinds:
         for name in drafters:
+            drafter = engine.drafter(name)
             for draft, shape in [("chain", None)] + ([("tree", tree)] if tree is not None else []):
                 runs = [reconcile(list(engine.generate(replace(r, tree=shape))))
                         for r in requests(kind, name, k, max_tokens)[:prompts]]
                 answer = torch.tensor([t for run in runs for e in run for t in e.token_ids], dtype=torch.long)
-                drafter = engine.drafter(name)
                 draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
                 rows.append(EvalRow(name, kind, pool(runs), draftable, tuple(drafting_counts(run) for run in runs),
                                     draft))

@@ -98,7 +98,7 @@ def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str
     """One server per drafter in `names` (a given checkpoint, else the shipped one for the embedded
     target; another model has only the drafters given), and one without speculation when `names` has none."""
     given = parse_pairs(spec.drafters, "--vllm-drafter", tuple(SHIPPED), "FOLDER_OR_HUB_ID")
-    baseline = {NONE: (None, False)}
+    baseline = {NONE: (None, False)} if NONE in names else {}
     if spec.model is None:
         drafters = {}
         for name in names:
@@ -108,14 +108,14 @@ def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str
                 folder, trained = drafter_folder(reference, name)
                 drafters[name] = (str(folder), trained)
         return LaunchConfig(target=str(embedded_target_folder()), k=spec.k, max_model_len=VLLM_MAX_CONTEXT,
-                            drafters={**drafters, **(baseline if NONE in names else {})},
+                            drafters={**drafters, **baseline},
                             extra_args=env_server_args() + spec.server_args)
     drafters = {name: (source, True) for name, source in given.items() if name in names}
     if not drafters and set(names) != {NONE}:
         raise PlaygroundError(f"--vllm-model needs a drafter for {' or '.join(n for n in names if n != NONE)}: "
                               "--vllm-drafter NAME=FOLDER_OR_HUB_ID")
     return LaunchConfig(target=spec.model, served_name=Path(spec.model.rstrip("/")).name, k=spec.k,
-                        drafters={**drafters, **(baseline if NONE in names else {})}, dtype=None, max_model_len=None,
+                        drafters={**drafters, **baseline}, dtype=None, max_model_len=None,
                         extra_args=env_server_args() + spec.server_args)
 
 def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: LaunchSpec | None,
