@@ -1,4 +1,5 @@
-"""Plotly figures by draft depth; one trace group per run, in a fixed colour per drafter."""
+"""Plotly figures by draft depth; one trace group per run, in a fixed colour per drafter (and one for
+a drafter's trees beside its chain)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ from playground.engines.stats import RunSummary
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
 
 COLORS = {EAGLE31: "#2563eb", EAGLE3: "#ea580c", NONE: "#6b7280"}
-FALLBACK_COLOR = "#7c3aed"
+TREE_COLOR = "#7c3aed"       # a run that drafts trees beside the same drafter's chain
+FALLBACK_COLOR = "#0d9488"
+SEPARATOR = " · "            # a run named "<drafter> · <how it drafts>"
 
 
 def label(name: str) -> str:
-    return LABELS.get(name, name)
+    drafter, _, how = name.partition(SEPARATOR)
+    return LABELS.get(drafter, drafter) + (SEPARATOR + how if how else "")
+
+
+def color(name: str) -> str:
+    drafter, _, how = name.partition(SEPARATOR)
+    return TREE_COLOR if how.startswith("tree") else COLORS.get(drafter, FALLBACK_COLOR)
 
 
 def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None,
@@ -46,12 +55,12 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
     """Bars: unconditional P(depth d accepted); dashed line: conditional on d-1 accepted."""
     fig = go.Figure()
     for name, s in runs.items():
-        color = COLORS.get(name, FALLBACK_COLOR)
+        shade = color(name)
         fig.add_bar(x=_depths(s.per_position_acceptance), y=list(s.per_position_acceptance),
-                    marker_color=color, opacity=0.8, **_drafter_traces(name, "all steps"))
+                    marker_color=shade, opacity=0.8, **_drafter_traces(name, "all steps"))
         fig.add_scatter(x=_depths(s.per_position_acceptance_conditional),
                         y=list(s.per_position_acceptance_conditional), mode="lines+markers",
-                        line=dict(color=color, dash="dash"), showlegend=False,
+                        line=dict(color=shade, dash="dash"), showlegend=False,
                         **_drafter_traces(name, "given depth d-1 accepted"))
     return _layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05],
                    key="bars: all steps · dashed: given depth d-1 accepted")
@@ -61,11 +70,11 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
     """Drafter attention mass on the sink tokens (solid) and on its own drafts (dotted)."""
     fig = go.Figure()
     for name, s in runs.items():
-        color = COLORS.get(name, FALLBACK_COLOR)
+        shade = color(name)
         fig.add_scatter(x=_depths(s.mean_sink_attention), y=list(s.mean_sink_attention), mode="lines+markers",
-                        line=dict(color=color), **_drafter_traces(name, "sink tokens"))
+                        line=dict(color=shade), **_drafter_traces(name, "sink tokens"))
         fig.add_scatter(x=_depths(s.mean_self_attention), y=list(s.mean_self_attention), mode="lines+markers",
-                        line=dict(color=color, dash="dot"), showlegend=False,
+                        line=dict(color=shade, dash="dot"), showlegend=False,
                         **_drafter_traces(name, "own drafts"))
     return _layout(fig, "Drafter attention by depth", "attention mass", [0, 1.05],
                    key="solid: the sink tokens · dotted: its own drafts")
@@ -77,7 +86,7 @@ def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
     fig = go.Figure()
     for name, values in series.items():
         fig.add_scatter(x=_depths(values), y=list(values), mode="lines+markers", name=label(name),
-                        line=dict(color=COLORS.get(name, FALLBACK_COLOR)))
+                        line=dict(color=color(name)))
     return _layout(fig, title, y_title, y_range)
 
 

@@ -102,9 +102,9 @@ def test_comparison_tab_streams_both_columns(page, tmp_path):
     page.locator("#cmp-prompt textarea").fill("Write a haiku about the sea.")
     set_number(page, "cmp-max-tokens", 40)
     page.locator("#compare-run").click()
-    for name in ("eagle3", "eagle31", "none"):   # element ids drop the dot
-        expect(page.locator(f"#answer-{name} .finish")).to_be_visible(timeout=120_000)
-    texts = [page.locator(f"#text-{name} textarea").input_value() for name in ("eagle3", "eagle31", "none")]
+    for slot in ("first", "second", "none"):
+        expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=120_000)
+    texts = [page.locator(f"#text-{slot} textarea").input_value() for slot in ("first", "second", "none")]
     assert texts[0] and texts[0] == texts[1] == texts[2]
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")

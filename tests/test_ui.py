@@ -76,6 +76,20 @@ def test_comparison_streams_both_drafters_side_by_side(client):
     assert table[2][3] == "1.00x"
 
 
+@pytest.mark.slow
+def test_comparison_runs_one_drafters_chain_against_its_tree(client):
+    expected = cli_text(PROMPT, 24)
+    final = client.predict(PROMPT, "", "model", 4, 0.0, 1.0, 24, False, "reference", "chain", 2, 4, 8,
+                           "chain-vs-tree", "eagle3", api_name="/compare")
+    assert (final[2], final[5], final[8]) == (expected, expected, "")   # greedy: one answer however drafted
+    assert [row[0] for row in final[12]["data"]] == ["EAGLE 3 · chain k=4", "EAGLE 3 · tree 2/4/8"]
+    assert list(final[14:]) == ["#### EAGLE 3 · chain k=4", "#### EAGLE 3 · tree 2/4/8", "#### not run"]
+    assert 'class="tok acc"' in final[4]   # the tree column colours its accepted drafts
+    with pytest.raises(Exception, match="not in the list of choices"):   # chain vs tree needs a drafter
+        client.predict(PROMPT, "", "model", 4, 0.0, 1.0, 8, False, "reference", "chain", 2, 4, 8,
+                       "chain-vs-tree", "none", api_name="/compare")
+
+
 @pytest.mark.parametrize("args, message", [
     (run_args(prompt="   "), "prompt is empty"),
     (run_args(prompt="x" * 25_000), "characters"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from playground.model.variants import NONE
-from playground.plots import COLORS, FALLBACK_COLOR, html_page, label
+from playground.plots import color, html_page, label
 
 
 def _fmt(xs, f: str = "{:.2f}") -> str:
@@ -98,7 +98,6 @@ def charts(res: dict) -> list[go.Figure]:
     drafters = res["config"]["drafters"]
     categories = list(dict.fromkeys(r["category"] for r in res["rows"]))
     by = {(r["category"], r["method"]): r for r in res["rows"]}
-    color = lambda m: COLORS.get(m, FALLBACK_COLOR)
     tau, speed = go.Figure(), go.Figure()
     for d in drafters:
         tau.add_bar(x=categories, y=[by[(c, d)]["mean_acceptance_length"] for c in categories], name=label(d),
