@@ -194,6 +194,9 @@ def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--per-category", type=int, default=d(None), help="at most this many prompts per category")
     p.add_argument("--sweep-ks", type=int, nargs="*", default=d(list(BenchConfig.sweep_ks)),
                    help="k values swept for EAGLE 3.1 on chat and coding (none: no sweep)")
+    p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=d(True),
+                   help="each drafter also drafts the default tree on every prompt: chain-vs-tree rows (the "
+                        "embedded engine; `bench trees` sweeps shapes)")
     p.add_argument("--out", type=Path, default=d(None),
                    help="folder for results.md, results.json and charts.html (default: assets/benchmark/BACKEND)")
     add_vllm_options(p, d)
@@ -259,6 +262,7 @@ def bench(args: argparse.Namespace) -> int:
         return 0
 
     from playground.evaluation import ceiling, report
+    from playground.engines.tree import TreeShape
     from playground.evaluation.benchmark import BenchConfig, collect, results
 
     reference = ReferenceEngine.load()
@@ -280,10 +284,11 @@ def bench(args: argparse.Namespace) -> int:
         if NONE not in engine.drafter_names:
             raise PlaygroundError("the suite measures speedups over a server without speculation: add "
                                   "--vllm-url none=URL, or run `bench vllm`")
-        config = BenchConfig(drafters=tuple(d for d in args.drafters if d in engine.drafter_names), k=args.k, max_tokens=args.max_tokens,
-                             categories=tuple(args.categories), per_category=args.per_category,
-                             sweep_ks=() if vllm else tuple(args.sweep_ks), compare_generate=not vllm,
-                             backend=args.backend)
+        config = BenchConfig(drafters=tuple(d for d in args.drafters if d in engine.drafter_names), k=args.k,
+                             max_tokens=args.max_tokens, categories=tuple(args.categories),
+                             per_category=args.per_category, sweep_ks=() if vllm else tuple(args.sweep_ks),
+                             compare_generate=not vllm, backend=args.backend,
+                             tree=TreeShape() if args.trees and not vllm else None)
         measured_ceiling = None if vllm else ceiling.measure(reference.target, (1, config.k + 1))
         out_dir = args.out or Path("assets/benchmark") / args.backend
         progress = out_dir / "progress.pkl"

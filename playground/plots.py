@@ -8,12 +8,11 @@ from typing import Mapping
 import plotly.graph_objects as go
 
 from playground.engines.stats import RunSummary
-from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
+from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, SEPARATOR
 
 COLORS = {EAGLE31: "#2563eb", EAGLE3: "#ea580c", NONE: "#6b7280"}
 TREE_COLOR = "#7c3aed"       # a run that drafts trees beside the same drafter's chain
 FALLBACK_COLOR = "#0d9488"
-SEPARATOR = " · "            # a run named "<drafter> · <how it drafts>"
 
 
 def label(name: str) -> str:

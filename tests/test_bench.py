@@ -46,10 +46,20 @@ def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
         assert r["mean_acceptance_length"] >= 1.0
         assert (r["method"] == "none") == (r["steps"] > 0 and not r["acceptance"])
     assert [s["k"] for s in res["sweep"]] == [1, 3] and len(res["sweep"][1]["acceptance"]) == 3
+    # every drafter also drafts the default tree, on the same prompts (the lossless check covers it)
+    assert {(t["category"], t["method"]) for t in res["trees"]} == {
+        (c, f"{d} · tree 2/4/8") for c in ("coding", "perturbed template") for d in ("eagle3", "eagle3.1")}
+    rows = {(r["category"], r["method"]): r for r in res["rows"]}
+    for t in res["trees"]:
+        chain = rows[(t["category"], t["drafter"])]
+        assert t["tree"] == {"top_k": 2, "depth": 4, "nodes": 8} and t["tokens"] == chain["tokens"]
+        assert t["chain_tau"] == chain["mean_acceptance_length"] and t["verify_ms"] > 0
+        assert t["speedup_vs_chain"] == pytest.approx(t["tokens_per_s"] / chain["tokens_per_s"])
     ceiling = res["ceiling"]
     assert ceiling["bandwidth_gb_s"] > 0 and ceiling["measured_ms"]["1"] > 0 and ceiling["tokens_per_s"] > 0
     table = (out / "results.md").read_text()
     assert "| coding |" in table and "| perturbed template |" in table and "k sweep" in table
+    assert "against a draft tree (2/4/8" in table and "| coding | EAGLE 3.1 |" in table
     assert table in proc.stdout
     assert "plotly" in (out / "charts.html").read_text()[:5_000_000]
 

@@ -28,6 +28,9 @@ class TreeShape:
     depth: int = 4     # levels of drafts
     nodes: int = 8     # drafts kept after the global rerank (the target verifies nodes + 1 tokens)
 
+    def __str__(self) -> str:
+        return f"tree {self.top_k}/{self.depth}/{self.nodes}"
+
     def validate(self) -> "TreeShape":
         for name, (low, high) in LIMITS.items():
             value = getattr(self, name)

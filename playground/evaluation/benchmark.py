@@ -1,8 +1,9 @@
 """`python -m playground bench`: the prompt suite through every drafter, side by side in one run.
 
 For each prompt the methods run back to back (transformers' generate, no speculation, each
-drafter), so machine drift hits them alike; rates are pooled per category. At temperature 0 all
-must emit the same tokens; any difference is recorded and reported, never hidden.
+drafter's chain, then its draft tree), so machine drift hits them alike; rates are pooled per
+category. At temperature 0 all must emit the same tokens; any difference is recorded and reported,
+never hidden.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -18,9 +19,10 @@ from tqdm import tqdm
 
 from playground.engines.events import StepEvent
 from playground.engines.stats import pool
+from playground.engines.tree import TreeShape
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.evaluation.prompt_sets import CATEGORIES, BenchPrompt, suite
-from playground.model.variants import EAGLE3, EAGLE31, NONE
+from playground.model.variants import EAGLE3, EAGLE31, NONE, run_name
 
 GENERATE = "transformers generate"
 
@@ -37,6 +39,11 @@ class BenchConfig:
     sweep_categories: tuple[str, ...] = ("chat", "coding")
     compare_generate: bool = True      # the reference backend only
     backend: str = "reference"
+    tree: TreeShape | None = None   # each drafter also drafts this tree (the reference backend only)
+
+    def tree_methods(self) -> dict[str, str]:
+        """run name -> drafter, for the tree runs."""
+        return {run_name(d, str(self.tree)): d for d in self.drafters} if self.tree else {}
 
 
 @dataclass
@@ -77,10 +84,11 @@ def collect(engine, reference, config: BenchConfig, progress: Path | None = None
     """
     prompts: list[BenchPrompt] = suite(reference.tokenizer, config.categories, config.per_category)
     methods = (NONE, *config.drafters)
+    trees = config.tree_methods()
     sweeping = [p for p in prompts if p.category in config.sweep_categories] if config.sweep_ks else []
 
     def runs_of(p: BenchPrompt) -> int:
-        return len(methods) + config.compare_generate + (p in sweeping) * len(config.sweep_ks)
+        return len(methods) + len(trees) + config.compare_generate + (p in sweeping) * len(config.sweep_ks)
 
     out = _resume(progress, config)
     with tqdm(total=sum(map(runs_of, prompts)), initial=sum(map(runs_of, prompts[:out.prompts_done])),
@@ -96,6 +104,13 @@ def collect(engine, reference, config: BenchConfig, progress: Path | None = None
                 events = list(engine.generate(p.request(method, config.k, config.max_tokens)))
                 out.runs.setdefault((p.category, method), []).append(events)
                 expected = _check(out, p, method, _tokens(events), expected)
+                bar.update()
+            for method, drafter in trees.items():
+                bar.set_postfix_str(f"{p.category} · {method}")
+                request = replace(p.request(drafter, config.k, config.max_tokens), tree=config.tree)
+                events = list(engine.generate(request))
+                out.runs.setdefault((p.category, method), []).append(events)
+                _check(out, p, method, _tokens(events), expected)
                 bar.update()
             if p in sweeping:
                 for k in config.sweep_ks:
@@ -133,6 +148,17 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
                          "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
                          "vs_generate": p.tokens_per_s / generate_tps if generate_tps else None,
                          "generate_tokens_per_s": generate_tps})
+    trees = []
+    for (category, method), runs in collected.runs.items():
+        drafter = config.tree_methods().get(method)
+        if drafter is None:
+            continue
+        p, chain = pool(runs), pool(collected.runs[(category, drafter)])
+        trees.append({"category": category, "drafter": drafter, "method": method, "tree": asdict(config.tree),
+                      **p.to_json(), "speedup_vs_chain": p.tokens_per_s / chain.tokens_per_s,
+                      "speedup_vs_none": p.tokens_per_s / pool(collected.runs[(category, NONE)]).tokens_per_s,
+                      "chain_tau": chain.mean_acceptance_length, "chain_tokens_per_s": chain.tokens_per_s,
+                      "chain_verify_ms": chain.verify_ms, "chain_draft_ms": chain.draft_ms})
     sweep = []
     for k in config.sweep_ks:
         runs = [r for (c, kk), rs in collected.sweep.items() if kk == k for r in rs]
@@ -145,10 +171,10 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
                       "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
                       "vs_generate": p.tokens_per_s / gen_tps if gen_tps else None})
     return {
-        "config": {**config.__dict__},
+        "config": asdict(config),
         "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
-        "rows": rows, "sweep": sweep,
+        "rows": rows, "sweep": sweep, "trees": trees,
         "ceiling": ceiling.to_json() if ceiling is not None else None,
         "lossless": not collected.mismatches, "mismatches": collected.mismatches,
     }

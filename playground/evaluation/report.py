@@ -61,6 +61,19 @@ def markdown(res: dict) -> str:
                          f"{_x(s['speedup_vs_none'])} | {_x(s['vs_generate'])} | {s['draft_ms']:.1f} | "
                          f"{s['verify_ms']:.1f} | {s['other_ms']:.1f} |")
 
+    if res.get("trees"):
+        lines += ["", f"Chain (k={c['k']}) against a draft tree ({c['tree']['top_k']}/{c['tree']['depth']}/"
+                      f"{c['tree']['nodes']}: top-k/depth/nodes) for each drafter; the target verifies k+1 tokens "
+                      f"a step for the chain, nodes+1 for the tree:", "",
+                  "| category | drafter | chain tau | tree tau | chain tok/s | tree tok/s | tree vs chain | "
+                  "chain verify ms | tree verify ms | chain draft ms | tree draft ms |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for t in res["trees"]:
+            lines.append(f"| {t['category']} | {label(t['drafter'])} | {t['chain_tau']:.2f} | "
+                         f"{t['mean_acceptance_length']:.2f} | {t['chain_tokens_per_s']:.1f} | {t['tokens_per_s']:.1f} | "
+                         f"{_x(t['speedup_vs_chain'])} | {t['chain_verify_ms']:.1f} | {t['verify_ms']:.1f} | "
+                         f"{t['chain_draft_ms']:.1f} | {t['draft_ms']:.1f} |")
+
     lines += ["", "Time per verify step (ms), pooled over all categories:", "",
               "| method | draft | verify | other (sampling, bookkeeping, events) |", "|---|---:|---:|---:|"]
     for method in (NONE, *drafters):

@@ -31,7 +31,7 @@ class TreeBenchConfig:
 
 
 def label(shape: TreeShape | None, k: int) -> str:
-    return f"chain k={k}" if shape is None else f"tree {shape.top_k}/{shape.depth}/{shape.nodes}"
+    return f"chain k={k}" if shape is None else str(shape)
 
 
 def run_methods(engine, drafter: str, kind: str, methods: list[TreeShape | None], config: TreeBenchConfig

@@ -12,6 +12,11 @@ SHIPPED = {EAGLE3: False, EAGLE31: True}   # shipped name -> EAGLE 3.1 switches 
 NAMES = (EAGLE3, EAGLE31, NONE)
 LABELS = {EAGLE31: "EAGLE 3.1", EAGLE3: "EAGLE 3", NONE: "no speculation"}
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
+SEPARATOR = " · "   # a run that drafts otherwise than its drafter's default is named "<drafter> · <how>"
+
+
+def run_name(drafter: str, how: str = "") -> str:
+    return drafter + SEPARATOR + how if how else drafter
 
 
 def shipped_path(name: str) -> Path:

@@ -15,7 +15,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
-from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
+from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, run_name
 from playground.ui import render
 from playground.ui.playground_tab import drafter_note, settings
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
@@ -40,13 +40,11 @@ def lanes(mode: str, drafter: str, draft: str, with_none: bool, available: tuple
     return pair + [(NONE, "chain") if with_none and NONE in available else None]
 
 
-def run_name(mode: str, request: GenerationRequest) -> str:
+def lane_name(mode: str, request: GenerationRequest) -> str:
     """What keys a run's log, plots and exports: the drafter, and how it drafted when that differs."""
     if mode != CHAIN_VS_TREE or request.drafter == NONE:
         return request.drafter
-    t = request.tree
-    how = f"tree {t.top_k}/{t.depth}/{t.nodes}" if t else f"chain k={request.k}"
-    return request.drafter + plots.SEPARATOR + how
+    return run_name(request.drafter, str(request.tree) if request.tree else f"chain k={request.k}")
 
 
 def summary_table(summaries: Mapping[str, RunSummary]) -> list[list]:
@@ -94,7 +92,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             slots = [make_request(limits, prompt, system, template, lane[0], k, temperature, top_p, max_tokens,
                                   draft=lane[1], tree=(tree_top_k, tree_depth, tree_nodes)) if lane else None
                      for lane in lanes(compare, drafter, draft, with_none, engine.drafter_names)]
-            names = [run_name(compare, r) if r else None for r in slots]
+            names = [lane_name(compare, r) if r else None for r in slots]
             requests = {n: r for n, r in zip(names, slots) if r}
             notes = {n: drafter_note(engine, r.drafter) for n, r in requests.items()}
             streams = {n: engine.generate(r) for n, r in requests.items()}
