@@ -123,6 +123,9 @@ def _add_train(sub) -> None:
     p.add_argument("--source", choices=SOURCES, default=DataConfig.source,
                    help="templates: the prompt generator; self: the target writes the user turns itself")
     p.add_argument("--device", default=DataConfig.device, help="where the target runs: cpu or cuda")
+    p.add_argument("--slots", type=int, default=DataConfig.slots,
+                   help="> 0: decode in this many slots refilled as answers end, one captured step on a GPU "
+                        "(--batch then sets the conversations per shard)")
 
     from playground.training.train import TrainConfig
 
@@ -134,6 +137,8 @@ def _add_train(sub) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(TrainConfig, name))
     for name in ("lr", "decay"):
         p.add_argument(f"--{name}", type=float, default=getattr(TrainConfig, name))
+    p.add_argument("--budget-s", type=float, default=TrainConfig.budget_s,
+                   help="save and stop after this many seconds; the same command goes on from there")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16,
                    help="bf16 autocast for the drafter (default on)")
     p.add_argument("--device", default=TrainConfig.device, help="where the drafter trains: cpu or cuda")
@@ -142,6 +147,17 @@ def _add_train(sub) -> None:
     p.add_argument("--init", nargs="+", default=[], metavar="DRAFTER",
                    help="one trained drafter per variant, in order (shipped name or checkpoint folder): new runs "
                         "start from its weights and draft vocabulary instead of a new drafter (fine-tuning)")
+
+    p = train.add_parser("lease", help="the scale-up inside one GPU lease, a step per command of under 10 "
+                                       "minutes: data, train, finish (there), unpack (here)")
+    p.add_argument("step", choices=("data", "train", "finish", "unpack"))
+    p.add_argument("--work", type=Path, default=Path("lease"), help="the lent machine's folder for data and runs")
+    p.add_argument("--plan", choices=("gpu", "toy"), default="gpu", help="toy: the same steps at CPU size")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="data and train stop by themselves after about this long; run the step again to go on")
+    p.add_argument("--out", type=Path, default=None, help="finish: the folder the archive's parts go to")
+    p.add_argument("--parts", type=Path, default=None, help="unpack: the folder holding the parts")
+    p.add_argument("--runs", type=Path, default=Path("runs/lease"), help="unpack: where the run folders go")
 
     p = train.add_parser("validate", help="training's loss and accuracy by depth of trained drafters on "
                                           "held-out data folders (teacher-forced)")
@@ -341,8 +357,10 @@ def train(args: argparse.Namespace) -> int:
 
         generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                 source=args.source, device=args.device))
+                                 source=args.source, device=args.device, slots=args.slots))
         return 0
+    if args.stage == "lease":
+        return lease(args)
     if args.stage == "validate":
         from playground.training.train import format_validation, validate_drafters
 
@@ -363,6 +381,27 @@ def train(args: argparse.Namespace) -> int:
                for variant, out, init in zip(args.variant, args.out, inits)]
     for folder in train_drafter(configs):
         print(f"wrote {folder}")
+    return 0
+
+
+def lease(args: argparse.Namespace) -> int:
+    from playground.training import lease as steps
+
+    plan = steps.PLANS[args.plan]
+    if args.step == "unpack":
+        if args.parts is None:
+            raise PlaygroundError("unpack needs --parts: the folder the lease's finish step wrote to")
+        runs = steps.unpack(args.parts, args.runs)
+        print("run folders: " + " ".join(map(str, runs)) + f"\nnext: python -m playground train ship --runs {' '.join(map(str, runs))}")
+        return 0
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.step == "finish":
+        if args.out is None:
+            raise PlaygroundError("finish needs --out: the folder whose files come back")
+        print("\n".join(f"wrote {part}" for part in steps.run_finish(plan, args.work, args.out)))
+        return 0
+    done = (steps.run_data if args.step == "data" else steps.run_train)(plan, args.work, args.budget_s)
+    print(f"{args.step}: " + ("complete" if done else "stopped inside its budget; run the same command again"))
     return 0
 
 

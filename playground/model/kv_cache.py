@@ -16,8 +16,16 @@ class KVCache:
         self.capacity = capacity
         self.length = 0  # positions [0, length) hold committed entries
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [B, kv_heads, T, head_dim] at positions start..start+T; return all up to there."""
+    def write(self, layer: int, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B, kv_heads, T, head_dim] at positions start..start+T; return all up to there.
+        With `start` a tensor [B], each row writes its one token (T = 1) at its own position, and
+        every position comes back (the caller masks what a row may see): shapes never change."""
+        if isinstance(start, torch.Tensor):
+            rows = torch.arange(k.shape[0], device=k.device)
+            self.keys[layer, rows, :, start] = k[:, :, 0]
+            self.values[layer, rows, :, start] = v[:, :, 0]
+            return self.keys[layer], self.values[layer]
         end = start + k.shape[2]
         if end > self.capacity:
             raise RuntimeError(f"KV cache overflow: {end} > {self.capacity}")

@@ -210,6 +210,25 @@ class Target:
         mask = _attention_mask(start, T, key_padding, ids.device)
         if tree is not None:
             mask = torch.cat([torch.ones(T, start, dtype=torch.bool), tree[1]], dim=1)[None, None].to(ids.device)
+        h, taps = self._layers(h, cos, sin, cache, start, mask)
+        cache.truncate(start + T)
+        final = self.norm(h)
+        logits = self.lm_head(final[:, -1:] if last_only else final).float()
+        return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
+
+    @torch.inference_mode()
+    def decode_rows(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One token per row, ids [B] at positions [B], each row its own sequence in its own cache
+        row (it sees its positions 0..positions[b]); logits [B, vocab] in float32. Every shape is
+        fixed by B and the cache's capacity, so one CUDA graph replays it (training.slots)."""
+        h = self.embed_tokens(ids[:, None])
+        cos, sin = self.rotary_emb(h, positions[:, None])
+        mask = (torch.arange(cache.capacity, device=ids.device) <= positions[:, None])[:, None, None]
+        h, _ = self._layers(h, cos, sin, cache, positions, mask)
+        return self.lm_head(self.norm(h[:, 0])).float()
+
+    def _layers(self, h, cos, sin, cache, start, mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The decoder stack; also the inputs of the aux layers (EAGLE-3's features)."""
         taps = []
         for i, layer in enumerate(self.layers):
             if i in self.aux_layers:
@@ -217,10 +236,7 @@ class Target:
             h = h + self._attention(layer, i, layer.input_norm(h), cos, sin, cache, start, mask)
             gate, up = layer.gate_up.split(layer.post_norm(h))
             h = h + layer.down(layer.act(gate) * up)
-        cache.truncate(start + T)
-        final = self.norm(h)
-        logits = self.lm_head(final[:, -1:] if last_only else final).float()
-        return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
+        return h, taps
 
     def _attention(self, layer: DecodeLayer, i, x, cos, sin, cache, start, mask):
         B, T, _ = x.shape

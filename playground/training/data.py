@@ -16,10 +16,13 @@ Shards are written atomically and skipped when present, so an interrupted run re
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -28,6 +31,7 @@ from playground.engines import chat
 from playground.engines.sampling import SamplingParams, probabilities
 from playground.model.target import Target
 from playground.training import prompts
+from playground.training.slots import continue_slots
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class DataConfig:
     dtype: str = "float32"
     source: str = "templates"    # templates | self (the target writes the user turns)
     device: str = "cpu"          # where the target runs (cuda: far larger batches)
+    slots: int = 0               # > 0: decode in this many refilled slots (training.slots, the GPU path)
 
 
 SOURCES = ("templates", "self")
@@ -95,8 +100,12 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
     return replies
 
 
+Decode = Callable[[Target, list[list[int]], list[bool], int, SamplingParams, torch.Generator], list[list[int]]]
+
+
 def write_first_replies(target: Target, conversations: list[list[dict]], sampled: list[bool],
-                        max_new_tokens: int, temperature: float, generator: torch.Generator) -> list[list[dict]]:
+                        max_new_tokens: int, temperature: float, generator: torch.Generator,
+                        decode: Decode = continue_batch) -> list[list[dict]]:
     """The conversations with each assistant turn left to the target (content None) written by it,
     greedily or sampled as the conversation's answer will be, so a follow-up reads the target's own reply."""
     todo = [i for i, conv in enumerate(conversations) if any(m["content"] is None for m in conv)]
@@ -104,8 +113,8 @@ def write_first_replies(target: Target, conversations: list[list[dict]], sampled
         return conversations
     heads = [conversations[i][:next(j for j, m in enumerate(conversations[i]) if m["content"] is None)] for i in todo]
     prompt_ids = [chat.encode(target.tokenizer, head) for head in heads]
-    replies = continue_batch(target, prompt_ids, [sampled[i] for i in todo], max_new_tokens,
-                             SamplingParams(temperature=temperature), generator)
+    replies = decode(target, prompt_ids, [sampled[i] for i in todo], max_new_tokens,
+                     SamplingParams(temperature=temperature), generator)
     written = list(conversations)
     for i, reply in zip(todo, replies):
         text = target.tokenizer.decode([t for t in reply if t not in target.eos_ids]).strip()
@@ -114,25 +123,24 @@ def write_first_replies(target: Target, conversations: list[list[dict]], sampled
 
 
 def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[bool],
-                 max_new_tokens: int, temperature: float, generator: torch.Generator) -> list[dict]:
+                 max_new_tokens: int, temperature: float, generator: torch.Generator,
+                 decode: Decode = continue_batch) -> list[dict]:
     """The target's answers to a batch of conversations: {"ids": prompt + answer, "prompt_len"} each."""
     prompt_ids = [chat.encode(target.tokenizer, conv) for conv in conversations]
-    replies = continue_batch(target, prompt_ids, sampled, max_new_tokens, SamplingParams(temperature=temperature),
-                             generator)
+    replies = decode(target, prompt_ids, sampled, max_new_tokens, SamplingParams(temperature=temperature), generator)
     return [{"ids": torch.tensor(prompt + reply, dtype=torch.int32), "prompt_len": len(prompt)}
             for prompt, reply in zip(prompt_ids, replies)]
 
 
 def self_written_conversations(target: Target, first: int, count: int, seed: int,
-                               generator: torch.Generator) -> list[list[dict]]:
+                               generator: torch.Generator, decode: Decode = continue_batch) -> list[list[dict]]:
     """Up to `count` conversations whose user turn the target wrote itself (prompts.self_prompt_start).
     Twice as many are drafted; those that end within SELF_PROMPT_TOKENS, non-empty and unique, are kept."""
     tok = target.tokenizer
     starts = [prompts.self_prompt_start(first * 2 + i, seed) for i in range(2 * count)]
     prompt_ids = [tok(chat.user_turn_prefix(tok, system) + opening, add_special_tokens=False).input_ids
                   for system, opening in starts]
-    replies = continue_batch(target, prompt_ids, [True] * len(starts), SELF_PROMPT_TOKENS, SELF_PROMPT_SAMPLING,
-                             generator)
+    replies = decode(target, prompt_ids, [True] * len(starts), SELF_PROMPT_TOKENS, SELF_PROMPT_SAMPLING, generator)
     kept, seen = [], set()
     for (system, opening), reply in zip(starts, replies):
         if reply[-1:] and reply[-1] in target.eos_ids:
@@ -143,28 +151,35 @@ def self_written_conversations(target: Target, first: int, count: int, seed: int
     return kept[:count]
 
 
-def generate(config: DataConfig) -> Path:
+def generate(config: DataConfig, deadline: float | None = None, target: Target | None = None) -> bool:
+    """Write the folder's missing shards; True when none is missing. Past `deadline` (time.monotonic())
+    no new shard starts: the same call later goes on from there. `target`: one already loaded as
+    the config says (else it is loaded)."""
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "data_config.json").write_text(json.dumps({k: str(v) for k, v in asdict(config).items()}, indent=2))
-    target = Target.load(None, config.dtype, config.device)
+    target = target or Target.load(None, config.dtype, config.device)
+    decode = functools.partial(continue_slots, slots=config.slots) if config.slots else continue_batch
     num_shards = (config.prompts + config.batch - 1) // config.batch
     todo = [i for i in range(num_shards) if not shard_path(out, i).exists()]
     for index in tqdm(todo, desc="self-distillation", unit="shard", initial=num_shards - len(todo), total=num_shards):
+        if deadline is not None and time.monotonic() > deadline:
+            return False
         first = index * config.batch
         count = min(config.batch, config.prompts - first)
         generator = torch.Generator(target.device).manual_seed(config.seed * 100003 + index)
         if config.source == "self":
-            convs = self_written_conversations(target, first, count, config.seed, generator)
+            convs = self_written_conversations(target, first, count, config.seed, generator, decode)
         else:
             convs = list(prompts.conversations(count, config.seed, start=first))
         sampled = [(first + i) % 2 == 1 for i in range(len(convs))]
-        convs = write_first_replies(target, convs, sampled, config.max_new_tokens, config.temperature, generator)
-        examples = answer_batch(target, convs, sampled, config.max_new_tokens, config.temperature, generator)
+        convs = write_first_replies(target, convs, sampled, config.max_new_tokens, config.temperature, generator,
+                                    decode)
+        examples = answer_batch(target, convs, sampled, config.max_new_tokens, config.temperature, generator, decode)
         tmp = shard_path(out, index).with_suffix(".tmp")
         torch.save(examples, tmp)
         os.replace(tmp, shard_path(out, index))
-    return out
+    return True
 
 
 def describe(folder: Path, examples: list[dict]) -> dict:

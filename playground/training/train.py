@@ -67,6 +67,7 @@ class TrainConfig:
     device: str = "cpu"          # cpu | cuda (the recipe is the same; the target runs there too)
     val_data: tuple[Path, ...] = ()   # held-out data folders: loss and accuracy by depth at every save
     init: str = ""               # a trained drafter to start from (shipped name or folder); "" = a new drafter
+    budget_s: float = 0.0        # > 0: save and stop after this many seconds (a resumed run goes on from there)
 
 
 def pick_draft_vocab(examples: list[dict], vocab_size: int, size: int) -> torch.Tensor:
@@ -236,7 +237,7 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
     values: list[torch.Tensor] = []
     group = c.num_attention_heads // c.num_key_value_heads
     hidden = drafter.fuse(batch["features"])                 # [B, T, H]
-    total, losses, accs, counts = hidden.new_zeros(()), [], [], []
+    total, stats = hidden.new_zeros(()), []
     for i in range(ttt_steps):
         n = T - 1 - i                                        # positions t with a target at t + 1 + i
         if n <= 0:
@@ -251,11 +252,10 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
         loss_i = (ce * mask).sum() / mask.sum().clamp_min(1.0)
         total = total + decay ** i * loss_i
         hit = (logits.argmax(-1) == p.argmax(-1)).float()
-        losses.append(float(loss_i.detach()))
-        accs.append(float((hit * mask).sum() / mask.sum().clamp_min(1.0)))
-        counts.append(int(mask.sum()))
+        stats.append(torch.stack([loss_i.detach().float(), (hit * mask).sum() / mask.sum().clamp_min(1.0), mask.sum()]))
         hidden = fed
-    return TTTResult(total, losses, accs, counts)
+    losses, accs, counts = torch.stack(stats).T.tolist() if stats else ([], [], [])   # one wait for the device
+    return TTTResult(total, losses, accs, [int(c) for c in counts])
 
 
 class Validator:
@@ -415,18 +415,24 @@ def train(configs: list[TrainConfig]) -> list[Path]:
     first = min(run.start for run in runs)
     bar = tqdm(range(first, end), desc="train " + " + ".join(c.variant for c in configs), initial=first,
                total=config.steps)
+    began = time.monotonic()
     for step in bar:
         batch = batcher.batch(step)   # the target's states in float32, outside autocast
         # a run ahead of the others (interrupted between two runs' saves) skips the steps it has done
         done = {run.config.variant: run.train_step(step, batch, embed, head) for run in runs if step >= run.start}
         bar.set_postfix({variant: f"loss {loss:.3f} acc0 {acc:.2f}" for variant, (loss, acc) in done.items()})
-        if (step + 1) % config.save_every == 0 or step + 1 == end:
+        out_of_time = 0 < config.budget_s < time.monotonic() - began
+        if (step + 1) % config.save_every == 0 or step + 1 == end or out_of_time:
             for run in runs:
                 run.save(step + 1)
                 if validator is not None:
                     measured = run.validate(step + 1, validator, embed, head)
                     bar.write(f"step {step + 1} {run.config.variant}: held-out accuracy by depth "
                               + " ".join(f"{a:.3f}" for a in measured["step_acc"]))
+        if out_of_time:
+            bar.write(f"stopped at step {step + 1} of {config.steps} after {config.budget_s:.0f} s; the same command "
+                      "goes on from there")
+            break
     for run in runs:
         run.log.close()
     return [run.out / "drafter" for run in runs]

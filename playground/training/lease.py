@@ -1,0 +1,169 @@
+"""Drafters at scale inside one GPU lease: a bare machine, 30 minutes, commands of under 10 minutes.
+
+    python -m playground train lease data   --work W            # self-distillation in slots: both sources, held-out
+    python -m playground train lease train  --work W            # EAGLE 3 and EAGLE 3.1 side by side, one recipe
+    python -m playground train lease finish --work W --out OUT  # train eval, then runs + evaluation cut into parts
+    python -m playground train lease unpack --parts OUT --runs runs/lease   # back here: the folders `train ship` reads
+
+Each step stops by itself inside `budget_s` and the same command goes on where it stopped: the
+work folder stays on the lent machine between commands, and the data never leaves it. `finish`
+packs what comes back into one archive cut into parts (the trip back takes few files, of
+limited size each). `--plan toy` is the same pipeline at a size a CPU runs in a minute or two.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tarfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from playground.model.target import Target
+from playground.model.variants import SHIPPED
+from playground.training.data import DataConfig, generate, list_shards, load_examples
+from playground.training.train import TrainConfig, train
+
+PART_BYTES = 15 * 2**20
+ARCHIVE = "lease.tar"
+RUN_FILES = ("drafter", "log.jsonl", "val.jsonl", "train_config.json")
+
+
+@dataclass(frozen=True)
+class LeasePlan:
+    templates: int          # conversations from the prompt templates
+    self_written: int       # conversations whose user turn the target wrote
+    held_out: int           # self-written conversations of another seed, for validation at every save
+    max_new_tokens: int
+    shard: int              # conversations per shard (one refill run through the slots)
+    slots: int
+    dtype: str              # the target's while it writes the data
+    batch: int              # sequences per training step
+    passes: float           # over the training data
+    device: str
+    eval_prompts: int       # per held-out kind in `finish`
+    eval_tokens: int = 128
+    draft_vocab: int = TrainConfig.draft_vocab
+    ttt_steps: int = TrainConfig.ttt_steps
+    bf16: bool = TrainConfig.bf16
+
+
+PLANS = {
+    "gpu": LeasePlan(templates=50_000, self_written=50_000, held_out=512, max_new_tokens=256, shard=8192,
+                     slots=1024, dtype="bfloat16", batch=64, passes=2.0, device="cuda", eval_prompts=8),
+    "toy": LeasePlan(templates=3, self_written=3, held_out=2, max_new_tokens=8, shard=3, slots=3,
+                     dtype="float32", batch=2, passes=1.0, device="cpu", eval_prompts=1, eval_tokens=8, draft_vocab=512, ttt_steps=2,
+                     bf16=False),
+}
+
+
+def data_configs(plan: LeasePlan, work: Path) -> dict[str, DataConfig]:
+    """Training data from both sources, and held-out data of another seed."""
+    made = lambda name, source, seed, count: DataConfig(
+        out=work / "data" / name, prompts=count, batch=min(plan.shard, count), max_new_tokens=plan.max_new_tokens,
+        seed=seed, dtype=plan.dtype, source=source, device=plan.device, slots=plan.slots)
+    return {"templates": made("templates", "templates", 0, plan.templates),
+            "self": made("self", "self", 1, plan.self_written),
+            "val": made("val", "self", 7, plan.held_out)}
+
+
+def run_data(plan: LeasePlan, work: Path, budget_s: float) -> bool:
+    """Write what is missing until the budget ends; True when all the data is there. Each call
+    appends the answer tokens it wrote and its seconds per folder to rates.jsonl."""
+    deadline = time.monotonic() + budget_s
+    target = Target.load(None, plan.dtype, plan.device)
+    for name, config in data_configs(plan, work).items():
+        before, began = set(list_shards(config.out)), time.monotonic()
+        complete = generate(config, deadline, target)
+        written = [shard for shard in list_shards(config.out) if shard not in before]
+        if written:
+            tokens = sum(len(ex["ids"]) - ex["prompt_len"] for shard in written for ex in torch.load(shard))
+            _record(work, {"stage": "data", "folder": name, "shards": len(written), "answer_tokens": tokens,
+                           "seconds": round(time.monotonic() - began, 2)})
+        if not complete:
+            return False
+    return True
+
+
+def train_configs(plan: LeasePlan, work: Path, budget_s: float) -> list[TrainConfig]:
+    folders = data_configs(plan, work)
+    data = (folders["templates"].out, folders["self"].out)
+    steps = math.ceil(plan.passes * len(load_examples(list(data))) / plan.batch)
+    base = TrainConfig(variant="", data=data, out=Path(), steps=steps, batch=plan.batch, device=plan.device,
+                       draft_vocab=plan.draft_vocab, ttt_steps=plan.ttt_steps, bf16=plan.bf16,
+                       val_data=(folders["val"].out,), save_every=max(1, steps // 4), budget_s=budget_s,
+                       warmup=min(TrainConfig.warmup, max(1, steps // 10)))
+    return [replace(base, variant=variant, out=work / "runs" / variant) for variant in SHIPPED]
+
+
+def run_train(plan: LeasePlan, work: Path, budget_s: float) -> bool:
+    """Train both variants until the budget ends; True when both reached their last step."""
+    if plan.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True   # the target's float32 forward for the states
+    configs = train_configs(plan, work, budget_s)
+    began = time.monotonic()
+    train(configs)
+    steps = [_checkpoint_step(c.out) for c in configs]
+    _record(work, {"stage": "train", "steps_done": steps, "of": configs[0].steps, "batch": plan.batch,
+                   "seconds": round(time.monotonic() - began, 2)})
+    return all(s >= configs[0].steps for s in steps)
+
+
+def _checkpoint_step(run: Path) -> int:
+    state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False) if (run / "checkpoint.pt").exists() else None
+    return state["step"] if state else 0
+
+
+def _record(work: Path, row: dict) -> None:
+    with open(work / "rates.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def run_finish(plan: LeasePlan, work: Path, out: Path) -> list[Path]:
+    """`train eval` of both runs on the lent machine, then the runs, the evaluation, the data's
+    making and the rates in one archive, cut into parts of PART_BYTES under `out`."""
+    from playground.engines.reference import ReferenceEngine
+    from playground.evaluation.heldout import evaluate, format_ratios, format_rows
+
+    runs = [work / "runs" / variant for variant in SHIPPED]
+    rows = evaluate(ReferenceEngine.load(), [str(run / "drafter") for run in runs], max_tokens=plan.eval_tokens,
+                    prompts=plan.eval_prompts)
+    (work / "eval.md").write_text(format_rows(rows) + "\n\n" + format_ratios(rows) + "\n")
+    archive = work / ARCHIVE
+    with tarfile.open(archive, "w") as tar:
+        for run in runs:
+            for name in RUN_FILES:
+                if (run / name).exists():
+                    tar.add(run / name, arcname=f"{run.name}/{name}")
+        for name in ("eval.md", "rates.jsonl"):
+            tar.add(work / name, arcname=name)
+        for folder in data_configs(plan, work).values():
+            tar.add(folder.out / "data_config.json", arcname=f"data/{folder.out.name}/data_config.json")
+    out.mkdir(parents=True, exist_ok=True)
+    parts = []
+    with open(archive, "rb") as f:
+        while chunk := f.read(PART_BYTES):
+            parts.append(out / f"{ARCHIVE}.part-{len(parts):02d}")
+            parts[-1].write_bytes(chunk)
+    return parts
+
+
+def unpack(parts: Path, runs: Path) -> list[Path]:
+    """The parts `finish` wrote, joined and unpacked into `runs`: one run folder per variant."""
+    found = sorted(parts.glob(f"{ARCHIVE}.part-*"))
+    if not found:
+        raise FileNotFoundError(f"no {ARCHIVE}.part-* files in {parts}")
+    runs.mkdir(parents=True, exist_ok=True)
+    joined = runs / ARCHIVE
+    with open(joined, "wb") as f:
+        for part in found:
+            with open(part, "rb") as chunk:
+                shutil.copyfileobj(chunk, f)
+    with tarfile.open(joined) as tar:
+        tar.extractall(runs, filter="data")
+    joined.unlink()
+    return [runs / variant for variant in SHIPPED]
