@@ -164,16 +164,21 @@ def unpack(parts: Path, runs: Path) -> list[Path]:
     found = sorted(parts.glob(f"{ARCHIVE}.part-*"))
     if not found:
         raise FileNotFoundError(f"no {ARCHIVE}.part-* files in {parts}")
-    runs.mkdir(parents=True, exist_ok=True)
-    joined = runs / ARCHIVE
+    _unpack_parts(found, runs)
+    return [runs / variant for variant in SHIPPED]
+
+
+def _unpack_parts(parts: list[Path], into: Path) -> None:
+    """Parts of one tar archive, in order, joined and unpacked into `into`."""
+    into.mkdir(parents=True, exist_ok=True)
+    joined = into / ".joined.tar"
     with open(joined, "wb") as f:
-        for part in found:
+        for part in parts:
             with open(part, "rb") as chunk:
                 shutil.copyfileobj(chunk, f)
     with tarfile.open(joined) as tar:
-        tar.extractall(runs, filter="data")
+        tar.extractall(into, filter="data")
     joined.unlink()
-    return [runs / variant for variant in SHIPPED]
 
 
 def _tracked_bytes() -> int:
@@ -227,13 +232,6 @@ def receive(carried: Path, work: Path) -> bool:
     parts = sorted(incoming.glob(f"{SITE}.part-*"))
     if not parts or len(parts) < int(parts[0].name.rsplit("-of-", 1)[1]):
         return False
-    joined = work / SITE
-    with open(joined, "wb") as f:
-        for part in parts:
-            with open(part, "rb") as chunk:
-                shutil.copyfileobj(chunk, f)
-    with tarfile.open(joined) as tar:
-        tar.extractall(work / "site", filter="data")
-    joined.unlink()
+    _unpack_parts(parts, work / "site")
     shutil.rmtree(incoming)
     return True
