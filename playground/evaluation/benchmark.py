@@ -136,6 +136,24 @@ def _rate(runs: list[tuple[int, float]]) -> float | None:
     return sum(t for t, _ in runs) / sum(s for _, s in runs) if runs else None
 
 
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name: runs on different hosts differ most in it (and in native bf16)."""
+    line = next((line for line in _cpuinfo().splitlines() if line.startswith("model name")), "")
+    return line.partition(":")[2].strip() or platform.processor() or platform.machine()
+
+
+def _has_native_bf16() -> bool:
+    flags = _cpuinfo()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
     """The JSON the report is written from."""
     rows = []
@@ -172,7 +190,8 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
                       "vs_generate": p.tokens_per_s / gen_tps if gen_tps else None})
     return {
         "config": asdict(config),
-        "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "machine": {"processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
+                    "native_bf16": _has_native_bf16(), "torch": torch.__version__,
                     "threads": torch.get_num_threads()},
         "rows": rows, "sweep": sweep, "trees": trees,
         "ceiling": ceiling.to_json() if ceiling is not None else None,

@@ -28,7 +28,9 @@ def markdown(res: dict) -> str:
     if len(drafters) == 2:
         head.append(f"tau {label(drafters[1])} / {label(drafters[0])}")
     lines = [f"k={c['k']}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}; "
-             f"{res['machine']['processor']}, {res['machine']['threads']} threads, torch {res['machine']['torch']}",
+             f"{res['machine'].get('cpu', res['machine']['processor'])}"
+             f"{', native bf16' if res['machine'].get('native_bf16') else ''}, {res['machine']['threads']} threads, "
+             f"torch {res['machine']['torch']}",
              "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     by = {(r["category"], r["method"]): r for r in res["rows"]}
     for category in dict.fromkeys(r["category"] for r in res["rows"]):
