@@ -395,7 +395,8 @@ def lease(args: argparse.Namespace) -> int:
         if args.parts is None:
             raise PlaygroundError("unpack needs --parts: the folder the lease's finish step wrote to")
         runs = steps.unpack(args.parts, args.runs)
-        print("run folders: " + " ".join(map(str, runs)) + f"\nnext: python -m playground train ship --runs {' '.join(map(str, runs))}")
+        folders = " ".join(map(str, runs))
+        print(f"run folders: {folders}\nnext: python -m playground train ship --runs {folders}")
         return 0
     if args.step == "pack":
         parts = steps.pack(args.carry)

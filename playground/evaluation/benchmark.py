@@ -167,16 +167,15 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
                          "vs_generate": p.tokens_per_s / generate_tps if generate_tps else None,
                          "generate_tokens_per_s": generate_tps})
     trees = []
-    for (category, method), runs in collected.runs.items():
-        drafter = config.tree_methods().get(method)
-        if drafter is None:
-            continue
-        p, chain = pool(runs), pool(collected.runs[(category, drafter)])
-        trees.append({"category": category, "drafter": drafter, "method": method, "tree": asdict(config.tree),
-                      **p.to_json(), "speedup_vs_chain": p.tokens_per_s / chain.tokens_per_s,
-                      "speedup_vs_none": p.tokens_per_s / pool(collected.runs[(category, NONE)]).tokens_per_s,
-                      "chain_tau": chain.mean_acceptance_length, "chain_tokens_per_s": chain.tokens_per_s,
-                      "chain_verify_ms": chain.verify_ms, "chain_draft_ms": chain.draft_ms})
+    for category in dict.fromkeys(c for c, _ in collected.runs):
+        none = pool(collected.runs[(category, NONE)])
+        for method, drafter in config.tree_methods().items():
+            p, chain = pool(collected.runs[(category, method)]), pool(collected.runs[(category, drafter)])
+            trees.append({"category": category, "drafter": drafter, "method": method, "tree": asdict(config.tree),
+                          **p.to_json(), "speedup_vs_chain": p.tokens_per_s / chain.tokens_per_s,
+                          "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
+                          "chain_tau": chain.mean_acceptance_length, "chain_tokens_per_s": chain.tokens_per_s,
+                          "chain_verify_ms": chain.verify_ms, "chain_draft_ms": chain.draft_ms})
     sweep = []
     for k in config.sweep_ks:
         runs = [r for (c, kk), rs in collected.sweep.items() if kk == k for r in rs]

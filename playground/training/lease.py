@@ -36,7 +36,7 @@ from playground.errors import PlaygroundError
 from playground.model.target import Target
 from playground.model.variants import SHIPPED
 from playground.training.data import DataConfig, generate, list_shards, load_examples
-from playground.training.train import TrainConfig, train
+from playground.training.train import TrainConfig, checkpoint_step, train
 
 PART_BYTES = 15 * 2**20            # a file that comes back from the lent machine is at most 16 MiB
 CALL_BYTES = 64 * 2**20            # what one device call carries: the working tree and the carried folders
@@ -69,8 +69,8 @@ PLANS = {
     "gpu": LeasePlan(templates=50_000, self_written=50_000, held_out=512, max_new_tokens=256, shard=8192,
                      slots=1024, dtype="bfloat16", batch=64, passes=2.0, device="cuda", eval_prompts=8),
     "toy": LeasePlan(templates=3, self_written=3, held_out=2, max_new_tokens=8, shard=3, slots=3,
-                     dtype="float32", batch=2, passes=1.0, device="cpu", eval_prompts=1, eval_tokens=8, draft_vocab=512, ttt_steps=2,
-                     bf16=False),
+                     dtype="float32", batch=2, passes=1.0, device="cpu", eval_prompts=1, eval_tokens=8,
+                     draft_vocab=512, ttt_steps=2, bf16=False),
 }
 
 
@@ -120,15 +120,10 @@ def run_train(plan: LeasePlan, work: Path, budget_s: float) -> bool:
     configs = train_configs(plan, work, budget_s)
     began = time.monotonic()
     train(configs)
-    steps = [_checkpoint_step(c.out) for c in configs]
+    steps = [checkpoint_step(c.out) or 0 for c in configs]
     _record(work, {"stage": "train", "steps_done": steps, "of": configs[0].steps, "batch": plan.batch,
                    "seconds": round(time.monotonic() - began, 2)})
     return all(s >= configs[0].steps for s in steps)
-
-
-def _checkpoint_step(run: Path) -> int:
-    state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False) if (run / "checkpoint.pt").exists() else None
-    return state["step"] if state else 0
 
 
 def _record(work: Path, row: dict) -> None:

@@ -15,11 +15,10 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from playground.evaluation.heldout import evaluate, format_ratios, format_rows
 from playground.model.variants import EAGLE31, shipped_path
 from playground.plots import label
+from playground.training.train import checkpoint_step
 
 SOURCE_TEXT = {
     "templates": "prompts from the project's templates (`playground/training/prompts.py`: chat, coding, math, "
@@ -82,8 +81,8 @@ def training_summary(run: Path, last: int = 50) -> dict:
     drafter is the checkpoint's; a run folder without checkpoint.pt (copied from another machine)
     holds the drafter of its last logged step."""
     records = _records(run / "log.jsonl")
-    ckpt = run / "checkpoint.pt"
-    step = torch.load(ckpt, weights_only=False)["step"] if ckpt.exists() else max(r["step"] for r in records)
+    step = checkpoint_step(run)
+    step = step if step is not None else max(r["step"] for r in records)
     # an interrupted run logs steps past its last checkpoint, which the resumed run logs again: keep the last
     by_step = {r["step"]: r for r in records if r["step"] <= step}
     log = [by_step[s] for s in sorted(by_step)][-last:]

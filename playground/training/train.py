@@ -287,6 +287,12 @@ class Validator:
                 "step_acc": pooled("step_acc")}
 
 
+def checkpoint_step(run: Path) -> int | None:
+    """The step a run folder's checkpoint reached; None without a checkpoint."""
+    checkpoint = Path(run) / "checkpoint.pt"
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["step"] if checkpoint.exists() else None
+
+
 def write_train_config(path: Path, config: TrainConfig, start: int, data_stats: list[dict]) -> None:
     """The run's configuration, plus `phases` (from which step it used which data folders and schedule
     length) and `data_stats` (how the current data was made and its size; describe())."""
