@@ -34,5 +34,10 @@ class AppServer:
             raise
         self.url = self.server.url
 
+    @property
+    def pid(self) -> int:
+        """The app's process id (the latest start's, should a taken port have made it start again)."""
+        return self.server.process.pid
+
     def stop(self) -> None:
         self.server.stop(grace_s=20)

@@ -51,18 +51,19 @@ def _drafter_traces(name: str, what: str) -> dict:
 
 
 def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
-    """Bars: unconditional P(depth d accepted); dashed line: conditional on d-1 accepted."""
+    """Bars: the share of drafting steps that accepted at least d drafts (vLLM's per-position
+    acceptance, stats.acceptance_by_depth); dashed line: conditional on d-1 accepted."""
     fig = go.Figure()
     for name, s in runs.items():
         shade = color(name)
         fig.add_bar(x=_depths(s.per_position_acceptance), y=list(s.per_position_acceptance),
-                    marker_color=shade, opacity=0.8, **_drafter_traces(name, "all steps"))
+                    marker_color=shade, opacity=0.8, **_drafter_traces(name, "accepted ≥ d, of all drafting steps"))
         fig.add_scatter(x=_depths(s.per_position_acceptance_conditional),
                         y=list(s.per_position_acceptance_conditional), mode="lines+markers",
                         line=dict(color=shade, dash="dash"), showlegend=False,
                         **_drafter_traces(name, "given depth d-1 accepted"))
     return _layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05],
-                   key="bars: all steps · dashed: given depth d-1 accepted")
+                   key="bars: drafting steps that accepted ≥ d drafts (vLLM's rule) · dashed: given d-1 accepted")
 
 
 def attention(runs: Mapping[str, RunSummary]) -> go.Figure:

@@ -60,3 +60,23 @@ def test_replay_recovers_the_drafters_view_of_a_run(engine):
         assert again.sink_attention == pytest.approx(ours.sink_attention, rel=2e-2, abs=1e-4)
         assert again.hidden_norm == pytest.approx(ours.hidden_norm, rel=2e-2)
         assert "replay" in again.observed
+
+
+def test_drafts_after_an_accepted_end_of_sequence_were_never_verified(engine):
+    """EAGLE 3.1 drafts ' today' '?' '<|im_end|>' and two more; the target accepts all three, so
+    the sequence ends there and the two drafts after it are neither drafted nor accepted."""
+    request = GenerationRequest(prompt="Say hello world.", drafter="eagle3.1", k=5, max_tokens=64)
+    events = list(engine.generate(request))
+    last = events[-1]
+    assert last.finish_reason == "eos" and last.token_ids[-1] in engine.target.eos_ids
+    end = last.draft_ids.index(last.token_ids[-1]) + 1
+    assert end < len(last.draft_ids) == 5, "the scenario: drafts after the accepted end of sequence"
+    assert last.drafted == last.accepted == len(last.token_ids) == end
+    assert last.accept_flags == (True,) * end
+    assert list(summarize(events).token_ids) == transformers_greedy(engine, request)[0]
+
+    from playground.ui.render import inspector_html
+
+    html = inspector_html(last)
+    assert html.count(">not reached<") == 5 - end and ">rejected<" not in html
+    assert "none: the sequence ended on an accepted draft" in html

@@ -14,11 +14,20 @@ def step(i, drafted, accepted, tokens):
 def test_per_position_acceptance_unconditional_and_conditional():
     events = [step(0, 0, 0, 1), step(1, 3, 3, 4), step(2, 3, 1, 2), step(3, 3, 0, 1), step(4, 2, 2, 3)]
     unconditional, conditional = acceptance_by_depth(events)
-    # depth 1: 3 of 4 steps accepted >= 1; depth 2: 2 of 4; depth 3: 1 of 3 steps that drafted 3
-    assert unconditional == (3 / 4, 2 / 4, 1 / 3)
-    # depth 2 given depth 1: 2 of 3; depth 3 given depth 2: 1 of 1 among steps that drafted 3
-    assert conditional == (3 / 4, 2 / 3, 1 / 1)
+    # of 4 drafting steps, 3 accepted >= 1 draft, 2 accepted >= 2, 1 accepted 3
+    assert unconditional == (3 / 4, 2 / 4, 1 / 4)
+    assert conditional == (3 / 4, 2 / 3, 1 / 2)
     assert mean_acceptance_length(events) == 1 + 6 / 4
+
+
+def test_per_position_acceptance_counts_every_drafting_step_at_every_depth_as_vllm_does():
+    """vLLM divides the steps that accepted at least d drafts by all drafting steps, also those
+    that drafted fewer than d (`num_accepted_tokens_per_pos[d-1] / num_drafts`)."""
+    events = [step(0, 0, 0, 1), step(1, 3, 3, 4), step(2, 3, 2, 3), step(3, 1, 1, 2)]
+    unconditional, conditional = acceptance_by_depth(events)
+    assert unconditional == pytest.approx((3 / 3, 2 / 3, 1 / 3))
+    assert conditional == pytest.approx((1.0, 2 / 3, 1 / 2))
+    assert list(unconditional) == sorted(unconditional, reverse=True)
 
 
 def test_drafting_counts_skip_steps_that_did_not_draft():

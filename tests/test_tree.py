@@ -2,6 +2,7 @@
 several shapes (the degenerate ones too), top_k = 1 as the chain, and bad shapes refused."""
 
 import json
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -124,6 +125,22 @@ def test_cli_tree_json_and_its_errors():
                            "embedded engine only")]:
         out = run(*args)
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_tree_whose_accepted_path_ends_the_sequence_leaves_the_rest_unverified(engine):
+    """EAGLE 3.1's tree accepts ' today' '?' '<|im_end|>': the nodes under the end of sequence were
+    never verified, and the step drafted and accepted only the path."""
+    request = GenerationRequest(prompt="Say hello world.", drafter="eagle3.1", max_tokens=64, tree=TreeShape())
+    events = list(engine.generate(request))
+    last = events[-1]
+    end_node = last.tree_path[-1]
+    assert last.finish_reason == "eos" and last.tree_ids[end_node] in engine.target.eos_ids
+    assert last.drafted == last.accepted == len(last.tree_path) == len(last.token_ids)
+    under_end = [i for i, p in enumerate(last.tree_parents) if p == end_node]
+    assert under_end, "the scenario: drafts under the accepted end of sequence"
+    assert {last.tree_verdicts[i] for i in under_end} == {"unreached"}
+    assert "rejected" in last.tree_verdicts   # siblings the target did verify still say so
+    assert summarize(events).token_ids == summarize(list(engine.generate(replace(request, tree=None)))).token_ids
 
 
 def test_the_tree_benchmark_sets_each_tree_against_its_chain(engine):

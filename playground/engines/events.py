@@ -17,7 +17,8 @@ class StepEvent:
     token_texts: tuple[str, ...]        # their text, incrementally detokenised (joins to the answer)
     draft_ids: tuple[int, ...] = ()     # the drafter's proposal, in the target vocabulary
     draft_texts: tuple[str, ...] = ()   # each draft token decoded alone (for display)
-    drafted: int = 0                    # drafts verified this step (known even where their ids are not)
+    drafted: int = 0                    # drafts verified this step (known even where their ids are not);
+                                        # fewer than draft_ids when the sequence ended on an accepted draft
     accepted: int = 0                   # drafts accepted: token_ids[:accepted] == draft_ids[:accepted]
     draft_probs: tuple[float, ...] = ()     # drafter probability of each draft, by depth
     sink_attention: tuple[float, ...] = ()  # drafter attention mass on the sink keys, by depth
@@ -53,9 +54,13 @@ class StepEvent:
 
     @property
     def tree_verdicts(self) -> tuple[str, ...]:
-        """accepted | rejected (verified: its parent was accepted, it was not) | unreached, per node."""
+        """accepted | rejected (verified: its parent was accepted, it was not) | unreached, per node.
+        When the sequence ended on the path's last node (no target token after it), its children
+        were never verified."""
         path = set(self.tree_path)
-        return tuple("accepted" if i in path else "rejected" if p == -1 or p in path else "unreached"
+        ended = len(self.token_ids) == len(self.tree_path)
+        verified_parents = {-1, *(self.tree_path[:-1] if ended else self.tree_path)}
+        return tuple("accepted" if i in path else "rejected" if p in verified_parents else "unreached"
                      for i, p in enumerate(self.tree_parents))
 
     def to_fields(self) -> dict:

@@ -1,4 +1,5 @@
-"""Drafting behind one small interface: observe committed positions, propose k tokens.
+"""Drafting behind one small interface: observe committed positions, propose a chain of k tokens
+or a draft tree.
 
 The verify loop (reference.py) knows nothing else about drafters. EagleProposer runs an
 Eagle3Drafter chain-style with its own KV cache and records what the playground plots:
@@ -36,7 +37,11 @@ class Proposer(Protocol):
     def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
         """Committed positions: target features [m, F] and, for each, the token that follows it."""
 
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal: ...
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+        """A chain of k drafts, each drawn from the drafter's distribution under `params`."""
+
+    def propose_tree(self, shape: TreeShape) -> tuple[DraftTree, Proposal]:
+        """A greedy draft tree of that shape, and the probes by depth (a Proposal without ids)."""
 
 
 class NoProposer:
@@ -47,6 +52,9 @@ class NoProposer:
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
         return Proposal()
+
+    def propose_tree(self, shape: TreeShape) -> tuple[DraftTree, Proposal]:
+        return DraftTree(), Proposal()
 
 
 class EagleProposer:

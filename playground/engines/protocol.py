@@ -11,9 +11,6 @@ from playground.engines.request import GenerationRequest
 
 class Engine(Protocol):
     name: str
-    # whether its events carry what the drafter saw: rejected drafts' text, draft probabilities,
-    # attention and fed-back RMS (StepEvent.observed says the same per event)
-    shows_drafter_internals: bool
     drafter_names: tuple[str, ...]   # the drafters it runs by name (variants.NAMES or a subset)
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:

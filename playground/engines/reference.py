@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import torch
@@ -23,6 +23,7 @@ from playground.engines.sampling import SamplingParams, probabilities, sample, v
 from playground.engines.text import IncrementalDetokenizer, token_text
 from playground.engines.tree import DraftTree
 from playground.model.drafter import Eagle3Drafter
+from playground.model.kv_cache import KVCache
 from playground.model.packed_linear import drafting_dtype
 from playground.model.target import Target
 from playground.model.variants import NAMES
@@ -30,7 +31,6 @@ from playground.model.variants import NAMES
 
 class ReferenceEngine:
     name = "reference"
-    shows_drafter_internals = True
     drafter_names = NAMES
 
     def __init__(self, target: Target, max_tokens_limit: int | None = None):
@@ -106,7 +106,8 @@ class ReferenceEngine:
                     observed=e.observed + ("replay",)))
         return replayed
 
-    def _stream(self, request: GenerationRequest, prompt_ids: list[int], drafter) -> Iterator[StepEvent]:
+    def _stream(self, request: GenerationRequest, prompt_ids: list[int],
+                drafter: Eagle3Drafter | None) -> Iterator[StepEvent]:
         clock = EngineClock()
         steps = self._run(request, prompt_ids, drafter, clock)
         while True:
@@ -117,7 +118,7 @@ class ReferenceEngine:
             yield event
 
     @torch.inference_mode()
-    def _run(self, request: GenerationRequest, prompt_ids: list[int], drafter,
+    def _run(self, request: GenerationRequest, prompt_ids: list[int], drafter: Eagle3Drafter | None,
              clock: "EngineClock") -> Iterator[StepEvent]:
         params = request.sampling
         k = 0 if drafter is None else request.k
@@ -136,8 +137,9 @@ class ReferenceEngine:
         first = self._target_token(out.logits[0, -1], params, generator)
         proposer.observe(out.features[0], prompt_ids[1:] + [first])
         emitted = [first]
-        event = self._event(0, len(prompt_ids), [first], Proposal(), 0, detok, 0.0, 0.0, clock,
-                            self._finish(emitted, request, cache))
+        event = self._event(step=0, position=len(prompt_ids), verified=Verified([first], accepted=0, drafted=0),
+                            detok=detok, draft_ms=0.0, verify_ms=0.0, clock=clock,
+                            finish_reason=self._finish(emitted, request, cache))
         yield event
         step = 0
         while event.finish_reason is None:
@@ -145,40 +147,48 @@ class ReferenceEngine:
             last = emitted[-1]
             # drafts beyond what max_tokens or the context can still take would be wasted
             k_step = max(0, min(k, request.max_tokens - len(emitted) - 1, cache.capacity - cache.length - 1))
+            start = cache.length
             t_draft = time.perf_counter()
-            start, drafted_tree = cache.length, None
             if tree is not None and k_step and cache.capacity - cache.length - 1 >= tree.nodes:
                 with record_function("draft"):
-                    draft_tree, proposal = proposer.propose_tree(tree)
+                    draft_tree, probes = proposer.propose_tree(tree)
                 t_verify = time.perf_counter()
                 with record_function("verify"):
-                    path, committed, proposal = self._verify_tree(draft_tree, proposal, last, cache, proposer,
-                                                                  params, generator)
-                accepted, drafted_tree = len(path), (draft_tree, path)
+                    verified = self._verify_tree(draft_tree, probes, last, cache, proposer, params, generator)
             else:
                 with record_function("draft"):
                     proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
                 t_verify = time.perf_counter()
                 with record_function("verify"):
-                    out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
-                    accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
-                    cache.truncate(start + accepted + 1)  # keep `last` and the accepted drafts
-                    committed = proposal.ids[:accepted] + [next_id]
-                    proposer.observe(out.features[0, :accepted + 1], committed)
+                    verified = self._verify_chain(proposal, last, cache, proposer, params, generator)
             t_done = time.perf_counter()
             with record_function("event"):
-                committed = self._clip(committed, request.max_tokens - len(emitted))
-                emitted += committed
-                event = self._event(step, start + 1, committed, proposal, accepted, detok,
-                                    (t_verify - t_draft) * 1e3, (t_done - t_verify) * 1e3, clock,
-                                    self._finish(emitted, request, cache), drafted_tree)
+                verified = self._end_sequence(verified, request.max_tokens - len(emitted))
+                emitted += verified.committed
+                event = self._event(step=step, position=start + 1, verified=verified, detok=detok,
+                                    draft_ms=(t_verify - t_draft) * 1e3, verify_ms=(t_done - t_verify) * 1e3,
+                                    clock=clock, finish_reason=self._finish(emitted, request, cache))
             yield event
 
-    def _verify_tree(self, tree: DraftTree, probes: Proposal, last: int, cache, proposer: Proposer,
-                     params: SamplingParams, generator: torch.Generator) -> tuple[list[int], list[int], Proposal]:
+    def _verify_chain(self, proposal: Proposal, last: int, cache: KVCache, proposer: Proposer,
+                      params: SamplingParams, generator: torch.Generator) -> "Verified":
+        """Verify a chain in one forward over `last` and the drafts; keep the accepted ones."""
+        start = cache.length
+        out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
+        accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
+        self._roll_back(cache, start + accepted + 1)   # keep `last` and the accepted drafts
+        committed = proposal.ids[:accepted] + [next_id]
+        proposer.observe(out.features[0, :accepted + 1], committed)
+        return Verified(committed, accepted, len(proposal.ids), proposal)
+
+    def _roll_back(self, cache: KVCache, length: int) -> None:
+        """Forget the rejected drafts' keys and values: the cache ends at `length`."""
+        cache.truncate(length)
+
+    def _verify_tree(self, tree: DraftTree, probes: Proposal, last: int, cache: KVCache, proposer: Proposer,
+                     params: SamplingParams, generator: torch.Generator) -> "Verified":
         """Verify a draft tree in one forward; keep the accepted path in the target's cache and give
-        it to the drafter. Returns (the accepted path, committed tokens, the step's proposal: the
-        tree's main line with the probes by depth)."""
+        it to the drafter. The step's proposal is the tree's main line with the probes by depth."""
         start = cache.length
         depths = torch.tensor([0] + tree.depths)
         out = self.target.forward(torch.tensor([[last] + tree.tokens]), cache, tree=(depths, tree.attention()))
@@ -194,7 +204,18 @@ class ReferenceEngine:
         proposer.observe(out.features[0, rows], committed)
         line = tree.main_line(path)
         proposal = replace(probes, ids=[tree.tokens[i] for i in line], probs=[tree.probs[i] for i in line])
-        return path, committed, proposal
+        return Verified(committed, len(path), len(line), proposal, tree, path)
+
+    def _end_sequence(self, verified: "Verified", room: int) -> "Verified":
+        """Stop after an end-of-sequence token, and at max_tokens (`room` tokens left). A sequence
+        that ends inside the accepted drafts never had the drafts after that point verified: the
+        step then drafted and accepted only the drafts it committed."""
+        committed = verified.committed
+        end = next((i + 1 for i, t in enumerate(committed) if t in self.target.eos_ids), len(committed))
+        end = min(end, room)
+        if end == len(committed):
+            return verified
+        return replace(verified, committed=committed[:end], accepted=end, drafted=end, path=verified.path[:end])
 
     def _target_token(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
         return int(logits.argmax()) if params.greedy else sample(probabilities(logits, params), generator)
@@ -207,14 +228,6 @@ class ReferenceEngine:
             return 0, sample(probabilities(logits[-1], params), generator)
         return verify_sampling(proposal.ids, proposal.q, probabilities(logits, params), generator)
 
-    def _clip(self, committed: list[int], room: int) -> list[int]:
-        """Stop after an end-of-sequence token, and at max_tokens."""
-        for i, t in enumerate(committed):
-            if t in self.target.eos_ids:
-                committed = committed[:i + 1]
-                break
-        return committed[:room]
-
     def _finish(self, emitted: list[int], request: GenerationRequest, cache) -> str | None:
         if emitted[-1] in self.target.eos_ids:
             return "eos"
@@ -224,16 +237,17 @@ class ReferenceEngine:
             return "context"
         return None
 
-    def _event(self, step: int, position: int, committed: list[int], proposal: Proposal, accepted: int,
-               detok: IncrementalDetokenizer, draft_ms: float, verify_ms: float, clock: "EngineClock",
-               finish_reason: str | None, tree: tuple[DraftTree, list[int]] | None = None) -> StepEvent:
-        return StepEvent(**(self._tree_fields(*tree) if tree is not None else {}),
+    def _event(self, *, step: int, position: int, verified: "Verified", detok: IncrementalDetokenizer,
+               draft_ms: float, verify_ms: float, clock: "EngineClock", finish_reason: str | None) -> StepEvent:
+        proposal = verified.proposal
+        return StepEvent(
+            **(self._tree_fields(verified.tree, verified.path) if verified.tree is not None else {}),
             step=step, position=position,
-            token_ids=tuple(committed),
-            token_texts=tuple(detok.add(t) for t in committed),
+            token_ids=tuple(verified.committed),
+            token_texts=tuple(detok.add(t) for t in verified.committed),
             draft_ids=tuple(proposal.ids),
             draft_texts=tuple(token_text(self.tokenizer, t) for t in proposal.ids),
-            drafted=len(proposal.ids), accepted=accepted,
+            drafted=verified.drafted, accepted=verified.accepted,
             draft_probs=tuple(proposal.probs),
             sink_attention=tuple(proposal.sink_attention),
             self_attention=tuple(proposal.self_attention),
@@ -243,11 +257,21 @@ class ReferenceEngine:
             finish_reason=finish_reason,
         )
 
-
     def _tree_fields(self, tree: DraftTree, path: list[int]) -> dict:
         return {"tree_ids": tuple(tree.tokens), "tree_texts": tuple(token_text(self.tokenizer, t) for t in tree.tokens),
                 "tree_parents": tuple(tree.parents), "tree_depths": tuple(tree.depths),
                 "tree_probs": tuple(tree.probs), "tree_scores": tuple(tree.scores), "tree_path": tuple(path)}
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What one verify step settled, before it becomes a StepEvent."""
+    committed: list[int]             # the accepted drafts, then the target's token (none when the sequence ended first)
+    accepted: int
+    drafted: int                     # drafts the target verified
+    proposal: Proposal = field(default_factory=Proposal)   # the chain (a tree's main line) and its probes by depth
+    tree: DraftTree | None = None
+    path: list[int] = field(default_factory=list)          # a tree's accepted nodes, depth 1 first
 
 
 class EngineClock:

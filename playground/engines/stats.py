@@ -3,8 +3,8 @@
 Definitions (as vLLM's spec-decode metrics):
   mean acceptance length (tau) = 1 + accepted drafts / drafting steps; it counts the bonus or
       correction token each step emits, so no speculation gives exactly 1.
-  per-position acceptance, unconditional: P(at least d+1 drafts accepted) over the steps that
-      drafted a token at depth d+1 (vLLM's accepted_per_pos[d] / num_drafts).
+  per-position acceptance, unconditional: the share of drafting steps that accepted at least
+      d+1 drafts (vLLM's num_accepted_tokens_per_pos[d] / num_drafts).
   conditional: P(draft d+1 accepted | drafts 1..d accepted).
 """
 
@@ -43,19 +43,18 @@ class RunSummary:
 
 
 def acceptance_by_depth(events: Iterable[StepEvent]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(unconditional, conditional) acceptance rate at each draft depth."""
-    reached: list[int] = []   # steps with a draft at depth d
-    accepted: list[int] = []  # ... and at least d+1 accepted
-    prior: list[int] = []     # ... and at least d accepted (the conditional's denominator)
-    for e in events:
-        for d in range(e.drafted):
-            if d == len(reached):
-                reached.append(0), accepted.append(0), prior.append(0)
-            reached[d] += 1
-            accepted[d] += e.accepted > d
-            prior[d] += e.accepted >= d
-    unconditional = tuple(a / n for a, n in zip(accepted, reached))
-    conditional = tuple(a / p if p else 0.0 for a, p in zip(accepted, prior))
+    """(unconditional, conditional) acceptance rate at each draft depth d = 1, 2, ...
+
+    Unconditional, vLLM's `num_accepted_tokens_per_pos[d-1] / num_drafts`: the share of drafting
+    steps that accepted at least d drafts. Every drafting step counts at every depth, so a step
+    that drafted fewer than d tokens counts as not accepted there, and the rate never rises with
+    depth. Conditional: the share of the steps that accepted d-1 drafts which accepted d."""
+    events = list(events)
+    drafting = [e.accepted for e in events if e.drafted > 0]
+    depths = max((e.drafted for e in events), default=0)
+    accepted = [sum(a >= d for a in drafting) for d in range(1, depths + 1)]
+    unconditional = tuple(a / len(drafting) for a in accepted)
+    conditional = tuple(a / prior if prior else 0.0 for a, prior in zip(accepted, [len(drafting)] + accepted))
     return unconditional, conditional
 
 

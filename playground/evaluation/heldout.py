@@ -30,6 +30,7 @@ import torch
 
 from playground import plots
 from playground.engines.events import reconcile
+from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import Pooled, bootstrap_interval, drafting_counts, pool, pooled_tau
 from playground.engines.tree import TreeShape
@@ -78,7 +79,7 @@ class EvalRow:
         return bootstrap_interval(lambda idx: pooled_tau([self.counts[i] for i in idx]), len(self.counts))
 
 
-def evaluate(engine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS,
+def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS,
              prompts: int | None = None, requests=eval_requests, tree: TreeShape | None = None) -> list[EvalRow]:
     """One row per kind and drafter (and, given a `tree`, a second one drafting that tree); tau and
     acceptance pooled over the kind's steps (its first `prompts` prompts, or all).

@@ -26,7 +26,7 @@ def rss_over_runs(runs: int = 200, max_tokens: int = 24) -> list[tuple[int, floa
     app = AppServer()
     try:
         client = api_client(app.url)
-        pid = app.process.pid
+        pid = app.pid
         samples = [(0, *_rss_mib(pid))]
         for i in range(runs):
             drafter = (EAGLE31, EAGLE3, NONE)[i % 3]

@@ -141,7 +141,6 @@ class StartingBackend:
     gets the start-up status as its message until every server is healthy (or the reason it failed)."""
 
     name = "vllm"
-    shows_drafter_internals = False
 
     def __init__(self, start: Callable[[Callable[[str], None]], VLLMEngine], drafter_names: tuple[str, ...]):
         self.drafter_names = drafter_names

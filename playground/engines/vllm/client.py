@@ -67,7 +67,6 @@ ReplayCheck = Callable[[str, ServerInfo], tuple[Replayer | None, str]]
 
 class VLLMEngine:
     name = "vllm"
-    shows_drafter_internals = False
 
     def __init__(self, servers: list[Server], max_tokens_limit: int | None = None, timeout_s: float = 120.0,
                  replay_check: ReplayCheck | None = None):
