@@ -11,9 +11,9 @@ import pytest
 from playground.app_process import ROOT, api_client
 from playground.engines.events import StepEvent
 from playground.ui import render
+from playground.ui.endpoints import COMPARE_OUTPUTS, RUN_OUTPUTS, SLOTS, column
 
 PROMPT = "Write a haiku about the sea."
-ANSWER, TEXT, STATE_FILES, TREE = 0, 1, 8, 9   # the run state (gr.State) is not an API output
 
 
 def cli_text(prompt: str, max_tokens: int, drafter: str = "eagle3.1", k: int = 4) -> str:
@@ -28,6 +28,21 @@ def client(app_url):
     return api_client(app_url)
 
 
+def named(result, outputs: tuple[str, ...] = RUN_OUTPUTS) -> dict:
+    """An endpoint's positional result by output name (RUN_OUTPUTS for /run, COMPARE_OUTPUTS for /compare)."""
+    assert len(result) == len(outputs)
+    return dict(zip(outputs, result))
+
+
+def column_texts(out: dict) -> tuple[str, ...]:
+    return tuple(out[column(slot, "text")] for slot in SLOTS)   # eagle3, eagle3.1, none
+
+
+def exported_requests(out: dict) -> dict:
+    """The request of each run in a finished run's JSON export, by run name."""
+    return {name: run["request"] for name, run in json.loads(open(out["files"][0]).read()).items()}
+
+
 def run_args(prompt=PROMPT, drafter="eagle3.1", k=4, temperature=0.0, top_p=1.0, max_tokens=40,
              backend="reference"):
     return (prompt, "", "model", drafter, k, temperature, top_p, max_tokens, backend)
@@ -36,14 +51,14 @@ def run_args(prompt=PROMPT, drafter="eagle3.1", k=4, temperature=0.0, top_p=1.0,
 def test_playground_streams_and_ends_with_the_cli_text(client):
     expected = cli_text(PROMPT, 40)
     job = client.submit(*run_args(), api_name="/run")
-    updates = [out for out in job]
-    final = job.result()
-    partial = [u[TEXT] for u in updates if u[TEXT] and u[TEXT] != final[TEXT]]
+    updates = [named(out) for out in job]
+    final = named(job.result())
+    partial = [u["text"] for u in updates if u["text"] and u["text"] != final["text"]]
     assert len(partial) >= 2, "the answer should arrive in several updates"
     assert all(expected.startswith(p) for p in partial)
-    assert final[TEXT] == expected
-    assert 'class="tok tgt"' in final[ANSWER]
-    paths = final[STATE_FILES]
+    assert final["text"] == expected
+    assert 'class="tok tgt"' in final["answer"]
+    paths = final["files"]
     assert [p.rsplit(".", 1)[-1] for p in paths] == ["json", "csv", "html"]
     exported = json.loads(open(paths[0]).read())["eagle3.1"]
     assert exported["summary"]["text"] == expected
@@ -52,9 +67,9 @@ def test_playground_streams_and_ends_with_the_cli_text(client):
 
 def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
     expected = cli_text(PROMPT, 40)   # greedy decoding: the same tokens, whichever way they were drafted
-    final = client.predict(*run_args(), "tree", 4, 5, 16, api_name="/run")
-    assert final[TEXT] == expected
-    assert "<svg" in final[TREE] and 'class="node acc"' in final[TREE] and 'class="node tgt"' in final[TREE]
+    final = named(client.predict(*run_args(), "tree", 4, 5, 16, api_name="/run"))
+    assert final["text"] == expected
+    assert "<svg" in final["tree"] and 'class="node acc"' in final["tree"] and 'class="node tgt"' in final["tree"]
     for args, message in [((*run_args(), "tree", 4, 5, 0), "less than minimum value 1"),   # the slider refuses it first
                           ((*run_args(), "bush", 4, 5, 16), "not in the list of choices")]:
         with pytest.raises(Exception, match=message):
@@ -65,13 +80,12 @@ def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
 def test_comparison_streams_both_drafters_side_by_side(client):
     expected = cli_text(PROMPT, 24)
     job = client.submit(PROMPT, "", "model", 4, 0.0, 1.0, 24, True, "reference", api_name="/compare")
-    updates = [out for out in job]
-    final = job.result()
-    texts = lambda out: (out[2], out[5], out[8])   # eagle3, eagle3.1, none
-    growing_together = [u for u in updates if all(texts(u)) and texts(u)[0] != final[2]]
+    updates = [named(out, COMPARE_OUTPUTS) for out in job]
+    final = named(job.result(), COMPARE_OUTPUTS)
+    growing_together = [u for u in updates if all(column_texts(u)) and column_texts(u)[0] != column_texts(final)[0]]
     assert growing_together, "both columns should stream before either finishes"
-    assert texts(final) == (expected, expected, expected)
-    table = final[12]["data"]
+    assert column_texts(final) == (expected, expected, expected)
+    table = final["table"]["data"]
     assert [row[0] for row in table] == ["EAGLE 3", "EAGLE 3.1", "no speculation"]
     assert table[2][3] == "1.00x"
 
@@ -79,15 +93,58 @@ def test_comparison_streams_both_drafters_side_by_side(client):
 @pytest.mark.slow
 def test_comparison_runs_one_drafters_chain_against_its_tree(client):
     expected = cli_text(PROMPT, 24)
-    final = client.predict(PROMPT, "", "model", 4, 0.0, 1.0, 24, False, "reference", "chain", 2, 4, 8,
-                           "chain-vs-tree", "eagle3", api_name="/compare")
-    assert (final[2], final[5], final[8]) == (expected, expected, "")   # greedy: one answer however drafted
-    assert [row[0] for row in final[12]["data"]] == ["EAGLE 3 · chain k=4", "EAGLE 3 · tree 2/4/8"]
-    assert list(final[14:]) == ["#### EAGLE 3 · chain k=4", "#### EAGLE 3 · tree 2/4/8", "#### not run"]
-    assert 'class="tok acc"' in final[4]   # the tree column colours its accepted drafts
+    final = named(client.predict(PROMPT, "", "model", 4, 0.0, 1.0, 24, False, "reference", "chain", 2, 4, 8,
+                                 "chain-vs-tree", "eagle3", api_name="/compare"), COMPARE_OUTPUTS)
+    assert column_texts(final) == (expected, expected, "")   # greedy: one answer however drafted
+    assert [row[0] for row in final["table"]["data"]] == ["EAGLE 3 · chain k=4", "EAGLE 3 · tree 2/4/8"]
+    assert [final[column(slot, "heading")] for slot in SLOTS] == [
+        "#### EAGLE 3 · chain k=4", "#### EAGLE 3 · tree 2/4/8", "#### not run"]
+    assert 'class="tok acc"' in final["answer_second"]   # the tree column colours its accepted drafts
     with pytest.raises(Exception, match="not in the list of choices"):   # chain vs tree needs a drafter
         client.predict(PROMPT, "", "model", 4, 0.0, 1.0, 8, False, "reference", "chain", 2, 4, 8,
                        "chain-vs-tree", "none", api_name="/compare")
+
+
+# gradio_client callers (docker/probe.py, the memory benchmark, the vLLM tests) pass values by position:
+# the order is the API's contract, and new inputs go at the end
+ASKED = {"prompt": "Name a colour.", "system": "Answer in one word.", "template": "model", "temperature": 0.5,
+         "top_p": 0.9, "max_tokens": 6}
+TREE_SHAPE = {"top_k": 3, "depth": 2, "nodes": 5}
+
+
+def api_parameters(client, endpoint: str) -> list[str]:
+    api = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    return [p["parameter_name"] for p in api[endpoint]["parameters"]]
+
+
+def test_run_and_inspect_take_their_values_in_a_fixed_order(client):
+    assert api_parameters(client, "/run") == ["prompt", "system", "template", "drafter", "k", "temperature", "top_p",
+                                              "max_tokens", "backend_name", "draft", "tree_top_k", "tree_depth",
+                                              "tree_nodes"]
+    assert api_parameters(client, "/inspect") == ["i"]
+    run = named(client.predict("Name a colour.", "Answer in one word.", "model", "eagle3", 3, 0.5, 0.9, 6,
+                               "reference", "tree", 3, 2, 5, api_name="/run"))
+    request = exported_requests(run)["eagle3"]
+    assert request.items() >= {**ASKED, "drafter": "eagle3", "k": 3, "tree": TREE_SHAPE}.items()
+    assert "step 1 ·" in client.predict(1, api_name="/inspect")   # a step of the run this session just made
+
+
+def test_compare_takes_its_values_in_a_fixed_order(client):
+    assert api_parameters(client, "/compare") == ["prompt", "system", "template", "k", "temperature", "top_p",
+                                                  "max_tokens", "with_none", "backend_name", "draft", "tree_top_k",
+                                                  "tree_depth", "tree_nodes", "compare", "drafter"]
+    drafters = named(client.predict("Name a colour.", "Answer in one word.", "model", 3, 0.5, 0.9, 6, False,
+                                    "reference", "tree", 3, 2, 5, "drafters", "eagle3", api_name="/compare"),
+                     COMPARE_OUTPUTS)
+    requests = exported_requests(drafters)
+    assert {name: (r["drafter"], r["tree"]) for name, r in requests.items()} == {
+        "eagle3": ("eagle3", TREE_SHAPE), "eagle3.1": ("eagle3.1", TREE_SHAPE)}   # no run without speculation
+    assert all(r.items() >= {**ASKED, "k": 3}.items() for r in requests.values())
+    chain_vs_tree = named(client.predict("Name a colour.", "Answer in one word.", "model", 3, 0.5, 0.9, 6, True,
+                                         "reference", "chain", 3, 2, 5, "chain-vs-tree", "eagle3",
+                                         api_name="/compare"), COMPARE_OUTPUTS)
+    assert [chain_vs_tree[column(slot, "heading")] for slot in SLOTS] == [
+        "#### EAGLE 3 · chain k=3", "#### EAGLE 3 · tree 3/2/5", "#### no speculation"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -118,8 +175,8 @@ def test_prompt_past_the_context_is_refused(client):
     "Tell me about 🐍 and 🦀 🧑‍💻",                                 # emoji, a ZWJ sequence
 ])
 def test_odd_prompts_stream_an_answer(client, prompt):
-    out = client.predict(*run_args(prompt=prompt, max_tokens=8), api_name="/run")
-    assert out[TEXT] and 'class="finish"' in out[ANSWER]
+    out = named(client.predict(*run_args(prompt=prompt, max_tokens=8), api_name="/run"))
+    assert out["text"] and 'class="finish"' in out["answer"]
 
 
 @pytest.mark.slow
@@ -129,7 +186,7 @@ def test_sixteen_clients_at_once_all_finish(app_url):
 
     def one():
         try:
-            results.append(api_client(app_url).predict(*run_args(max_tokens=8), api_name="/run")[TEXT])
+            results.append(named(api_client(app_url).predict(*run_args(max_tokens=8), api_name="/run"))["text"])
         except Exception as e:  # noqa: BLE001 - collected and asserted below
             errors.append(e)
 

@@ -5,7 +5,7 @@ summary table."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import gradio as gr
 
@@ -13,31 +13,31 @@ from playground import plots
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
-from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, run_name
 from playground.ui import render
-from playground.ui.playground_tab import drafter_note, settings
+from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
+                                     named_inputs, stream_handler)
+from playground.ui.playground_tab import controls, drafter_note
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, interleave, make_request
 
-SLOTS = ("first", "second", "none")   # the columns; element ids end with the slot
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
 MODES = [(f"{LABELS[EAGLE3]} vs {LABELS[EAGLE31]}", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
 STORED_BENCHMARK = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.md"
 TABLE_HEADERS = ["run", "tau", "tokens/s", "speedup vs none", "steps", "tokens", "acceptance by depth"]
 
 
-def lanes(mode: str, drafter: str, draft: str, with_none: bool, available: tuple[str, ...]
-          ) -> list[tuple[str, str] | None]:
-    """(drafter, "chain" or "tree") for each column; None leaves the column empty."""
-    if mode == CHAIN_VS_TREE:
+def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSettings | None]:
+    """Each column's run; None leaves the column empty."""
+    if settings.compare == CHAIN_VS_TREE:
+        drafter = settings.drafter
         if drafter not in available:
             raise PlaygroundError(f"this backend has no {plots.label(drafter)} drafter to run chain vs tree with")
-        pair = [(drafter, "chain"), (drafter, "tree")]
+        pair = [settings.lane(drafter, "chain"), settings.lane(drafter, "tree")]
     else:
-        pair = [(name, draft) if name in available else None for name in (EAGLE3, EAGLE31)]
-    return pair + [(NONE, "chain") if with_none and NONE in available else None]
+        pair = [settings.lane(name, settings.draft) if name in available else None for name in (EAGLE3, EAGLE31)]
+    return pair + [settings.lane(NONE, "chain") if settings.with_none and NONE in available else None]
 
 
 def lane_name(mode: str, request: GenerationRequest) -> str:
@@ -58,42 +58,39 @@ def summary_table(summaries: Mapping[str, RunSummary]) -> list[list]:
 
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
-    c = settings(limits, backends, with_drafter=False, prefix="cmp")
+    c = controls(limits, backends, with_drafter=False, prefix="cmp")
     with gr.Row():
-        mode = gr.Radio(MODES, value=DRAFTERS, label="compare", elem_id="cmp-mode",
-                        info="chain vs tree runs the drafter below both ways, whatever `draft` says")
-        lane_drafter = gr.Dropdown([(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3)], value=EAGLE31,
+        c["compare"] = gr.Radio(MODES, value=DRAFTERS, label="compare", elem_id="cmp-mode",
+                                info="chain vs tree runs the drafter below both ways, whatever `draft` says")
+        c["drafter"] = gr.Dropdown([(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3)], value=EAGLE31,
                                    label="drafter for chain vs tree", elem_id="cmp-drafter")
-        include_none = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)")
+        c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)")
     with gr.Row():
         run = gr.Button("Compare", variant="primary", elem_id="compare-run")
         stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
     gr.HTML(render.LEGEND)
-    headings, answers, cards, texts = {}, {}, {}, {}
+    view = {}
     with gr.Row(equal_height=False):
         for slot, name in zip(SLOTS, (EAGLE3, EAGLE31, NONE)):
             with gr.Column():
-                headings[slot] = gr.Markdown(f"#### {plots.label(name)}", elem_id=f"heading-{slot}")
-                cards[slot] = gr.HTML(render.figures_html(None), elem_id=f"cards-{slot}")
-                answers[slot] = gr.HTML(render.answer_html([]), elem_id=f"answer-{slot}")
-                texts[slot] = gr.Textbox(label="plain text", lines=3, buttons=["copy"], elem_id=f"text-{slot}")
+                view[column(slot, "heading")] = gr.Markdown(f"#### {plots.label(name)}", elem_id=f"heading-{slot}")
+                view[column(slot, "cards")] = gr.HTML(render.figures_html(None), elem_id=f"cards-{slot}")
+                view[column(slot, "answer")] = gr.HTML(render.answer_html([]), elem_id=f"answer-{slot}")
+                view[column(slot, "text")] = gr.Textbox(label="plain text", lines=3, buttons=["copy"],
+                                                        elem_id=f"text-{slot}")
     with gr.Row():
-        accept_plot = gr.Plot(label="acceptance by depth", elem_id="compare-acceptance")
-        attention_plot = gr.Plot(label="attention by depth", elem_id="compare-attention")
-        norm_plot = gr.Plot(label="fed-back RMS by depth", elem_id="compare-norm")
-    table = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
-    files = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
+        view["acceptance_plot"] = gr.Plot(label="acceptance by depth", elem_id="compare-acceptance")
+        view["attention_plot"] = gr.Plot(label="attention by depth", elem_id="compare-attention")
+        view["norm_plot"] = gr.Plot(label="fed-back RMS by depth", elem_id="compare-norm")
+    view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
+    view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
 
-    def stream(prompt, system, template, k, temperature, top_p, max_tokens, with_none, backend_name, draft="chain",
-               tree_top_k=TreeShape.top_k, tree_depth=TreeShape.depth, tree_nodes=TreeShape.nodes,
-               compare=DRAFTERS, drafter=EAGLE31):
+    def stream(settings: CompareSettings) -> Iterator[dict]:
         try:
-            engine = backend(backends, backend_name)
-            slots = [make_request(limits, prompt, system, template, lane[0], k, temperature, top_p, max_tokens,
-                                  draft=lane[1], tree=(tree_top_k, tree_depth, tree_nodes)) if lane else None
-                     for lane in lanes(compare, drafter, draft, with_none, engine.drafter_names)]
-            names = [lane_name(compare, r) if r else None for r in slots]
-            requests = {n: r for n, r in zip(names, slots) if r}
+            engine = backend(backends, settings.backend_name)
+            columns = [make_request(limits, lane) if lane else None for lane in lanes(settings, engine.drafter_names)]
+            names = [lane_name(settings.compare, r) if r else None for r in columns]
+            requests = {n: r for n, r in zip(names, columns) if r}
             notes = {n: drafter_note(engine, r.drafter) for n, r in requests.items()}
             streams = {n: engine.generate(r) for n, r in requests.items()}
             probes = {n: engine.replayer(r.drafter) for n, r in requests.items() if r.drafter != NONE}
@@ -115,32 +112,35 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             raise gr.Error(failure_message(e)) from None
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], live: LivePlots,
-               redraw: bool, final: bool):
+               redraw: bool, final: bool) -> dict:
         summaries = {n: log.summary for n, log in logs.items() if log.events}
         drafted = {n: s for n, s in summaries.items() if n != NONE}
-        out = []
-        for name in names:
-            if name is None:
-                out += [render.figures_html(None), render.answer_html([], "not run"), ""]
-                continue
-            waiting = "" if logs[name].events else "waiting for the engine…"
-            out += [render.figures_html(summaries.get(name)),
-                    render.answer_html(logs[name].events, notes[name] or waiting), logs[name].text]
-        out += live.get(lambda: plots.all_figures(drafted), redraw)
-        out.append(summary_table(summaries))
-        out.append(export(logs, lambda path: plots.figures_file(drafted, path)) if final else None)
-        out += [f"#### {plots.label(name) if name else 'not run'}" for name in names]
-        return tuple(out)
+        out = {}
+        for slot, name in zip(SLOTS, names):
+            out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name))
+        out |= dict(zip(PLOTS, live.get(lambda: plots.all_figures(drafted), redraw)))
+        out["table"] = summary_table(summaries)
+        out["files"] = export(logs, lambda path: plots.figures_file(drafted, path)) if final else None
+        return out
 
-    inputs = [c[n] for n in ("prompt", "system", "template", "k", "temperature", "top_p", "max_tokens")]
-    inputs += [include_none, c["backend"], c["draft"], c["tree_top_k"], c["tree_depth"], c["tree_nodes"], mode,
-               lane_drafter]
-    outputs = [x for slot in SLOTS for x in (cards[slot], answers[slot], texts[slot])]
-    outputs += [accept_plot, attention_plot, norm_plot, table, files] + [headings[slot] for slot in SLOTS]
-    running = run.click(stream, inputs, outputs, api_name="compare", concurrency_id="engine",
-                        concurrency_limit=limits.concurrency)
+    running = run.click(stream_handler(CompareSettings, COMPARE_OUTPUTS, stream),
+                        inputs_kwargs=named_inputs(CompareSettings, c),
+                        outputs=[view[name] for name in COMPARE_OUTPUTS], api_name="compare",
+                        concurrency_id="engine", concurrency_limit=limits.concurrency)
     stop.click(None, None, None, cancels=[running], api_name=False)
     stored_benchmark()
+
+
+def column_update(slot: str, name: str | None, log: RunLog | None, note: str, summary: RunSummary | None) -> dict:
+    """One column's outputs: the run `name` (None: the column is not run this time)."""
+    if name is None:
+        return {column(slot, "cards"): render.figures_html(None),
+                column(slot, "answer"): render.answer_html([], "not run"),
+                column(slot, "text"): "", column(slot, "heading"): "#### not run"}
+    waiting = "" if log.events else "waiting for the engine…"
+    return {column(slot, "cards"): render.figures_html(summary),
+            column(slot, "answer"): render.answer_html(log.events, note or waiting),
+            column(slot, "text"): log.text, column(slot, "heading"): f"#### {plots.label(name)}"}
 
 
 def stored_benchmark() -> None:

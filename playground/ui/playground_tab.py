@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import gradio as gr
 
@@ -13,12 +13,14 @@ from playground.engines.request import K_RANGE, MAX_TEMPERATURE
 from playground.engines.tree import LIMITS, TreeShape
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
 from playground.ui import render, tree_view
+from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, named_inputs, stream_handler
 from playground.ui.presets import PRESETS
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, make_request
 
 DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none ({LABELS[NONE]})", NONE)]
 TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
+OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
 
 def drafter_note(engine: Engine, name: str) -> str:
@@ -31,8 +33,8 @@ def drafter_note(engine: Engine, name: str) -> str:
     return " ".join(notes)
 
 
-def settings(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool, prefix: str) -> dict:
-    """The shared generation controls; returns the components by name (elem ids: `prefix-name`)."""
+def controls(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool, prefix: str) -> dict:
+    """The shared generation controls by their settings' field names (elem ids: `prefix-name`)."""
     c = {}
     eid = lambda name: f"{prefix}-{name}"
     with gr.Row():
@@ -42,8 +44,8 @@ def settings(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool,
         if with_drafter:
             c["drafter"] = gr.Dropdown(DRAFTER_CHOICES, value=EAGLE31, label="Drafter", scale=1,
                                        elem_id=eid("drafter"))
-        c["backend"] = gr.Dropdown(list(backends), value=next(iter(backends)), label="Backend", scale=1,
-                                   elem_id=eid("backend"))
+        c["backend_name"] = gr.Dropdown(list(backends), value=next(iter(backends)), label="Backend", scale=1,
+                                        elem_id=eid("backend"))
     c["prompt"] = gr.Textbox(label="Prompt", lines=4, max_length=limits.max_prompt_chars,
                              placeholder="Ask anything, or pick a preset", elem_id=eid("prompt"))
     c["system"] = gr.Textbox(label="System prompt (empty: the model's default)", lines=1,
@@ -77,40 +79,37 @@ def _preset(name: str):
 
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
-    c = settings(limits, backends, with_drafter=True, prefix="pg")
+    c = controls(limits, backends, with_drafter=True, prefix="pg")
     with gr.Row():
         run = gr.Button("Run", variant="primary", elem_id="run")
         stop = gr.Button("Stop", variant="stop", elem_id="stop")
     gr.HTML(render.LEGEND)
-    answer = gr.HTML(render.answer_html([]), elem_id="answer")
-    tree = gr.HTML(tree_view.tree_html(None), elem_id="tree")
-    cards = gr.HTML(render.figures_html(None), elem_id="cards")
+    view = {"answer": gr.HTML(render.answer_html([]), elem_id="answer"),
+            "tree": gr.HTML(tree_view.tree_html(None), elem_id="tree"),
+            "cards": gr.HTML(render.figures_html(None), elem_id="cards")}
     with gr.Row():
-        accept_plot = gr.Plot(label="acceptance by depth", elem_id="plot-acceptance")
-        attention_plot = gr.Plot(label="attention by depth", elem_id="plot-attention")
-        norm_plot = gr.Plot(label="fed-back RMS by depth", elem_id="plot-norm")
+        view["acceptance_plot"] = gr.Plot(label="acceptance by depth", elem_id="plot-acceptance")
+        view["attention_plot"] = gr.Plot(label="attention by depth", elem_id="plot-attention")
+        view["norm_plot"] = gr.Plot(label="fed-back RMS by depth", elem_id="plot-norm")
     with gr.Accordion("Step inspector", open=True):
-        step = gr.Slider(0, 1, value=0, step=1, label="verify step", elem_id="step")
-        inspector = gr.HTML(render.inspector_html(None), elem_id="inspector")
+        view["step"] = gr.Slider(0, 1, value=0, step=1, label="verify step", elem_id="step")
+        view["inspector"] = gr.HTML(render.inspector_html(None), elem_id="inspector")
     with gr.Accordion("Plain text and downloads", open=False):
-        text = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
-        files = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
-    events = gr.State([])
+        view["text"] = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
+        view["files"] = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
+    view["events"] = gr.State([])
 
-    def stream(prompt, system, template, drafter, k, temperature, top_p, max_tokens, backend_name, draft="chain",
-               tree_top_k=TreeShape.top_k, tree_depth=TreeShape.depth, tree_nodes=TreeShape.nodes):
+    def stream(settings: RunSettings) -> Iterator[dict]:
         try:
-            request = make_request(limits, prompt, system, template, drafter, k, temperature, top_p, max_tokens,
-                                   draft=draft, tree=(tree_top_k, tree_depth, tree_nodes))
-            engine = backend(backends, backend_name)
+            request = make_request(limits, settings)
+            engine = backend(backends, settings.backend_name)
             note = drafter_note(engine, request.drafter)
             probe = engine.replayer(request.drafter)
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
             raise gr.Error(failure_message(e)) from None
         run_log, pacer, live = RunLog(request), Pacer(), LivePlots()
-        yield (render.answer_html([], note or "waiting for the engine…"), "", render.figures_html(None),
-               *live.last, 0, render.inspector_html(None), None, [], tree_view.tree_html(None))
+        yield update(run_log, note or "waiting for the engine…", live, False, False)
         try:
             for event in steps:
                 run_log.events.append(event)
@@ -123,29 +122,30 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             yield update(run_log, note, live, True, True, failure_message(e))
             raise gr.Error(failure_message(e)) from None
 
-    def update(run_log: RunLog, note: str, live: LivePlots, redraw: bool, final: bool, error: str = ""):
-        # every output gets a value, never gr.skip(): see LivePlots
+    def update(run_log: RunLog, note: str, live: LivePlots, redraw: bool, final: bool, error: str = "") -> dict:
         summary = run_log.summary
         runs = {run_log.request.drafter: summary}
         html = render.answer_html(run_log.events, note) + (render.error_html(error) if error else "")
-        return (html, run_log.text, render.figures_html(summary),
-                *live.get(lambda: plots.all_figures(runs), redraw),
-                gr.update(maximum=max(1, len(run_log.events) - 1), value=len(run_log.events) - 1) if final else 0,
-                inspect(run_log.events[-1] if final else None),
-                export({run_log.request.drafter: run_log},
-                       lambda path: plots.figures_file(runs, path)) if final else None,
-                list(run_log.events), tree_view.tree_html(run_log.events[-1] if run_log.events else None))
+        last = len(run_log.events) - 1
+        return {"answer": html, "text": run_log.text, "cards": render.figures_html(summary),
+                **dict(zip(PLOTS, live.get(lambda: plots.all_figures(runs), redraw))),
+                "step": gr.update(maximum=max(1, last), value=last) if final else 0,
+                "inspector": inspect(run_log.events[-1] if final else None),
+                "files": export({run_log.request.drafter: run_log},
+                                lambda path: plots.figures_file(runs, path)) if final else None,
+                "events": list(run_log.events),
+                "tree": tree_view.tree_html(run_log.events[-1] if run_log.events else None)}
 
-    inputs = [c[n] for n in ("prompt", "system", "template", "drafter", "k", "temperature", "top_p",
-                             "max_tokens", "backend", "draft", "tree_top_k", "tree_depth", "tree_nodes")]
-    outputs = [answer, text, cards, accept_plot, attention_plot, norm_plot, step, inspector, files, events, tree]
-    running = run.click(stream, inputs, outputs, api_name="run", concurrency_id="engine",
+    handler = stream_handler(RunSettings, OUTPUTS, stream)
+    inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
+    running = run.click(handler, inputs_kwargs=inputs, outputs=outputs, api_name="run", concurrency_id="engine",
                         concurrency_limit=limits.concurrency)
-    submitted = c["prompt"].submit(stream, inputs, outputs, api_name=False, concurrency_id="engine",
-                                   concurrency_limit=limits.concurrency)
+    submitted = c["prompt"].submit(handler, inputs_kwargs=inputs, outputs=outputs, api_name=False,
+                                   concurrency_id="engine", concurrency_limit=limits.concurrency)
     stop.click(None, None, None, cancels=[running, submitted], api_name=False)
-    step.input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
-               [step, events], inspector, api_name="inspect", queue=False, trigger_mode="always_last")
+    view["step"].input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
+                       [view["step"], view["events"]], view["inspector"], api_name="inspect", queue=False,
+                       trigger_mode="always_last")
 
 
 def inspect(event) -> str:

@@ -12,6 +12,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.model.variants import NAMES
+from playground.ui.endpoints import RunSettings
 
 log = logging.getLogger("playground.ui")
 
@@ -26,34 +27,33 @@ class Limits:
     sessions: int = 500         # browser sessions whose page state the server keeps (Gradio's default is 10,000)
 
 
-def make_request(limits: Limits, prompt: str, system: str, template: str, drafter: str, k: float,
-                 temperature: float, top_p: float, max_tokens: float, seed: float = 0, draft: str = "chain",
-                 tree: tuple = (TreeShape.top_k, TreeShape.depth, TreeShape.nodes)) -> GenerationRequest:
+def make_request(limits: Limits, settings: RunSettings) -> GenerationRequest:
     """A validated request; every problem is a PlaygroundError with a one-line reason."""
-    prompt = prompt or ""
-    if drafter not in NAMES:   # the page never loads a checkpoint from a path it is given
-        raise PlaygroundError(f"unknown drafter {drafter!r}; choose {', '.join(NAMES)}")
+    prompt, system = settings.prompt or "", settings.system or ""
+    if settings.drafter not in NAMES:   # the page never loads a checkpoint from a path it is given
+        raise PlaygroundError(f"unknown drafter {settings.drafter!r}; choose {', '.join(NAMES)}")
     if len(prompt) > limits.max_prompt_chars:
         raise PlaygroundError(f"the prompt is {len(prompt):,} characters; this playground accepts up to "
                               f"{limits.max_prompt_chars:,}")
-    if len(system or "") > limits.max_prompt_chars:
+    if len(system) > limits.max_prompt_chars:
         raise PlaygroundError(f"the system prompt is limited to {limits.max_prompt_chars:,} characters")
     try:
-        numbers = [float(x) for x in (k, temperature, top_p, max_tokens, seed)]
+        k, temperature, top_p, max_tokens = (float(x) for x in (settings.k, settings.temperature, settings.top_p,
+                                                                 settings.max_tokens))
     except (TypeError, ValueError):
-        raise PlaygroundError("k, temperature, top-p, max tokens and seed must be numbers") from None
-    k, temperature, top_p, max_tokens, seed = numbers
-    if not all(float(x).is_integer() for x in (k, max_tokens, seed)):
-        raise PlaygroundError("k, max tokens and seed must be whole numbers")
+        raise PlaygroundError("k, temperature, top-p and max tokens must be numbers") from None
+    if not all(x.is_integer() for x in (k, max_tokens)):
+        raise PlaygroundError("k and max tokens must be whole numbers")
     try:
-        shape = tuple(float(x) for x in tree)
+        shape = tuple(float(x) for x in (settings.tree_top_k, settings.tree_depth, settings.tree_nodes))
     except (TypeError, ValueError):
         raise PlaygroundError("the tree's top-k, depth and nodes must be numbers") from None
     if not all(x.is_integer() for x in shape):
         raise PlaygroundError("the tree's top-k, depth and nodes must be whole numbers")
-    request = GenerationRequest(prompt=prompt, system=system or None, template=template, drafter=drafter,
-                                k=int(k), temperature=temperature, top_p=top_p, max_tokens=int(max_tokens),
-                                seed=int(seed), tree=TreeShape(*map(int, shape)) if draft == "tree" else None)
+    request = GenerationRequest(prompt=prompt, system=system or None, template=settings.template,
+                                drafter=settings.drafter, k=int(k), temperature=temperature, top_p=top_p,
+                                max_tokens=int(max_tokens),
+                                tree=TreeShape(*map(int, shape)) if settings.draft == "tree" else None)
     return request.validate(limits.max_tokens)
 
 

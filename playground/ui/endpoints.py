@@ -1,0 +1,91 @@
+"""What the page's streaming endpoints take and give, by name.
+
+A settings dataclass per endpoint names its controls; its field order is the endpoint's positional
+order for `gradio_client` callers (`client.predict(prompt, system, ..., api_name="/run")`), so a new
+control is a new field at the end. Outputs are named too: a handler yields {output name: value}, and
+the name tuples below fix the order the API returns them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+
+from gradio.components import Component
+
+SLOTS = ("first", "second", "none")   # the Comparison tab's columns; element ids end with the slot
+COLUMN_PARTS = ("cards", "answer", "text")
+PLOTS = ("acceptance_plot", "attention_plot", "norm_plot")   # in the order of plots.all_figures
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The Playground tab's controls: what /run takes, in its positional order."""
+    prompt: str
+    system: str
+    template: str
+    drafter: str
+    k: float
+    temperature: float
+    top_p: float
+    max_tokens: float
+    backend_name: str
+    draft: str            # "chain" or "tree"
+    tree_top_k: float
+    tree_depth: float
+    tree_nodes: float
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """The Comparison tab's controls: what /compare takes, in its positional order."""
+    prompt: str
+    system: str
+    template: str
+    k: float
+    temperature: float
+    top_p: float
+    max_tokens: float
+    with_none: bool       # also run without speculation
+    backend_name: str
+    draft: str
+    tree_top_k: float
+    tree_depth: float
+    tree_nodes: float
+    compare: str          # compare_tab.DRAFTERS or compare_tab.CHAIN_VS_TREE
+    drafter: str          # the drafter of chain vs tree
+
+    def lane(self, drafter: str, draft: str) -> RunSettings:
+        """One column: the run /run would make of these settings with this drafter, drafting this way."""
+        return RunSettings(prompt=self.prompt, system=self.system, template=self.template, drafter=drafter, k=self.k,
+                           temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
+                           backend_name=self.backend_name, draft=draft, tree_top_k=self.tree_top_k,
+                           tree_depth=self.tree_depth, tree_nodes=self.tree_nodes)
+
+
+def column(slot: str, part: str) -> str:
+    """The output name of one part ("cards", "answer", "text", "heading") of a Comparison column."""
+    return f"{part}_{slot}"
+
+
+RUN_OUTPUTS = ("answer", "text", "cards", *PLOTS, "step", "inspector", "files", "tree")
+COMPARE_OUTPUTS = (*(column(slot, part) for slot in SLOTS for part in COLUMN_PARTS), *PLOTS, "table", "files",
+                   *(column(slot, "heading") for slot in SLOTS))
+
+SettingsT = TypeVar("SettingsT")
+
+
+def named_inputs(settings: type, controls: Mapping[str, Component]) -> dict[str, Component]:
+    """The controls an endpoint takes, in its positional order: Gradio's `inputs_kwargs`."""
+    return {f.name: controls[f.name] for f in fields(settings)}
+
+
+def stream_handler(settings: type[SettingsT], outputs: Sequence[str],
+                   stream: Callable[[SettingsT], Iterator[Mapping[str, Any]]]) -> Callable[..., Iterator[tuple]]:
+    """`stream` as Gradio calls it: the controls' values arrive by name and become one `settings`;
+    each update `stream` yields by name goes out in the order of `outputs`. Every output gets a
+    value (a missing name is a KeyError): see runs.LivePlots for why none is skipped."""
+    def handler(**values: Any) -> Iterator[tuple]:
+        for update in stream(settings(**values)):
+            yield tuple(update[name] for name in outputs)
+    return handler
