@@ -1,8 +1,14 @@
-"""Command line: `python -m playground generate | convert | train data|drafter|validate|eval|ship | bench [ui|vllm|memory]`.
+"""Command line: `python -m playground generate | convert | train data|drafter|lease|validate|eval|ship |
+bench [ui|vllm|trees|profile|memory]`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
     python -m playground convert --out ./smollm2-135m-instruct  # the embedded target as safetensors
+
+Each subcommand's parser names the function that runs it (`set_defaults(func=...)`); those
+functions turn the options into the owning module's call and print what it returns. The modules
+that run a subcommand are imported inside its function, so `--help` loads only what the options'
+defaults need.
 """
 
 from __future__ import annotations
@@ -17,6 +23,34 @@ from playground.errors import PlaygroundError
 from playground.model.variants import EAGLE31, NAMES, NONE, SHIPPED
 from playground.options import add_tree_options, add_vllm_options, launch_spec, tree_shape
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m playground", description="EAGLE 3.1 playground")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_convert(sub)
+    _add_train(sub)
+    _add_bench(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        return args.func(args)
+    except PlaygroundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+# generate, convert
 
 def _add_generate(sub) -> None:
     from playground.engines.chat import TEMPLATES
@@ -38,6 +72,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="JSON lines: one per verify step, then a summary")
     add_tree_options(p)
     add_vllm_options(p)
+    p.set_defaults(func=generate)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -57,7 +92,7 @@ def generate(args: argparse.Namespace) -> int:
 
         chains_only(request)   # before any server starts
         engine, _ = vllm_backend(engine, args.vllm_url, launch_spec(args, args.k), names=(request.drafter,),
-                                 status=lambda line: print(line, file=sys.stderr))
+                                 status=_to_stderr)
     info = engine.drafter_info(request.drafter)
     if info.variant != NONE and not info.trained:
         print(f"note: {info.name} is a randomly initialised drafter ({info.source}); "
@@ -74,6 +109,17 @@ def generate(args: argparse.Namespace) -> int:
         events = terminal.stream(engine.generate(request), sys.stdout, color)
         print(terminal.render_summary(summarize(events)), file=sys.stderr)
     return 0
+
+
+def _add_convert(sub) -> None:
+    p = sub.add_parser("convert", help="write the embedded target as a safetensors folder (vLLM serves it), "
+                                       "or a drafter in the speculators format")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--speculators", metavar="DRAFTER", default=None,
+                   help=f"write this drafter ({' | '.join(SHIPPED)} | a checkpoint folder) in the `speculators` "
+                        "format instead (same weights; vLLM loads both)")
+    p.add_argument("--k", type=int, default=5, help="with --speculators: the draft tokens per step it proposes")
+    p.set_defaults(func=convert)
 
 
 def convert(args: argparse.Namespace) -> int:
@@ -93,21 +139,7 @@ def convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m playground", description="EAGLE 3.1 playground")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    p = sub.add_parser("convert", help="write the embedded target as a safetensors folder (vLLM serves it), "
-                                       "or a drafter in the speculators format")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--speculators", metavar="DRAFTER", default=None,
-                   help=f"write this drafter ({' | '.join(SHIPPED)} | a checkpoint folder) in the `speculators` "
-                        "format instead (same weights; vLLM loads both)")
-    p.add_argument("--k", type=int, default=5, help="with --speculators: the draft tokens per step it proposes")
-    _add_train(sub)
-    _add_bench(sub)
-    return parser
-
+# train
 
 def _add_train(sub) -> None:
     from playground.training.data import SOURCES, DataConfig
@@ -126,6 +158,7 @@ def _add_train(sub) -> None:
     p.add_argument("--slots", type=int, default=DataConfig.slots,
                    help="> 0: decode in this many slots refilled as answers end, one captured step on a GPU "
                         "(--batch then sets the conversations per shard)")
+    p.set_defaults(func=train_data)
 
     from playground.training.train import TrainConfig
 
@@ -147,10 +180,11 @@ def _add_train(sub) -> None:
     p.add_argument("--init", nargs="+", default=[], metavar="DRAFTER",
                    help="one trained drafter per variant, in order (shipped name or checkpoint folder): new runs "
                         "start from its weights and draft vocabulary instead of a new drafter (fine-tuning)")
+    p.set_defaults(func=train_drafter)
 
     p = train.add_parser("lease", help="the scale-up inside one GPU lease, a step per command of under 10 "
                                        "minutes: data, train, finish (there), unpack (here)")
-    p.add_argument("step", choices=("pack", "receive", "data", "train", "finish", "unpack"))
+    p.add_argument("step", choices=list(LEASE_STEPS))
     p.add_argument("--work", type=Path, default=Path("lease"), help="the lent machine's folder for data and runs")
     p.add_argument("--plan", choices=("gpu", "toy"), default="gpu", help="toy: the same steps at CPU size")
     p.add_argument("--budget-s", type=float, default=540.0,
@@ -161,6 +195,7 @@ def _add_train(sub) -> None:
                    help="pack: the folder (git-ignored) whose carry-NN folders each go with one device call")
     p.add_argument("--carried", type=Path, default=None, help="receive: the carry-NN folder this call brought")
     p.add_argument("--runs", type=Path, default=Path("runs/lease"), help="unpack: where the run folders go")
+    p.set_defaults(func=train_lease)
 
     p = train.add_parser("validate", help="training's loss and accuracy by depth of trained drafters on "
                                           "held-out data folders (teacher-forced)")
@@ -171,11 +206,13 @@ def _add_train(sub) -> None:
     p.add_argument("--ttt-steps", type=int, default=TrainConfig.ttt_steps, help="unroll depth measured")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16)
     p.add_argument("--device", default=TrainConfig.device)
+    p.set_defaults(func=train_validate)
 
     p = train.add_parser("ship", help="evaluate trained runs and copy them to assets/drafters with model cards")
     p.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders of train drafter")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=None, help="evaluate on each kind's first N prompts (default: all)")
+    p.set_defaults(func=train_ship)
 
     from playground.evaluation.prompt_sets import EVAL_KINDS
 
@@ -196,7 +233,139 @@ def _add_train(sub) -> None:
     p.add_argument("--figures", type=Path, default=None,
                    help="also write each kind's acceptance, sink attention and fed-back RMS by depth, for every "
                         "drafter, to this HTML file (plotly, opens offline)")
+    p.set_defaults(func=train_eval)
 
+
+def train_data(args: argparse.Namespace) -> int:
+    from playground.training.data import DataConfig, generate as generate_data
+
+    generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                             source=args.source, device=args.device, slots=args.slots))
+    return 0
+
+
+def train_drafter(args: argparse.Namespace) -> int:
+    from playground.training.train import TrainConfig, train
+
+    if len(args.variant) != len(args.out):
+        raise PlaygroundError(f"{len(args.variant)} variants but {len(args.out)} run folders: give one --out per variant")
+    if args.init and len(args.init) != len(args.variant):
+        raise PlaygroundError(f"{len(args.variant)} variants but {len(args.init)} drafters to start from: "
+                              "give one --init per variant")
+    fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage", "func", "variant", "out", "init")}
+    fields["data"], fields["val_data"] = tuple(fields["data"]), tuple(fields["val_data"])
+    inits = args.init or [""] * len(args.variant)
+    configs = [TrainConfig(variant=variant, out=out, init=init, **fields)
+               for variant, out, init in zip(args.variant, args.out, inits)]
+    for folder in train(configs):
+        print(f"wrote {folder}")
+    return 0
+
+
+def train_validate(args: argparse.Namespace) -> int:
+    from playground.training.train import format_validation, validate_drafters
+
+    print(format_validation(validate_drafters(args.drafters, args.data, args.device, args.sequences,
+                                              args.ttt_steps, args.bf16)))
+    return 0
+
+
+def train_ship(args: argparse.Namespace) -> int:
+    from playground.engines.reference import ReferenceEngine
+    from playground.training.ship import ship
+
+    for folder in ship(args.runs, ReferenceEngine.load(), args.max_tokens, prompts=args.prompts):
+        print(f"wrote {folder}")
+    return 0
+
+
+def train_eval(args: argparse.Namespace) -> int:
+    from playground.engines.reference import ReferenceEngine
+    from playground.evaluation.heldout import evaluate, format_ratios, format_rows, write_figures
+    from playground.evaluation.prompt_sets import EVAL_KINDS, KINDS
+    from playground.training.prompts import heldout_or_training_requests
+
+    kinds = [EVAL_KINDS[x] for x in args.kinds] if args.kinds else KINDS
+    rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts,
+                    heldout_or_training_requests, tree=tree_shape(args))
+    print(format_rows(rows))
+    if len(args.drafters) > 1 or args.tree:
+        print("\n" + format_ratios(rows))
+    if args.figures:
+        write_figures(rows, args.figures)
+        print(f"wrote {args.figures}")
+    return 0
+
+
+def train_lease(args: argparse.Namespace) -> int:
+    return LEASE_STEPS[args.step](args)
+
+
+def _lease_pack(args: argparse.Namespace) -> int:
+    from playground.training import lease
+
+    print("\n".join(f"wrote {part}" for part in lease.pack(args.carry)))
+    print(f"carry one folder per device call, each with: python3 -m playground train lease receive "
+          f"--carried {args.carry}/carry-NN --work WORK")
+    return 0
+
+
+def _lease_receive(args: argparse.Namespace) -> int:
+    from playground.training import lease
+
+    if args.carried is None:
+        raise PlaygroundError("receive needs --carried: the carry-NN folder this call brought")
+    ready = lease.receive(args.carried, args.work)
+    print("receive: " + ("the target and its reader are in place" if ready else "part kept; carry the next"))
+    return 0
+
+
+def _lease_data(args: argparse.Namespace) -> int:
+    from playground.training import lease
+
+    lease.open_work(args.work)
+    _print_budgeted("data", lease.run_data(lease.PLANS[args.plan], args.work, args.budget_s))
+    return 0
+
+
+def _lease_train(args: argparse.Namespace) -> int:
+    from playground.training import lease
+
+    lease.open_work(args.work)
+    _print_budgeted("train", lease.run_train(lease.PLANS[args.plan], args.work, args.budget_s))
+    return 0
+
+
+def _print_budgeted(step: str, done: bool) -> None:
+    print(f"{step}: " + ("complete" if done else "stopped inside its budget; run the same command again"))
+
+
+def _lease_finish(args: argparse.Namespace) -> int:
+    from playground.training import lease
+
+    if args.out is None:
+        raise PlaygroundError("finish needs --out: the folder whose files come back")
+    lease.open_work(args.work)
+    print("\n".join(f"wrote {part}" for part in lease.run_finish(lease.PLANS[args.plan], args.work, args.out)))
+    return 0
+
+
+def _lease_unpack(args: argparse.Namespace) -> int:
+    from playground.training import lease
+
+    if args.parts is None:
+        raise PlaygroundError("unpack needs --parts: the folder the lease's finish step wrote to")
+    folders = " ".join(map(str, lease.unpack(args.parts, args.runs)))
+    print(f"run folders: {folders}\nnext: python -m playground train ship --runs {folders}")
+    return 0
+
+
+LEASE_STEPS = {"pack": _lease_pack, "receive": _lease_receive, "data": _lease_data, "train": _lease_train,
+               "finish": _lease_finish, "unpack": _lease_unpack}
+
+
+# bench
 
 def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """The suite's options, on `bench` and again on each subcommand (where an unset option leaves
@@ -225,217 +394,93 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="the prompt suite by category: tau, acceptance, tokens/s, speedups "
                                      "(subcommands: ui, vllm, profile, memory)")
     _bench_options(p, defaults=True)
+    p.set_defaults(func=bench_suite)
     suites = p.add_subparsers(dest="suite")
-    _bench_options(suites.add_parser("ui", help="server-side cost of one page update, by run length"), False)
+    u = suites.add_parser("ui", help="server-side cost of one page update, by run length")
+    _bench_options(u, False)
+    u.set_defaults(func=bench_ui)
     v = suites.add_parser("vllm", help="vLLM servers (EAGLE 3.1, EAGLE 3, none): output tokens/s by concurrency")
     _bench_options(v, False)
     v.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    v.set_defaults(func=bench_vllm)
     t = suites.add_parser("trees", help="chain against draft trees (both drafters) and a sweep of tree shapes, on "
                                         "held-out chat and code")
     _bench_options(t, False)
     add_tree_options(t)
     t.add_argument("--prompts", type=int, default=6, help="prompts per kind")
-    _bench_options(suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, "
-                                                     "--k, --max-tokens)"), False)
+    t.set_defaults(func=bench_trees)
+    f = suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, --k, "
+                                          "--max-tokens)")
+    _bench_options(f, False)
+    f.set_defaults(func=bench_profile)
     m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
     _bench_options(m, False)
     m.add_argument("--runs", type=int, default=200)
+    m.set_defaults(func=bench_memory)
 
 
-def bench(args: argparse.Namespace) -> int:
-    from playground.engines.reference import ReferenceEngine
-    from playground.engines.request import GenerationRequest
+def _vllm_servers(args: argparse.Namespace):
+    """The servers --vllm-url names; without any, the ones the bench starts itself."""
+    from playground.evaluation.vllm_load import Servers
 
-    if args.suite == "ui":   # the UI measures itself: the command line never imports the page
-        import subprocess
-
-        return subprocess.run([sys.executable, "-m", "playground.ui.update_cost"]).returncode
-
-    if args.suite == "profile":
-        from playground.evaluation.profile import profile_run
-        from playground.evaluation.prompt_sets import CODING
-
-        request = GenerationRequest(prompt=CODING[0], drafter=args.drafters[-1], k=args.k, max_tokens=args.max_tokens)
-        print(profile_run(ReferenceEngine.load(), request))
-        return 0
-    if args.suite == "trees":
-        from playground.evaluation import trees
-
-        shape = tree_shape(args) or trees.TreeBenchConfig.tree
-        config = trees.TreeBenchConfig(drafters=tuple(args.drafters), k=args.k, tree=shape.validate(),
-                                       prompts=args.prompts, max_tokens=args.max_tokens)
-        result = trees.measure(ReferenceEngine.load(), config)
-        out_dir = args.out or Path("assets/benchmark/trees")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.json").write_text(json.dumps(result, indent=1))
-        (out_dir / "results.md").write_text(trees.markdown(result))
-        print(trees.markdown(result))
-        print(f"wrote {out_dir / 'results.md'}, {out_dir / 'results.json'}", file=sys.stderr)
-        return 0
-    if args.suite == "memory":
-        from playground.evaluation.memory import rss_over_runs
-
-        print("| runs done | RSS (MiB) | peak RSS (MiB) |\n|---:|---:|---:|")
-        for done, rss, peak in rss_over_runs(args.runs):
-            print(f"| {done} | {rss:.0f} | {peak:.0f} |")
-        return 0
-
-    from playground.evaluation import ceiling, report
-    from playground.engines.tree import TreeShape
-    from playground.evaluation.benchmark import BenchConfig, collect, results
-
-    reference = ReferenceEngine.load()
-    engine, launched = reference, None
     args.launch = args.launch or not args.vllm_url
-    status = lambda line: print(line, file=sys.stderr)
-    if args.backend == "vllm" or args.suite == "vllm":
-        from playground.engines.vllm.backend import vllm_backend
-
-        engine, launched = vllm_backend(reference, args.vllm_url, launch_spec(args, args.k), names=NAMES,
-                                        status=status)
-    try:
-        if args.suite == "vllm":
-            from playground.evaluation.vllm_load import LoadConfig, markdown, throughput
-
-            print(markdown(throughput(engine, LoadConfig(tuple(args.concurrency), args.max_tokens, args.k))))
-            return 0
-        vllm = args.backend == "vllm"
-        if NONE not in engine.drafter_names:
-            raise PlaygroundError("the suite measures speedups over a server without speculation: add "
-                                  "--vllm-url none=URL, or run `bench vllm`")
-        config = BenchConfig(drafters=tuple(d for d in args.drafters if d in engine.drafter_names), k=args.k,
-                             max_tokens=args.max_tokens, categories=tuple(args.categories),
-                             per_category=args.per_category, sweep_ks=() if vllm else tuple(args.sweep_ks),
-                             compare_generate=not vllm, backend=args.backend,
-                             tree=TreeShape() if args.trees and not vllm else None)
-        measured_ceiling = None if vllm else ceiling.measure(reference.target, (1, config.k + 1))
-        out_dir = args.out or Path("assets/benchmark") / args.backend
-        progress = out_dir / "progress.pkl"
-        res = results(collect(engine, reference, config, progress), config, measured_ceiling)
-        if vllm:   # the same servers, under load
-            from playground.evaluation.vllm_load import LoadConfig, throughput
-
-            res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
-        paths = report.write(res, out_dir)
-        progress.unlink(missing_ok=True)
-        print(report.markdown(res))
-        print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
-        return 0 if res["lossless"] or vllm else 1
-    finally:
-        if launched is not None:
-            launched.stop()
+    return Servers(urls=tuple(args.vllm_url), launch=launch_spec(args, args.k), status=_to_stderr)
 
 
-def train(args: argparse.Namespace) -> int:
-    if args.stage == "eval":
-        from playground.engines.reference import ReferenceEngine
-        from playground.evaluation.heldout import eval_requests, evaluate, format_ratios, format_rows, write_figures
-        from playground.evaluation.prompt_sets import EVAL_KINDS, KINDS, TRAINING_PROMPTS
-        from playground.training.prompts import training_requests
+def bench_suite(args: argparse.Namespace) -> int:
+    from playground.engines.tree import TreeShape
+    from playground.evaluation import benchmark, report
 
-        def requests(kind: str, drafter: str, k: int, max_tokens: int):
-            if kind == TRAINING_PROMPTS:
-                return training_requests(drafter, k, max_tokens)
-            return eval_requests(kind, drafter, k, max_tokens)
+    config = benchmark.BenchConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
+                                   categories=tuple(args.categories), per_category=args.per_category,
+                                   sweep_ks=tuple(args.sweep_ks), backend=args.backend,
+                                   tree=TreeShape() if args.trees else None)
+    vllm = args.backend == "vllm"
+    res, paths = benchmark.run(config, args.out or Path("assets/benchmark") / args.backend,
+                               _vllm_servers(args) if vllm else None)
+    print(report.markdown(res))
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    return 0 if res["lossless"] or vllm else 1
 
-        kinds = [EVAL_KINDS[x] for x in args.kinds] if args.kinds else KINDS
-        rows = evaluate(ReferenceEngine.load(), args.drafters, args.k, args.max_tokens, kinds, args.prompts, requests,
-                        tree=tree_shape(args))
-        print(format_rows(rows))
-        if len(args.drafters) > 1 or args.tree:
-            print("\n" + format_ratios(rows))
-        if args.figures:
-            write_figures(rows, args.figures)
-            print(f"wrote {args.figures}")
-        return 0
-    if args.stage == "ship":
-        from playground.engines.reference import ReferenceEngine
-        from playground.training.ship import ship
 
-        for folder in ship(args.runs, ReferenceEngine.load(), args.max_tokens, prompts=args.prompts):
-            print(f"wrote {folder}")
-        return 0
-    if args.stage == "data":
-        from playground.training.data import DataConfig, generate as generate_data
+def bench_ui(args: argparse.Namespace) -> int:
+    import subprocess
 
-        generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
-                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                 source=args.source, device=args.device, slots=args.slots))
-        return 0
-    if args.stage == "lease":
-        return lease(args)
-    if args.stage == "validate":
-        from playground.training.train import format_validation, validate_drafters
+    # the UI measures itself: the command line never imports the page
+    return subprocess.run([sys.executable, "-m", "playground.ui.update_cost"]).returncode
 
-        print(format_validation(validate_drafters(args.drafters, args.data, args.device, args.sequences,
-                                                  args.ttt_steps, args.bf16)))
-        return 0
-    from playground.training.train import TrainConfig, train as train_drafter
 
-    if len(args.variant) != len(args.out):
-        raise PlaygroundError(f"{len(args.variant)} variants but {len(args.out)} run folders: give one --out per variant")
-    if args.init and len(args.init) != len(args.variant):
-        raise PlaygroundError(f"{len(args.variant)} variants but {len(args.init)} drafters to start from: "
-                              "give one --init per variant")
-    fields = {k: v for k, v in vars(args).items() if k not in ("command", "stage", "variant", "out", "init")}
-    fields["data"], fields["val_data"] = tuple(fields["data"]), tuple(fields["val_data"])
-    inits = args.init or [""] * len(args.variant)
-    configs = [TrainConfig(variant=variant, out=out, init=init, **fields)
-               for variant, out, init in zip(args.variant, args.out, inits)]
-    for folder in train_drafter(configs):
-        print(f"wrote {folder}")
+def bench_vllm(args: argparse.Namespace) -> int:
+    from playground.evaluation import vllm_load
+
+    load = vllm_load.LoadConfig(tuple(args.concurrency), args.max_tokens, args.k)
+    print(vllm_load.markdown(vllm_load.run(load, _vllm_servers(args))))
     return 0
 
 
-def lease(args: argparse.Namespace) -> int:
-    from playground.training import lease as steps
+def bench_trees(args: argparse.Namespace) -> int:
+    from playground.evaluation import trees
 
-    plan = steps.PLANS[args.plan]
-    if args.step == "unpack":
-        if args.parts is None:
-            raise PlaygroundError("unpack needs --parts: the folder the lease's finish step wrote to")
-        runs = steps.unpack(args.parts, args.runs)
-        folders = " ".join(map(str, runs))
-        print(f"run folders: {folders}\nnext: python -m playground train ship --runs {folders}")
-        return 0
-    if args.step == "pack":
-        parts = steps.pack(args.carry)
-        print("\n".join(f"wrote {part}" for part in parts))
-        print(f"carry one folder per device call, each with: python3 -m playground train lease receive "
-              f"--carried {args.carry}/carry-NN --work WORK")
-        return 0
-    args.work.mkdir(parents=True, exist_ok=True)
-    if args.step == "receive":
-        if args.carried is None:
-            raise PlaygroundError("receive needs --carried: the carry-NN folder this call brought")
-        ready = steps.receive(args.carried, args.work)
-        print("receive: " + ("the target and its reader are in place" if ready else "part kept; carry the next"))
-        return 0
-    if (args.work / "site").exists():   # what receive unpacked: the embedded target and the GGUF reader
-        sys.path.insert(0, str((args.work / "site").resolve()))
-    if args.step == "finish":
-        if args.out is None:
-            raise PlaygroundError("finish needs --out: the folder whose files come back")
-        print("\n".join(f"wrote {part}" for part in steps.run_finish(plan, args.work, args.out)))
-        return 0
-    done = (steps.run_data if args.step == "data" else steps.run_train)(plan, args.work, args.budget_s)
-    print(f"{args.step}: " + ("complete" if done else "stopped inside its budget; run the same command again"))
+    shape = tree_shape(args) or trees.TreeBenchConfig.tree
+    config = trees.TreeBenchConfig(drafters=tuple(args.drafters), k=args.k, tree=shape.validate(),
+                                   prompts=args.prompts, max_tokens=args.max_tokens)
+    result, paths = trees.run(config, args.out or Path("assets/benchmark/trees"))
+    print(trees.markdown(result))
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        if args.command == "generate":
-            return generate(args)
-        if args.command == "train":
-            return train(args)
-        if args.command == "bench":
-            return bench(args)
-        return convert(args)
-    except PlaygroundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+def bench_profile(args: argparse.Namespace) -> int:
+    from playground.evaluation import profile
+
+    print(profile.run(args.drafters[-1], args.k, args.max_tokens))
+    return 0
+
+
+def bench_memory(args: argparse.Namespace) -> int:
+    from playground.evaluation.memory import rss_over_runs
+
+    print("| runs done | RSS (MiB) | peak RSS (MiB) |\n|---:|---:|---:|")
+    for done, rss, peak in rss_over_runs(args.runs):
+        print(f"| {done} | {rss:.0f} | {peak:.0f} |")
+    return 0

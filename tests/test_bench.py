@@ -8,8 +8,10 @@ from dataclasses import replace
 import pytest
 
 from playground.engines import chat
-from playground.evaluation.benchmark import BenchConfig, collect
-from playground.evaluation.prompt_sets import CATEGORIES, suite
+from playground.engines.tree import TreeShape
+from playground.evaluation import report, trees
+from playground.evaluation.benchmark import BenchConfig, collect, results
+from playground.evaluation.prompt_sets import CATEGORIES, EVAL_KINDS, suite
 from playground.training.prompts import conversations
 
 
@@ -91,3 +93,35 @@ def test_an_interrupted_bench_goes_on_from_its_last_finished_prompt(engine, tmp_
     other = CountingEngine(engine)   # another configuration does not reuse the saved runs
     collect(other, engine, replace(config, max_tokens=5), progress)
     assert other.calls == 4
+
+
+# the fields of a chain-vs-tree row in `bench`'s results.json ("trees") and in `bench trees`' ("compare", "sweep")
+SUITE_TREE_FIELDS = {"category", "drafter", "method", "tree", "runs", "min_prompt_tokens", "tokens", "seconds", "steps",
+                     "mean_acceptance_length", "acceptance", "sink_attention", "hidden_norm", "draft_ms", "verify_ms",
+                     "other_ms", "tokens_per_s", "speedup_vs_chain", "speedup_vs_none", "chain_tau",
+                     "chain_tokens_per_s", "chain_verify_ms", "chain_draft_ms"}
+TREE_BENCH_FIELDS = {"kind", "drafter", "method", "tau", "tokens_per_s", "speedup_vs_chain", "draft_ms", "verify_ms",
+                     "steps", "tokens"}
+
+
+def test_both_tree_benchmarks_build_and_print_their_rows_alike(engine):
+    tree = TreeShape(2, 2, 3)
+    config = BenchConfig(drafters=("eagle3.1",), max_tokens=6, categories=("coding",), per_category=1, sweep_ks=(),
+                         compare_generate=False, tree=tree)
+    res = results(collect(engine, engine, config), config)
+    swept = trees.measure(engine, trees.TreeBenchConfig(drafters=("eagle3.1",), kinds=(EVAL_KINDS["chat"],),
+                                                        tree=tree, shapes=(), prompts=1, max_tokens=6))
+    rows = res["trees"] + swept["compare"] + swept["sweep"]
+    assert [r["method"] for r in rows] == ["eagle3.1 · tree 2/2/3", "chain k=5", "tree 2/2/3", "chain k=5"]
+    for r in rows:
+        assert not (SUITE_TREE_FIELDS | TREE_BENCH_FIELDS) - set(r), (SUITE_TREE_FIELDS | TREE_BENCH_FIELDS) - set(r)
+        assert r["kind"] == r["category"] and r["tau"] == r["mean_acceptance_length"]
+        assert r["speedup_vs_chain"] == pytest.approx(r["tokens_per_s"] / r["chain_tokens_per_s"])
+    chain = next(r for r in res["rows"] if r["method"] == "eagle3.1")
+    assert res["trees"][0]["chain_tau"] == chain["mean_acceptance_length"] and res["trees"][0]["speedup_vs_none"] > 0
+    assert swept["compare"][0]["chain_tau"] == swept["compare"][0]["tau"] and swept["compare"][0]["tree"] is None
+    assert swept["compare"][1]["tree"] == {"top_k": 2, "depth": 2, "nodes": 3}
+    # one writer: the same table in the suite's report and in the tree benchmark's
+    assert trees.chain_vs_tree_table(res["trees"]) in report.markdown(res)
+    assert trees.chain_vs_tree_table(swept["compare"]) in trees.markdown(swept)
+    assert "| coding | eagle3.1 | tree 2/2/3 |" in report.markdown(res)

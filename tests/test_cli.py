@@ -1,5 +1,6 @@
-"""The CLI's JSON contract and its one-line errors."""
+"""The CLI's JSON contract, its one-line errors, and which function each subcommand runs."""
 
+import argparse
 import json
 import os
 import re
@@ -7,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+
+import playground.cli as command_line
 
 STEP_FIELDS = {"token_ids", "draft_ids", "accepted", "sink_attention", "hidden_norm"}
 SUMMARY_FIELDS = {"text", "token_ids", "tokens", "steps", "mean_acceptance_length", "per_position_acceptance",
@@ -79,3 +82,68 @@ def test_bad_input_is_one_line_and_nonzero(args, message):
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], proc.stderr
+
+
+# a minimal command line of every subcommand -> the function that must run it
+COMMANDS = {
+    "generate --prompt hi": command_line.generate,
+    "convert --out x": command_line.convert,
+    "train data": command_line.train_data,
+    "train drafter --variant eagle3 --out run": command_line.train_drafter,
+    "train lease pack": command_line.train_lease,
+    "train validate --data d": command_line.train_validate,
+    "train ship --runs r": command_line.train_ship,
+    "train eval": command_line.train_eval,
+    "bench": command_line.bench_suite,
+    "bench ui": command_line.bench_ui,
+    "bench vllm": command_line.bench_vllm,
+    "bench trees": command_line.bench_trees,
+    "bench --k 3 profile": command_line.bench_profile,
+    "bench memory --runs 2": command_line.bench_memory,
+}
+
+
+def subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every subcommand the parser runs, as its words (one whose subcommand is optional runs alone too)."""
+    choosers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not choosers or not choosers[0].required:
+        yield path
+    for chooser in choosers:
+        for name, sub in chooser.choices.items():
+            yield from subcommands(sub, path + (name,))
+
+
+def test_every_subcommand_runs_its_own_function():
+    parser = command_line.build_parser()
+    seen = set()
+    for line, function in COMMANDS.items():
+        args = parser.parse_args(line.split())
+        assert args.func is function, line
+        seen.add(tuple(w for w in (args.command, getattr(args, "stage", None), getattr(args, "suite", None)) if w))
+    assert set(subcommands(parser)) == seen, "a subcommand without a row here runs no function of its own"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "lease", "unpack"], "unpack needs --parts"),
+    (["train", "lease", "receive"], "receive needs --carried"),
+    (["train", "lease", "finish"], "finish needs --out"),
+    (["train", "drafter", "--variant", "eagle3", "eagle3.1", "--out", "run"], "2 variants but 1 run folders"),
+])
+def test_each_train_stage_and_lease_step_reaches_its_own_checks(argv, message, capsys):
+    assert command_line.main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("argv, message", [(["train"], "required: stage"), (["train", "bogus"], "invalid choice"),
+                                           (["train", "lease", "bogus"], "invalid choice"),
+                                           (["bench", "bogus"], "invalid choice")])
+def test_an_unknown_or_missing_stage_is_a_usage_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        command_line.main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, k", [("bench trees", 5), ("bench --k 3 trees", 3), ("bench trees --k 3", 3),
+                                     ("bench --k 3 trees --k 4", 4), ("bench --k 3", 3)])
+def test_bench_options_come_before_or_after_the_subcommand(line, k):
+    assert command_line.build_parser().parse_args(line.split()).k == k

@@ -1,5 +1,8 @@
 """`python -m playground bench`: the prompt suite through every drafter, side by side in one run.
 
+    python -m playground bench [--categories ...] [--per-category 2] [--drafters ...] [--k 5] [--out DIR]
+    python -m playground bench --backend vllm [--vllm-url NAME=URL ...]   # or the servers it starts
+
 For each prompt the methods run back to back (transformers' generate, no speculation, each
 drafter's chain, then its draft tree), so machine drift hits them alike; rates are pooled per
 category. At temperature 0 all must emit the same tokens; any difference is recorded and reported,
@@ -13,18 +16,26 @@ import pickle
 import platform
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from playground.engines.events import StepEvent
+from playground.engines.protocol import Engine
+from playground.engines.reference import ReferenceEngine
 from playground.engines.stats import pool
 from playground.engines.tree import TreeShape
+from playground.errors import PlaygroundError
+from playground.evaluation import report
+from playground.evaluation.ceiling import Ceiling, measure as measure_ceiling
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.evaluation.prompt_sets import CATEGORIES, BenchPrompt, suite
+from playground.evaluation.trees import chain_vs_tree_row
 from playground.model.variants import EAGLE3, EAGLE31, NONE, run_name
 
-GENERATE = "transformers generate"
+if TYPE_CHECKING:   # the vLLM client is imported only where the vLLM backend runs
+    from playground.evaluation.vllm_load import Servers
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,17 @@ class BenchConfig:
     def tree_methods(self) -> dict[str, str]:
         """run name -> drafter, for the tree runs."""
         return {run_name(d, str(self.tree)): d for d in self.drafters} if self.tree else {}
+
+    def runnable_on(self, engine: Engine) -> BenchConfig:
+        """This configuration as `engine` runs it: the drafters it has; on vLLM servers no k sweep, no
+        transformers generate and no trees (those need the embedded engine)."""
+        if NONE not in engine.drafter_names:
+            raise PlaygroundError("the suite measures speedups over a server without speculation: add "
+                                  "--vllm-url none=URL, or run `bench vllm`")
+        vllm = self.backend == "vllm"
+        return replace(self, drafters=tuple(d for d in self.drafters if d in engine.drafter_names),
+                       sweep_ks=() if vllm else self.sweep_ks, compare_generate=self.compare_generate and not vllm,
+                       tree=None if vllm else self.tree)
 
 
 @dataclass
@@ -154,28 +176,21 @@ def _has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
+def results(collected: Collected, config: BenchConfig, ceiling: Ceiling | None = None) -> dict:
     """The JSON the report is written from."""
-    rows = []
+    rows, trees = [], []
     for category in dict.fromkeys(c for c, _ in collected.runs):
-        none = pool(collected.runs[(category, NONE)])
+        pooled = {method: pool(runs) for (c, method), runs in collected.runs.items() if c == category}
+        none = pooled[NONE]
         generate_tps = _rate(collected.generate.get(category, []))
         for method in (NONE, *config.drafters):
-            p = pool(collected.runs[(category, method)])
+            p = pooled[method]
             rows.append({"category": category, "method": method, **p.to_json(),
                          "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
                          "vs_generate": p.tokens_per_s / generate_tps if generate_tps else None,
                          "generate_tokens_per_s": generate_tps})
-    trees = []
-    for category in dict.fromkeys(c for c, _ in collected.runs):
-        none = pool(collected.runs[(category, NONE)])
-        for method, drafter in config.tree_methods().items():
-            p, chain = pool(collected.runs[(category, method)]), pool(collected.runs[(category, drafter)])
-            trees.append({"category": category, "drafter": drafter, "method": method, "tree": asdict(config.tree),
-                          **p.to_json(), "speedup_vs_chain": p.tokens_per_s / chain.tokens_per_s,
-                          "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
-                          "chain_tau": chain.mean_acceptance_length, "chain_tokens_per_s": chain.tokens_per_s,
-                          "chain_verify_ms": chain.verify_ms, "chain_draft_ms": chain.draft_ms})
+        trees += [chain_vs_tree_row(category, drafter, method, config.tree, pooled[method], pooled[drafter], none)
+                  for method, drafter in config.tree_methods().items()]
     sweep = []
     for k in config.sweep_ks:
         runs = [r for (c, kk), rs in collected.sweep.items() if kk == k for r in rs]
@@ -196,3 +211,25 @@ def results(collected: Collected, config: BenchConfig, ceiling=None) -> dict:
         "ceiling": ceiling.to_json() if ceiling is not None else None,
         "lossless": not collected.mismatches, "mismatches": collected.mismatches,
     }
+
+
+def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple[dict, list[Path]]:
+    """The suite on the embedded engine, or on the vLLM `servers` (backend "vllm"; then the same
+    servers under load too); the report written to `out`. What is measured is saved to
+    out/progress.pkl as it goes, so a rerun of the same configuration goes on from there."""
+    reference = ReferenceEngine.load()
+    progress = out / "progress.pkl"
+    if config.backend == "vllm":
+        from playground.evaluation.vllm_load import LoadConfig, Servers, serving, throughput
+
+        with serving(reference, servers or Servers()) as engine:
+            config = config.runnable_on(engine)
+            res = results(collect(engine, reference, config, progress), config)
+            res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
+    else:
+        config = config.runnable_on(reference)
+        measured_ceiling = measure_ceiling(reference.target, (1, config.k + 1))
+        res = results(collect(reference, reference, config, progress), config, measured_ceiling)
+    paths = report.write(res, out)
+    progress.unlink(missing_ok=True)
+    return res, paths

@@ -2,6 +2,8 @@
 
 The reference engine labels each step's regions (draft, verify, event); the profile gives their
 CPU time per step and the operators that dominate the whole run. A warm-up run comes first.
+
+    python -m playground bench profile --drafters eagle3.1 --k 5 --max-tokens 128   # the last of --drafters
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
+from playground.evaluation.prompt_sets import CODING
 
 REGIONS = ("draft", "verify", "event")
 
@@ -30,3 +33,9 @@ def profile_run(engine: ReferenceEngine, request: GenerationRequest, top: int = 
         lines.append(f"| {region} | {ms / max(1, s.steps):.2f} | {ms / wall_ms:.0%} |")
     lines += ["", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)]
     return "\n".join(lines)
+
+
+def run(drafter: str, k: int, max_tokens: int) -> str:
+    """The profile of one coding prompt's run with `drafter` on the embedded engine."""
+    request = GenerationRequest(prompt=CODING[0], drafter=drafter, k=k, max_tokens=max_tokens)
+    return profile_run(ReferenceEngine.load(), request)

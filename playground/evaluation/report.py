@@ -7,6 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from playground.evaluation.trees import chain_vs_tree_table
 from playground.model.variants import NONE
 from playground.plots import color, html_page, label
 
@@ -66,15 +67,7 @@ def markdown(res: dict) -> str:
     if res.get("trees"):
         lines += ["", f"Chain (k={c['k']}) against a draft tree ({c['tree']['top_k']}/{c['tree']['depth']}/"
                       f"{c['tree']['nodes']}: top-k/depth/nodes) for each drafter; the target verifies k+1 tokens "
-                      f"a step for the chain, nodes+1 for the tree:", "",
-                  "| category | drafter | chain tau | tree tau | chain tok/s | tree tok/s | tree vs chain | "
-                  "chain verify ms | tree verify ms | chain draft ms | tree draft ms |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for t in res["trees"]:
-            lines.append(f"| {t['category']} | {label(t['drafter'])} | {t['chain_tau']:.2f} | "
-                         f"{t['mean_acceptance_length']:.2f} | {t['chain_tokens_per_s']:.1f} | {t['tokens_per_s']:.1f} | "
-                         f"{_x(t['speedup_vs_chain'])} | {t['chain_verify_ms']:.1f} | {t['verify_ms']:.1f} | "
-                         f"{t['chain_draft_ms']:.1f} | {t['draft_ms']:.1f} |")
+                      f"a step for the chain, nodes+1 for the tree:", "", chain_vs_tree_table(res["trees"])]
 
     lines += ["", "Time per verify step (ms), pooled over all categories:", "",
               "| method | draft | verify | other (sampling, bookkeeping, events) |", "|---|---:|---:|---:|"]

@@ -1,19 +1,26 @@
 """Chains against draft trees on this machine: tau, tokens/s and the time of a step's draft and
 verify, for both drafters, and a sweep of tree shapes for EAGLE 3.1 on held-out chat and code.
 
+    python -m playground bench trees [--drafters ...] [--k 5] [--tree --tree-top-k 4 ...] [--prompts 6]
+
 Every method answers the same prompts, one prompt at a time and method after method, so the
 machine's drift falls on all of them alike; tokens/s is engine time (waits excluded), greedy.
+A chain-vs-tree row (`chain_vs_tree_row`) and its table (`chain_vs_tree_table`) are the same here
+and in the prompt suite's report.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
+from playground.engines.reference import ReferenceEngine
 from playground.engines.stats import Pooled, pool
 from playground.engines.tree import TreeShape
 from playground.evaluation.heldout import eval_requests
 from playground.evaluation.prompt_sets import EVAL_KINDS
-from playground.model.variants import EAGLE3, EAGLE31
+from playground.model.variants import EAGLE3, EAGLE31, SEPARATOR
 
 SHAPES = (TreeShape(2, 4, 8), TreeShape(3, 5, 12), TreeShape(4, 5, 16), TreeShape(4, 6, 24), TreeShape(6, 6, 32),
           TreeShape(8, 6, 48))
@@ -30,18 +37,46 @@ class TreeBenchConfig:
     max_tokens: int = 96
 
 
+def chain_vs_tree_row(category: str, drafter: str, method: str, tree: TreeShape | None, pooled: Pooled,
+                      chain: Pooled, none: Pooled | None = None) -> dict:
+    """One method's runs (`tree` None: a chain) against its drafter's chain on the same prompts,
+    and against no speculation where `none` was measured. `kind` and `tau` repeat `category` and
+    `mean_acceptance_length` under the names that `bench trees` results carry."""
+    return {"category": category, "kind": category, "drafter": drafter, "method": method,
+            "tree": asdict(tree) if tree is not None else None, **pooled.to_json(),
+            "tau": pooled.mean_acceptance_length,
+            "speedup_vs_chain": pooled.tokens_per_s / chain.tokens_per_s,
+            "speedup_vs_none": pooled.tokens_per_s / none.tokens_per_s if none is not None else None,
+            "chain_tau": chain.mean_acceptance_length, "chain_tokens_per_s": chain.tokens_per_s,
+            "chain_verify_ms": chain.verify_ms, "chain_draft_ms": chain.draft_ms}
+
+
+def chain_vs_tree_table(rows: list[dict]) -> str:
+    """The markdown table of chain_vs_tree_row rows: each method beside its drafter's chain (a run
+    named "<drafter> · <how>" shows as its how)."""
+    lines = ["| category | drafter | method (tree: top-k/depth/nodes) | chain tau | tau | chain tok/s | tok/s | "
+             "vs chain | chain draft ms/step | draft ms/step | chain verify ms/step | verify ms/step |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['category']} | {r['drafter']} | {r['method'].partition(SEPARATOR)[2] or r['method']} | "
+              f"{r['chain_tau']:.2f} | {r['mean_acceptance_length']:.2f} | "
+              f"{r['chain_tokens_per_s']:.1f} | {r['tokens_per_s']:.1f} | {r['speedup_vs_chain']:.2f}x | "
+              f"{r['chain_draft_ms']:.1f} | {r['draft_ms']:.1f} | {r['chain_verify_ms']:.1f} | {r['verify_ms']:.1f} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
 def label(shape: TreeShape | None, k: int) -> str:
     return f"chain k={k}" if shape is None else str(shape)
 
 
 def run_methods(engine, drafter: str, kind: str, methods: list[TreeShape | None], config: TreeBenchConfig
-                ) -> dict[str, Pooled]:
+                ) -> dict[TreeShape | None, Pooled]:
     """Each method (None: the chain) pooled over the kind's first prompts, methods interleaved."""
-    runs: dict[str, list] = {label(m, config.k): [] for m in methods}
+    runs: dict[TreeShape | None, list] = {m: [] for m in methods}
     for request in eval_requests(kind, drafter, config.k, config.max_tokens)[:config.prompts]:
         for method in methods:
-            runs[label(method, config.k)].append(list(engine.generate(replace(request, tree=method))))
-    return {name: pool(r) for name, r in runs.items()}
+            runs[method].append(list(engine.generate(replace(request, tree=method))))
+    return {method: pool(r) for method, r in runs.items()}
 
 
 def measure(engine, config: TreeBenchConfig = TreeBenchConfig()) -> dict:
@@ -56,19 +91,21 @@ def measure(engine, config: TreeBenchConfig = TreeBenchConfig()) -> dict:
     return {"compare": compare, "sweep": sweep}
 
 
-def _rows(kind: str, drafter: str, pooled: dict[str, Pooled], config: TreeBenchConfig) -> list[dict]:
-    chain = pooled[label(None, config.k)]
-    return [{"kind": kind, "drafter": drafter, "method": name, "tau": p.mean_acceptance_length,
-             "tokens_per_s": p.tokens_per_s, "speedup_vs_chain": p.tokens_per_s / chain.tokens_per_s,
-             "draft_ms": p.draft_ms, "verify_ms": p.verify_ms, "steps": p.steps, "tokens": p.tokens}
-            for name, p in pooled.items()]
+def _rows(kind: str, drafter: str, pooled: dict[TreeShape | None, Pooled], config: TreeBenchConfig) -> list[dict]:
+    return [chain_vs_tree_row(kind, drafter, label(shape, config.k), shape, p, pooled[None])
+            for shape, p in pooled.items()]
 
 
 def markdown(result: dict) -> str:
-    head = ("| kind | drafter | method (top-k/depth/nodes) | tau | tok/s | vs chain | draft ms/step | verify ms/step |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|")
-    table = lambda rows: "\n".join([head] + [
-        f"| {r['kind']} | {r['drafter']} | {r['method']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | "
-        f"{r['speedup_vs_chain']:.2f}x | {r['draft_ms']:.1f} | {r['verify_ms']:.1f} |" for r in rows])
-    return (f"### Chain against tree\n\n{table(result['compare'])}\n\n"
-            f"### Tree shapes\n\n{table(result['sweep'])}\n")
+    return (f"### Chain against tree\n\n{chain_vs_tree_table(result['compare'])}\n\n"
+            f"### Tree shapes\n\n{chain_vs_tree_table(result['sweep'])}\n")
+
+
+def run(config: TreeBenchConfig, out: Path) -> tuple[dict, list[Path]]:
+    """Measure on the embedded engine; write results.json and results.md to `out`."""
+    result = measure(ReferenceEngine.load(), config)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.md", out / "results.json"]
+    paths[0].write_text(markdown(result))
+    paths[1].write_text(json.dumps(result, indent=1))
+    return result, paths

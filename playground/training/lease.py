@@ -24,6 +24,7 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from dataclasses import dataclass, replace
@@ -230,3 +231,11 @@ def receive(carried: Path, work: Path) -> bool:
     _unpack_parts(parts, work / "site")
     shutil.rmtree(incoming)
     return True
+
+
+def open_work(work: Path) -> None:
+    """The work folder for data, train and finish, with what `receive` unpacked into W/site (the
+    embedded target and the GGUF reader) importable."""
+    work.mkdir(parents=True, exist_ok=True)
+    if (work / "site").exists():
+        sys.path.insert(0, str((work / "site").resolve()))

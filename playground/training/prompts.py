@@ -15,6 +15,8 @@ import random
 from typing import Iterator
 
 from playground.engines.request import GenerationRequest
+from playground.evaluation.heldout import eval_requests
+from playground.evaluation.prompt_sets import TRAINING_PROMPTS
 
 TOPICS = [
     "black holes", "photosynthesis", "the French Revolution", "machine learning", "coffee brewing",
@@ -163,3 +165,10 @@ def training_requests(drafter: str, k: int, max_tokens: int) -> list[GenerationR
         requests.append(GenerationRequest(prompt=turns[-1]["content"], system=system, history=tuple(turns[:-1]),
                                           drafter=drafter, k=k, max_tokens=max_tokens))
     return requests
+
+
+def heldout_or_training_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
+    """`train eval`'s requests of a kind: the training prompts for TRAINING_PROMPTS, else the held-out ones."""
+    if kind == TRAINING_PROMPTS:
+        return training_requests(drafter, k, max_tokens)
+    return eval_requests(kind, drafter, k, max_tokens)
