@@ -57,7 +57,7 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
     for name, s in runs.items():
         shade = color(name)
         fig.add_bar(x=_depths(s.per_position_acceptance), y=list(s.per_position_acceptance),
-                    marker_color=shade, opacity=0.8, **_drafter_traces(name, "accepted ≥ d, of all drafting steps"))
+                    marker_color=shade, opacity=0.8, **_drafter_traces(name, "accepted ≥ d drafts"))
         fig.add_scatter(x=_depths(s.per_position_acceptance_conditional),
                         y=list(s.per_position_acceptance_conditional), mode="lines+markers",
                         line=dict(color=shade, dash="dash"), showlegend=False,

@@ -8,7 +8,7 @@ from typing import TextIO
 from playground.engines.events import StepEvent
 from playground.engines.stats import RunSummary
 
-GREEN, BLUE, RED, DIM, RESET, STRIKE = "\033[32m", "\033[34m", "\033[31m", "\033[2m", "\033[0m", "\033[9m"
+GREEN, BLUE, RED, RESET, STRIKE = "\033[32m", "\033[34m", "\033[31m", "\033[0m", "\033[9m"
 
 
 def legend(color: bool) -> str:

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.evaluation.generate_baseline import transformers_greedy
@@ -80,3 +81,18 @@ def test_drafts_after_an_accepted_end_of_sequence_were_never_verified(engine):
     html = inspector_html(last)
     assert html.count(">not reached<") == 5 - end and ">rejected<" not in html
     assert "none: the sequence ended on an accepted draft" in html
+
+
+class KeepsARejectedDraft(ReferenceEngine):
+    """A broken engine: after a rejection the target's cache keeps the first rejected draft."""
+
+    def _roll_back(self, cache, length):
+        cache.truncate(min(length + 1, cache.length))
+
+
+def test_the_lossless_check_detects_an_engine_that_keeps_a_rejected_draft(engine):
+    broken = KeepsARejectedDraft(engine.target)
+    request = GenerationRequest(prompt=PROMPTS[0], max_tokens=48, drafter="eagle3.1", k=3)
+    events = list(broken.generate(request))
+    assert any(e.accepted < e.drafted for e in events), "the scenario: a rejected draft"
+    assert list(summarize(events).token_ids) != transformers_greedy(engine, request)[0]

@@ -225,8 +225,8 @@ def test_plots_name_each_drafter_once_and_hover_names_the_trace():
         assert [t.name for t in fig.data if t.showlegend is not False] == ["EAGLE 3", "EAGLE 3.1"]
     acceptance, attention, _ = plots
     hovers = [t.hovertemplate.split("<br>")[0] for t in acceptance.data + attention.data]
-    assert hovers == ["EAGLE 3 · all steps", "EAGLE 3 · given depth d-1 accepted",
-                      "EAGLE 3.1 · all steps", "EAGLE 3.1 · given depth d-1 accepted",
+    assert hovers == ["EAGLE 3 · accepted ≥ d drafts", "EAGLE 3 · given depth d-1 accepted",
+                      "EAGLE 3.1 · accepted ≥ d drafts", "EAGLE 3.1 · given depth d-1 accepted",
                       "EAGLE 3 · sink tokens", "EAGLE 3 · own drafts",
                       "EAGLE 3.1 · sink tokens", "EAGLE 3.1 · own drafts"]
 

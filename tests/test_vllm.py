@@ -5,6 +5,7 @@ import itertools
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -59,17 +60,32 @@ def first_difference(a, b) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
+def assert_same_answer(vllm_events: list, ours) -> None:
+    """float32 on both sides: identical tokens and text; a difference would have to be arithmetic."""
+    theirs = summarize(vllm_events)
+    assert first_difference(theirs.token_ids, ours.token_ids) is None, (theirs.text, ours.text)
+    assert theirs.text == ours.text
+
+
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1", "none"])
 def test_greedy_text_equals_the_reference_engine(vllm, engine, drafter):
     for prompt in PROMPTS:
         request = GenerationRequest(prompt=prompt, drafter=drafter, k=K, max_tokens=48)
         events = list(vllm.generate(request))
-        ours = summarize(list(engine.generate(request)))
-        theirs = summarize(events)
         assert len(events) > 2, "the answer should arrive in several chunks"
-        # float32 on both sides: identical tokens; a difference would have to be arithmetic
-        assert first_difference(theirs.token_ids, ours.token_ids) is None, (prompt, theirs.text, ours.text)
-        assert theirs.text == ours.text
+        assert_same_answer(events, summarize(list(engine.generate(request))))
+
+
+def test_the_equality_check_detects_one_shifted_token(vllm, engine):
+    request = GenerationRequest(prompt=PROMPTS[1], drafter="eagle3.1", k=K, max_tokens=48)
+    events = list(vllm.generate(request))
+    ours = summarize(list(engine.generate(request)))
+    assert_same_answer(events, ours)
+    middle = len(events) // 2
+    ids = events[middle].token_ids
+    shifted = replace(events[middle], token_ids=(ids[0] + 1,) + ids[1:])
+    with pytest.raises(AssertionError):
+        assert_same_answer(events[:middle] + [shifted] + events[middle + 1:], ours)
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
@@ -204,7 +220,7 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         out = client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 32, "vllm", api_name="/run")
         assert out[1] == expected
         assert "are a replay of vLLM" in out[0], "the drafter's view comes from the replay probe, labelled"
-        assert 'class="tok rej"' in out[0]   # random drafters: rejected drafts, recovered by the replay
+        assert 'class="tok rej"' in out[0]   # vLLM reports only counts: the rejected drafts' text is the replay's
 
         # kill the no-speculation server while it streams a long answer
         victim = launched.processes["none"].process

@@ -175,7 +175,7 @@ class ReferenceEngine:
         """Verify a chain in one forward over `last` and the drafts; keep the accepted ones."""
         start = cache.length
         out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
-        accepted, next_id = self._verify(proposal, out.logits[0], params, generator)
+        accepted, next_id = self._accept_chain(proposal, out.logits[0], params, generator)
         self._roll_back(cache, start + accepted + 1)   # keep `last` and the accepted drafts
         committed = proposal.ids[:accepted] + [next_id]
         proposer.observe(out.features[0, :accepted + 1], committed)
@@ -192,12 +192,7 @@ class ReferenceEngine:
         start = cache.length
         depths = torch.tensor([0] + tree.depths)
         out = self.target.forward(torch.tensor([[last] + tree.tokens]), cache, tree=(depths, tree.attention()))
-        if params.greedy:
-            predicted = out.logits[0].argmax(-1).tolist()
-            path = tree.longest_match(predicted)
-            next_id = predicted[path[-1] + 1 if path else 0]
-        else:
-            path, next_id = tree.sample_path(probabilities(out.logits[0], params), generator)
+        path, next_id = self._accept_tree(tree, out.logits[0], params, generator)
         rows = [0] + [i + 1 for i in path]
         cache.keep(start, rows)
         committed = [tree.tokens[i] for i in path] + [next_id]
@@ -205,6 +200,15 @@ class ReferenceEngine:
         line = tree.main_line(path)
         proposal = replace(probes, ids=[tree.tokens[i] for i in line], probs=[tree.probs[i] for i in line])
         return Verified(committed, len(path), len(line), proposal, tree, path)
+
+    def _accept_tree(self, tree: DraftTree, logits: torch.Tensor, params: SamplingParams,
+                     generator: torch.Generator) -> tuple[list[int], int]:
+        """(the accepted path, the target's token after it), from the target's logits [1 + nodes, vocab]."""
+        if params.greedy:
+            predicted = logits.argmax(-1).tolist()
+            path = tree.longest_match(predicted)
+            return path, predicted[path[-1] + 1 if path else 0]
+        return tree.sample_path(probabilities(logits, params), generator)
 
     def _end_sequence(self, verified: "Verified", room: int) -> "Verified":
         """Stop after an end-of-sequence token, and at max_tokens (`room` tokens left). A sequence
@@ -220,8 +224,9 @@ class ReferenceEngine:
     def _target_token(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
         return int(logits.argmax()) if params.greedy else sample(probabilities(logits, params), generator)
 
-    def _verify(self, proposal: Proposal, logits: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator) -> tuple[int, int]:
+    def _accept_chain(self, proposal: Proposal, logits: torch.Tensor, params: SamplingParams,
+                      generator: torch.Generator) -> tuple[int, int]:
+        """(drafts accepted, the target's token after them), from the target's logits [1 + k, vocab]."""
         if params.greedy:
             return verify_greedy(proposal.ids, logits)
         if not proposal.ids:

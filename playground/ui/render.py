@@ -79,19 +79,21 @@ def inspector_html(event: StepEvent | None) -> str:
         return head + '<div class="inspector empty">Step 0 is the prefill: the target reads the prompt and ' \
                       'emits the first token; nothing is drafted.</div>'
     rows = []
-    for d in range(event.drafted):
+    for d in range(max(event.drafted, len(event.draft_ids))):
         draft = escape(repr(event.draft_texts[d])) if d < len(event.draft_texts) else "(not reported)"
-        verdict = "accepted" if d < event.accepted else ("rejected" if d == event.accepted else "not reached")
+        verdict = ("accepted" if d < event.accepted else "rejected" if d == event.accepted < event.drafted
+                   else "not reached")
         cells = [str(d + 1), f"<code>{draft}</code>", _num(event.draft_probs, d, "{:.3f}"),
                  f'<span class="verdict {verdict.replace(" ", "-")}">{verdict}</span>',
                  _num(event.sink_attention, d, "{:.3f}"), _num(event.self_attention, d, "{:.3f}"),
                  _num(event.hidden_norm, d, "{:.2f}")]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    emitted = escape(repr(event.token_texts[-1])) if event.token_texts else ""
+    emitted = (f"<code>{escape(repr(event.token_texts[-1]))}</code>" if len(event.token_ids) > event.accepted
+               else "none: the sequence ended on an accepted draft")
     header = "".join(f"<th>{h}</th>" for h in ("depth", "draft", "drafter p", "verdict", "sink attn",
                                                  "self attn", "fed-back RMS"))
     return (f'{head}<table class="inspector"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            f'<div class="inspector-foot">target token emitted after the drafts: <code>{emitted}</code></div>')
+            f'<div class="inspector-foot">target token emitted after the drafts: {emitted}</div>')
 
 
 def _num(values: Sequence[float], i: int, fmt: str) -> str:
