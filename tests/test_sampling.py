@@ -5,7 +5,8 @@ import itertools
 import pytest
 import torch
 
-from playground.engines.sampling import SamplingParams, probabilities, verify_sampling
+from playground.engines.reference import ReferenceEngine
+from playground.engines.sampling import SamplingParams, probabilities, sample, verify_sampling
 from playground.engines.tree import TreeShape
 
 # chi-square critical value at p = 0.001: a correct sampler fails with probability 1/1000
@@ -73,33 +74,63 @@ def test_top_p_keeps_the_nucleus_like_transformers():
     assert probs[0] / probs[1] == pytest.approx(float(full[0] / full[1]))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("tree", [None, TreeShape(3, 3, 6)], ids=["chain", "tree"])
-def test_engine_sampling_matches_target_distribution(engine, tree):
-    """Real target and drafter: the token after a fixed first token follows the target."""
+class AcceptsEveryDraft(ReferenceEngine):
+    """A lossy engine: every draft (a tree's likeliest line) is accepted whatever the target thinks."""
+
+    def _accept_chain(self, proposal, logits, params, generator):
+        k = len(proposal.ids)
+        return k, sample(probabilities(logits[k], params), generator)
+
+    def _accept_tree(self, tree, logits, params, generator):
+        line = tree.main_line([])
+        return line, sample(probabilities(logits[line[-1] + 1 if line else 0], params), generator)
+
+
+def first_two_tokens_chi_square(engine, tree: TreeShape | None, runs: int = 150) -> tuple[float, float]:
+    """Seeded runs of one prompt: the chi-square of the answers' first two tokens (the prefill's and
+    the first verify step's) against the target's own joint distribution, and the 99.9% critical
+    value to hold it to. The prompt and temperature are chosen so that the target spreads its mass
+    over several pairs and the drafter's distribution is not the target's."""
     from playground.engines.request import GenerationRequest
 
-    prompt = "What is 2+2?"
-    params = SamplingParams(temperature=0.6, top_p=0.95)
-    seconds: dict[int, list[int]] = {}
-    for seed in range(150):
+    prompt, params = "Name a color.", SamplingParams(temperature=0.8, top_p=0.95)
+    pairs = []
+    for seed in range(runs):
         request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=3, temperature=params.temperature,
                                     top_p=params.top_p, max_tokens=16, seed=seed, tree=tree)
         prefill, first_step = itertools.islice(engine.generate(request), 2)
         assert first_step.drafted == 3 if tree is None else len(first_step.tree_ids) == 6
-        seconds.setdefault(prefill.token_ids[0], []).append(first_step.token_ids[0])
-    first, seen = max(seconds.items(), key=lambda kv: len(kv[1]))
-    assert len(seen) >= 40
-    ids = torch.tensor([engine.prompt_ids(GenerationRequest(prompt=prompt)) + [first]])
+        pairs.append((prefill.token_ids[0], first_step.token_ids[0]))
+    ids = engine.prompt_ids(GenerationRequest(prompt=prompt))
+    target = engine.target.reference()
     with torch.inference_mode():
-        p = probabilities(engine.target.reference()(ids).logits[0, -1], params)
-    # buckets: the likeliest tokens expected at least 5 times each, and everything else
-    order = torch.argsort(p, descending=True)
-    top = order[:int((p[order] * len(seen) >= 5).sum())][:5]
-    buckets = torch.cat([p[top], (1 - p[top].sum()).clamp_min(0)[None]])
-    counts = torch.zeros(len(buckets))
-    for t in seen:
-        hit = (top == t).nonzero()
-        counts[int(hit[0]) if len(hit) else len(top)] += 1
-    assert len(top) >= 1
-    assert chi_square(counts, buckets) < CHI2_999[len(buckets) - 1]
+        p_first = probabilities(target(torch.tensor([ids])).logits[0, -1], params)
+        # buckets: the five likeliest pairs among those expected at least 5 times, and everything else
+        likely = []
+        for first in (p_first * runs >= 5).nonzero()[:, 0].tolist():
+            p_pair = p_first[first] * probabilities(target(torch.tensor([ids + [first]])).logits[0, -1], params)
+            likely += [(float(p_pair[t]), (first, t)) for t in (p_pair * runs >= 5).nonzero()[:, 0].tolist()]
+    likely = sorted(likely, reverse=True)[:5]
+    assert len(likely) >= 3, "the check needs the target's mass spread over several pairs"
+    buckets = torch.tensor([pr for pr, _ in likely] + [1 - sum(pr for pr, _ in likely)])
+    index = {pair: i for i, (_, pair) in enumerate(likely)}
+    counts = torch.bincount(torch.tensor([index.get(pair, len(likely)) for pair in pairs]), minlength=len(buckets))
+    return chi_square(counts.float(), buckets), CHI2_999[len(buckets) - 1]
+
+
+TREE_OR_CHAIN = pytest.mark.parametrize("tree", [None, TreeShape(3, 3, 6)], ids=["chain", "tree"])
+
+
+@pytest.mark.slow
+@TREE_OR_CHAIN
+def test_engine_sampling_matches_target_distribution(engine, tree):
+    """Real target and drafter: the answer's first two tokens follow the target's distribution."""
+    statistic, critical = first_two_tokens_chi_square(engine, tree)
+    assert statistic < critical
+
+
+@pytest.mark.slow
+@TREE_OR_CHAIN
+def test_the_engine_sampling_check_detects_an_engine_that_accepts_every_draft(engine, tree):
+    statistic, critical = first_two_tokens_chi_square(AcceptsEveryDraft(engine.target), tree)
+    assert statistic > critical
