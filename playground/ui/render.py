@@ -59,6 +59,7 @@ def figures_html(summary: RunSummary | None, label: str = "") -> str:
         cards = [
             ("tau", f"{summary.mean_acceptance_length:.2f}"),
             ("tokens/s", f"{summary.tokens_per_s:.1f}"),
+            ("decode tokens/s", f"{summary.decode_tokens_per_s:.1f}"),   # the prefill excluded
             ("steps", str(summary.steps)),
             ("tokens", str(summary.tokens)),
             ("first token", f"{summary.time_to_first_token_s * 1e3:.0f} ms"),
