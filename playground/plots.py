@@ -35,7 +35,9 @@ def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | Non
                       legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template="plotly_white",
                       barmode="group")
     fig.update_xaxes(title_text="draft depth", dtick=1)
-    fig.update_yaxes(title_text=y_title, range=y_range)
+    # without a fixed range the axis still starts at 0, so that sizes compare at a glance: a line
+    # from 1.6 to 2.2 does not fill the plot as if it had grown tenfold
+    fig.update_yaxes(title_text=y_title, range=y_range, rangemode="tozero")
     return fig
 
 
@@ -76,7 +78,7 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
         fig.add_scatter(x=_depths(s.mean_self_attention), y=list(s.mean_self_attention), mode="lines+markers",
                         line=dict(color=shade, dash="dot"), showlegend=False,
                         **_drafter_traces(name, "own drafts"))
-    return _layout(fig, "Drafter attention by depth", "attention mass", [0, 1.05],
+    return _layout(fig, "Drafter attention by depth", "attention mass",
                    key="solid: the sink tokens · dotted: its own drafts")
 
 

@@ -82,16 +82,25 @@ def test_model_text_stays_text(page):
     assert not dialogs
 
 
-def test_stop_ends_a_run_and_frees_the_engine(page):
+def error_states(page: Page) -> int:
+    """Outputs in Gradio's error state (its status tracker's red mark), plotly's SVG aside."""
+    return page.evaluate("() => [...document.querySelectorAll('.error, .validation-error')]"
+                         ".filter(e => !(e instanceof SVGElement)).length")
+
+
+def test_stop_ends_a_run_like_a_finished_one(page):
     run_playground(page, "Tell me a long story about a lighthouse keeper.", 400)
     page.locator("#stop").click()
-    expect(page.locator("#answer .generating")).to_have_count(0, timeout=10_000)   # Gradio's mark of a live stream
+    expect(page.locator("#answer .finish")).to_have_text("[stopped]", timeout=10_000)
     shown = page.locator("#answer .tok").count()
     with pytest.raises(PlaywrightTimeout):   # watch for 3 s: a run that went on would add tokens
         page.wait_for_function("n => document.querySelectorAll('#answer .tok').length > n", arg=shown, timeout=3_000)
-    assert page.locator("#answer .finish").count() == 0
-    run_playground(page, "Say hello.", 8)
-    expect(page.locator("#answer .finish")).to_be_visible(timeout=60_000)
+    assert error_states(page) == 0
+    for plot in ("plot-acceptance", "plot-attention", "plot-norm"):
+        expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#inspector table.inspector")).to_be_visible()
+    run_playground(page, "Say hello.", 8)   # the engine is free
+    expect(page.locator("#answer .finish")).not_to_have_text("[stopped]", timeout=60_000)
 
 
 def test_comparison_tab_streams_both_columns(page, tmp_path):
@@ -106,6 +115,36 @@ def test_comparison_tab_streams_both_columns(page, tmp_path):
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
     screenshot(page, tmp_path, "comparison.png")
+
+
+def test_the_guided_example_runs_from_one_click(page, tmp_path):
+    from playground.ui.presets import DRIFT_EXAMPLE
+
+    page.get_by_role("tab", name="Comparison").click()
+    page.locator("#cmp-prompt textarea").fill("")
+    page.locator("#see-drift").click()
+    for slot in ("first", "second", "none"):
+        expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=240_000)
+    assert page.locator("#cmp-prompt textarea").input_value() == DRIFT_EXAMPLE.prompt
+    texts = [page.locator(f"#text-{slot} textarea").input_value() for slot in ("first", "second", "none")]
+    assert texts[0] and texts[0] == texts[1] == texts[2]
+    expect(page.locator("#compare-norm .js-plotly-plot")).to_be_visible(timeout=20_000)
+    assert error_states(page) == 0
+    screenshot(page, tmp_path, "drift.png")
+
+
+def test_stop_ends_every_column_of_a_comparison(page):
+    page.get_by_role("tab", name="Comparison").click()
+    page.locator("#cmp-prompt textarea").fill("Tell me a long story about a lighthouse keeper.")
+    set_number(page, "cmp-max-tokens", 400)
+    page.locator("#compare-run").click()
+    page.wait_for_function("() => document.querySelectorAll('#answer-none .tok').length > 3", timeout=60_000)
+    page.locator("#compare-stop").click()
+    for slot in ("first", "second", "none"):
+        expect(page.locator(f"#answer-{slot} .finish")).to_have_text("[stopped]", timeout=10_000)
+    assert error_states(page) == 0
+    expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
 
 
 def test_the_draft_tree_is_drawn_and_can_be_hovered(page, tmp_path):

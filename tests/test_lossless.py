@@ -82,6 +82,10 @@ def test_drafts_after_an_accepted_end_of_sequence_were_never_verified(engine):
     assert html.count(">not reached<") == 5 - end and ">rejected<" not in html
     assert "none: the sequence ended on an accepted draft" in html
 
+    from playground.terminal import render_step
+
+    assert render_step(last, color=False) == "".join(last.token_texts)   # no struck-through drafts
+
 
 class KeepsARejectedDraft(ReferenceEngine):
     """A broken engine: after a rejection the target's cache keeps the first rejected draft."""

@@ -140,6 +140,11 @@ def test_a_tree_whose_accepted_path_ends_the_sequence_leaves_the_rest_unverified
     assert under_end, "the scenario: drafts under the accepted end of sequence"
     assert {last.tree_verdicts[i] for i in under_end} == {"unreached"}
     assert "rejected" in last.tree_verdicts   # siblings the target did verify still say so
+
+    from playground.ui.tree_view import tree_html
+
+    target_box = '<g class="node tgt">'
+    assert target_box not in tree_html(last) and tree_html(events[-2]).count(target_box) == 1
     assert summarize(events).token_ids == summarize(list(engine.generate(replace(request, tree=None)))).token_ids
 
 

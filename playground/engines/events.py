@@ -27,7 +27,7 @@ class StepEvent:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     elapsed_s: float = 0.0              # engine time since the request started (waits excluded)
-    finish_reason: str | None = None    # "eos" | "length" | "context" on the last event
+    finish_reason: str | None = None    # "eos" | "length" | "context" on the last event ("stopped": its reader stopped it)
     backend: str = "reference"
     observed: tuple[str, ...] = field(default=("drafts", "attention", "hidden_norm"))
     # Backends that learn the exact step boundaries only at the end (vLLM: chunks can merge

@@ -2,7 +2,7 @@
 or a draft tree.
 
 The verify loop (reference.py) knows nothing else about drafters. EagleProposer runs an
-Eagle3Drafter chain-style with its own KV cache and records what the playground plots:
+Eagle3Drafter, chains and trees, with its own KV cache and records what the playground plots:
 attention mass on sink / self-drafted keys and the RMS of the state fed into each depth.
 """
 
@@ -58,7 +58,7 @@ class NoProposer:
 
 
 class EagleProposer:
-    """Chain drafting with an EAGLE-3 drafter.
+    """Chain and tree drafting with an EAGLE-3 drafter.
 
     Drafter position t holds (target feature of t, token t+1) and predicts token t+2. Positions
     with target features are committed in the drafter's cache; draft positions written past them

@@ -211,9 +211,11 @@ class ReferenceEngine:
         return tree.sample_path(probabilities(logits, params), generator)
 
     def _end_sequence(self, verified: "Verified", room: int) -> "Verified":
-        """Stop after an end-of-sequence token, and at max_tokens (`room` tokens left). A sequence
-        that ends inside the accepted drafts never had the drafts after that point verified: the
-        step then drafted and accepted only the drafts it committed."""
+        """Stop after an end-of-sequence token, and at max_tokens (`room` tokens left). When the
+        sequence ends inside the accepted drafts, the drafts after that point are not part of it
+        (after an end of sequence the target never judged them; past max_tokens nobody reads them):
+        the step then drafted and accepted only the drafts it committed, and emits no token of the
+        target's own."""
         committed = verified.committed
         end = next((i + 1 for i, t in enumerate(committed) if t in self.target.eos_ids), len(committed))
         end = min(end, room)

@@ -217,12 +217,14 @@ def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple
     """The suite on the embedded engine, or on the vLLM `servers` (backend "vllm"; then the same
     servers under load too); the report written to `out`. What is measured is saved to
     out/progress.pkl as it goes, so a rerun of the same configuration goes on from there."""
+    if config.backend == "vllm" and servers is None:
+        raise PlaygroundError("the suite on vLLM needs its servers: running ones or a launch spec")
     reference = ReferenceEngine.load()
     progress = out / "progress.pkl"
     if config.backend == "vllm":
-        from playground.evaluation.vllm_load import LoadConfig, Servers, serving, throughput
+        from playground.evaluation.vllm_load import LoadConfig, serving, throughput
 
-        with serving(reference, servers or Servers()) as engine:
+        with serving(reference, servers) as engine:
             config = config.runnable_on(engine)
             res = results(collect(engine, reference, config, progress), config)
             res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))

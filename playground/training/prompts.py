@@ -15,7 +15,6 @@ import random
 from typing import Iterator
 
 from playground.engines.request import GenerationRequest
-from playground.evaluation.heldout import eval_requests
 from playground.evaluation.prompt_sets import TRAINING_PROMPTS
 
 TOPICS = [
@@ -171,4 +170,6 @@ def heldout_or_training_requests(kind: str, drafter: str, k: int, max_tokens: in
     """`train eval`'s requests of a kind: the training prompts for TRAINING_PROMPTS, else the held-out ones."""
     if kind == TRAINING_PROMPTS:
         return training_requests(drafter, k, max_tokens)
+    from playground.evaluation.heldout import eval_requests   # the data steps need none of the engine it loads
+
     return eval_requests(kind, drafter, k, max_tokens)

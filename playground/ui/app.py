@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Mapping
 
 import gradio as gr
 
 from playground.engines.protocol import Engine
 from playground.ui import compare_tab, playground_tab, render, tree_view
+from playground.ui.explainer import explainer_markdown
 from playground.ui.streams import Limits
 
-EXPLAINER = (Path(__file__).with_name("explainer.md")).read_text()
 TITLE = "EAGLE 3.1 Playground"
 CACHE_SWEEP = (600, 1800)   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
 
@@ -22,7 +21,7 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.B
         gr.Markdown(f"# {TITLE}\nSpeculative decoding with an EAGLE 3.1 drafter next to an EAGLE 3 baseline, "
                     "verified token by token on SmolLM2-135M-Instruct.")
         with gr.Accordion("What am I looking at?", open=False):
-            gr.Markdown(EXPLAINER, sanitize_html=False)
+            gr.Markdown(explainer_markdown(), sanitize_html=False)
         if "vllm" in backends:
             servers_panel(backends["vllm"], demo)
         with gr.Tab("Playground", id="playground"):

@@ -18,9 +18,11 @@ from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, run_name
 from playground.ui import render
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      named_inputs, stream_handler)
-from playground.ui.playground_tab import controls, drafter_note
+from playground.ui.playground_tab import DEFAULT_MAX_TOKENS, controls, drafter_note
+from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, interleave, make_request
+from playground.ui.streams import (REPLAY_NOTE, Limits, StopRequests, backend, failure_message, interleave,
+                                   make_request, stop_handler, stopped)
 
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
 MODES = [(f"{LABELS[EAGLE3]} vs {LABELS[EAGLE31]}", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
@@ -67,6 +69,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)")
     with gr.Row():
         run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+        guided = gr.Button("See attention drift", elem_id="see-drift")
         stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
     gr.HTML(render.LEGEND)
     view = {}
@@ -85,7 +88,10 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
     view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
 
-    def stream(settings: CompareSettings) -> Iterator[dict]:
+    stops = StopRequests()
+
+    def stream(settings: CompareSettings, session: str | None) -> Iterator[dict]:
+        stops.take(session)   # a Stop pressed before this run started is not for it
         try:
             engine = backend(backends, settings.backend_name)
             columns = [make_request(limits, lane) if lane else None for lane in lanes(settings, engine.drafter_names)]
@@ -102,11 +108,21 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
-                if event.finish_reason and probes.get(name) is not None:
-                    logs[name].events, notes[name] = probes[name].replay(requests[name], logs[name].events), REPLAY_NOTE
-                final = all(log.finished for log in logs.values())
+                ending = [name] if event.finish_reason else []
+                stopping = stops.take(session)
+                if stopping:   # every run that has begun ends here; one that has not stays empty
+                    running = [n for n, log in logs.items() if log.events and not log.finished]
+                    for n in running:
+                        logs[n].events[-1] = stopped(logs[n].events[-1])
+                    ending += running
+                for n in ending:
+                    if probes.get(n) is not None:
+                        logs[n].events, notes[n] = probes[n].replay(requests[n], logs[n].events), REPLAY_NOTE
+                final = stopping or all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
                     yield update(logs, notes, names, live, final or pacer.due("plots"), final)
+                if final:
+                    return
         except Exception as e:
             yield update(logs, notes, names, live, True, True)
             raise gr.Error(failure_message(e)) from None
@@ -123,11 +139,18 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         out["files"] = export(logs, lambda path: plots.figures_file(drafted, path)) if final else None
         return out
 
-    running = run.click(stream_handler(CompareSettings, COMPARE_OUTPUTS, stream),
-                        inputs_kwargs=named_inputs(CompareSettings, c),
-                        outputs=[view[name] for name in COMPARE_OUTPUTS], api_name="compare",
-                        concurrency_id="engine", concurrency_limit=limits.concurrency)
-    stop.click(None, None, None, cancels=[running], api_name=False)
+    handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)
+    outputs = [view[name] for name in COMPARE_OUTPUTS]
+    run.click(handler, inputs_kwargs=inputs, outputs=outputs, api_name="compare", concurrency_id="engine",
+              concurrency_limit=limits.concurrency)
+    # the settings the README's figures for the example were measured with
+    example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,
+               "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS}
+    guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
+                 api_name=False).then(
+        handler, inputs_kwargs=inputs, outputs=outputs, api_name=False, concurrency_id="engine",
+        concurrency_limit=limits.concurrency)
+    stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     stored_benchmark()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
+import gradio as gr
 from gradio.components import Component
 
 SLOTS = ("first", "second", "none")   # the Comparison tab's columns; element ids end with the slot
@@ -57,10 +58,8 @@ class CompareSettings:
 
     def lane(self, drafter: str, draft: str) -> RunSettings:
         """One column: the run /run would make of these settings with this drafter, drafting this way."""
-        return RunSettings(prompt=self.prompt, system=self.system, template=self.template, drafter=drafter, k=self.k,
-                           temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens,
-                           backend_name=self.backend_name, draft=draft, tree_top_k=self.tree_top_k,
-                           tree_depth=self.tree_depth, tree_nodes=self.tree_nodes)
+        shared = {f.name: getattr(self, f.name) for f in fields(RunSettings) if f.name not in ("drafter", "draft")}
+        return RunSettings(**shared, drafter=drafter, draft=draft)
 
 
 def column(slot: str, part: str) -> str:
@@ -81,11 +80,13 @@ def named_inputs(settings: type, controls: Mapping[str, Component]) -> dict[str,
 
 
 def stream_handler(settings: type[SettingsT], outputs: Sequence[str],
-                   stream: Callable[[SettingsT], Iterator[Mapping[str, Any]]]) -> Callable[..., Iterator[tuple]]:
-    """`stream` as Gradio calls it: the controls' values arrive by name and become one `settings`;
-    each update `stream` yields by name goes out in the order of `outputs`. Every output gets a
-    value (a missing name is a KeyError): see runs.LivePlots for why none is skipped."""
-    def handler(**values: Any) -> Iterator[tuple]:
-        for update in stream(settings(**values)):
+                   stream: Callable[[SettingsT, str | None], Iterator[Mapping[str, Any]]]
+                   ) -> Callable[..., Iterator[tuple]]:
+    """`stream` as Gradio calls it: the controls' values arrive by name and become one `settings`,
+    given with the page's session; each update `stream` yields by name goes out in the order of
+    `outputs`. Every output gets a value (a missing name is a KeyError): see runs.LivePlots for why
+    none is skipped."""
+    def handler(request: gr.Request, **values: Any) -> Iterator[tuple]:
+        for update in stream(settings(**values), request.session_hash):
             yield tuple(update[name] for name in outputs)
     return handler

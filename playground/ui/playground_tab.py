@@ -16,10 +16,13 @@ from playground.ui import render, tree_view
 from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, named_inputs, stream_handler
 from playground.ui.presets import PRESETS
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import REPLAY_NOTE, Limits, backend, failure_message, make_request
+from playground.ui.streams import (REPLAY_NOTE, Limits, StopRequests, backend, failure_message, make_request,
+                                   stop_handler, stopped)
 
 DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none ({LABELS[NONE]})", NONE)]
 TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
+FIRST_PRESET = "Code"   # a fresh page can run at once, on a prompt where drafts are often accepted
+DEFAULT_MAX_TOKENS = 128
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
 
@@ -38,7 +41,8 @@ def controls(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool,
     c = {}
     eid = lambda name: f"{prefix}-{name}"
     with gr.Row():
-        c["preset"] = gr.Dropdown(["(none)", *PRESETS], value="(none)", label="Preset", scale=1, elem_id=eid("preset"))
+        c["preset"] = gr.Dropdown(["(none)", *PRESETS], value=FIRST_PRESET, label="Preset", scale=1,
+                                  elem_id=eid("preset"))
         c["template"] = gr.Dropdown(TEMPLATE_CHOICES, value="model", label="Prompt format", scale=2,
                                     elem_id=eid("template"))
         if with_drafter:
@@ -46,7 +50,7 @@ def controls(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool,
                                        elem_id=eid("drafter"))
         c["backend_name"] = gr.Dropdown(list(backends), value=next(iter(backends)), label="Backend", scale=1,
                                         elem_id=eid("backend"))
-    c["prompt"] = gr.Textbox(label="Prompt", lines=4, max_length=limits.max_prompt_chars,
+    c["prompt"] = gr.Textbox(PRESETS[FIRST_PRESET].prompt, label="Prompt", lines=4, max_length=limits.max_prompt_chars,
                              placeholder="Ask anything, or pick a preset", elem_id=eid("prompt"))
     c["system"] = gr.Textbox(label="System prompt (empty: the model's default)", lines=1,
                              max_length=limits.max_prompt_chars, elem_id=eid("system"))
@@ -55,7 +59,7 @@ def controls(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool,
         c["temperature"] = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature (0 = greedy)",
                                      elem_id=eid("temperature"))
         c["top_p"] = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="top-p", elem_id=eid("top-p"))
-        c["max_tokens"] = gr.Slider(1, limits.max_tokens, value=min(256, limits.max_tokens), step=1,
+        c["max_tokens"] = gr.Slider(1, limits.max_tokens, value=min(DEFAULT_MAX_TOKENS, limits.max_tokens), step=1,
                                     label="max tokens", elem_id=eid("max-tokens"))
     with gr.Row():
         c["draft"] = gr.Radio(["chain", "tree"], value="chain", label="draft", elem_id=eid("draft"),
@@ -99,7 +103,10 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         view["files"] = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
     view["events"] = gr.State([])
 
-    def stream(settings: RunSettings) -> Iterator[dict]:
+    stops = StopRequests()
+
+    def stream(settings: RunSettings, session: str | None) -> Iterator[dict]:
+        stops.take(session)   # a Stop pressed before this run started is not for it
         try:
             request = make_request(limits, settings)
             engine = backend(backends, settings.backend_name)
@@ -112,12 +119,14 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         yield update(run_log, note or "waiting for the engine…", live, False, False)
         try:
             for event in steps:
-                run_log.events.append(event)
-                final = event.finish_reason is not None
+                run_log.events.append(stopped(event) if stops.take(session) else event)
+                final = run_log.finished
                 if final and probe is not None:
                     run_log.events, note = probe.replay(request, run_log.events), REPLAY_NOTE
                 if final or pacer.due("text"):
                     yield update(run_log, note, live, final or pacer.due("plots"), final)
+                if final:
+                    return
         except Exception as e:
             yield update(run_log, note, live, True, True, failure_message(e))
             raise gr.Error(failure_message(e)) from None
@@ -138,11 +147,11 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
 
     handler = stream_handler(RunSettings, OUTPUTS, stream)
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
-    running = run.click(handler, inputs_kwargs=inputs, outputs=outputs, api_name="run", concurrency_id="engine",
+    run.click(handler, inputs_kwargs=inputs, outputs=outputs, api_name="run", concurrency_id="engine",
                         concurrency_limit=limits.concurrency)
-    submitted = c["prompt"].submit(handler, inputs_kwargs=inputs, outputs=outputs, api_name=False,
+    c["prompt"].submit(handler, inputs_kwargs=inputs, outputs=outputs, api_name=False,
                                    concurrency_id="engine", concurrency_limit=limits.concurrency)
-    stop.click(None, None, None, cancels=[running, submitted], api_name=False)
+    stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     view["step"].input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
                        [view["step"], view["events"]], view["inspector"], api_name="inspect", queue=False,
                        trigger_mode="always_last")

@@ -24,3 +24,6 @@ PRESETS = {
                                 system="You are a pirate who answers every question in pirate speech."),
     "Perturbed template": Preset("Give me a short recipe for pancakes.", template="plain"),
 }
+# The Comparison tab's "See attention drift": of the prompts tried for it (code being where EAGLE 3.1
+# leads most in `train eval`), the one where 3.1 leads most and the drift is plainest (README)
+DRIFT_EXAMPLE = PRESETS["Code"]

@@ -31,7 +31,7 @@ def step_html(event: StepEvent) -> str:
     parts = []
     for i, text in enumerate(event.token_texts):
         if i == event.accepted and event.drafted > event.accepted:
-            rejected = (escape(visible("".join(event.draft_texts[event.accepted:]))) if event.draft_texts
+            rejected = (escape(visible("".join(event.draft_texts[event.accepted:event.drafted]))) if event.draft_texts
                         else "✗" * (event.drafted - event.accepted))   # the backend reports counts only
             parts.append(f'<span class="tok rej" title="rejected at depth {event.accepted + 1}">{rejected}</span>')
         kind = "acc" if i < event.accepted else "tgt"
@@ -59,6 +59,7 @@ def figures_html(summary: RunSummary | None, label: str = "") -> str:
         cards = [
             ("tau", f"{summary.mean_acceptance_length:.2f}"),
             ("tokens/s", f"{summary.tokens_per_s:.1f}"),
+            ("decode tokens/s", f"{summary.decode_tokens_per_s:.1f}"),   # the prefill excluded
             ("steps", str(summary.steps)),
             ("tokens", str(summary.tokens)),
             ("first token", f"{summary.time_to_first_token_s * 1e3:.0f} ms"),

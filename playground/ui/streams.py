@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Iterator, Mapping
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Mapping
+
+import gradio as gr
 
 from playground.engines.events import StepEvent
 from playground.engines.protocol import Engine
@@ -73,6 +76,43 @@ def interleave(streams: Mapping[str, Iterator[StepEvent]]) -> Iterator[tuple[str
                 del active[name]
             else:
                 yield name, event
+
+
+STOPPED = "stopped"   # the finish reason of a run its page stopped
+
+
+class StopRequests:
+    """The Stop button of one tab, by page session. A run asks between steps whether Stop was pressed
+    since it started, and then ends like a finished run: its last step is marked `stopped`, and the
+    answer, plots, inspector and downloads stay. (Cancelling Gradio's event instead would end the run
+    as an error on every output.)"""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pressed: set[str | None] = set()
+
+    def press(self, session: str | None) -> None:
+        with self._lock:
+            self._pressed.add(session)
+
+    def take(self, session: str | None) -> bool:
+        """Whether Stop was pressed since the last call; a run calls it once as it starts."""
+        with self._lock:
+            pressed = session in self._pressed
+            self._pressed.discard(session)
+            return pressed
+
+
+def stop_handler(stops: StopRequests) -> Callable[[gr.Request], None]:
+    """The Stop button's click: it presses Stop for the page that clicked."""
+    def press(request: gr.Request) -> None:
+        stops.press(request.session_hash)
+    return press
+
+
+def stopped(event: StepEvent) -> StepEvent:
+    """The last step of a run its page stopped."""
+    return replace(event, finish_reason=event.finish_reason or STOPPED)
 
 
 def failure_message(error: Exception) -> str:

@@ -20,24 +20,27 @@ def tree_html(event: StepEvent | None) -> str:
     node_rows = {-1: 0, **order}
     last = event.tree_path[-1] if event.tree_path else -1
     # the target's token follows the last accepted node: on its row, or below the tree where its
-    # (rejected) children already sit
+    # (rejected) children already sit; there is none when the sequence ended on that node
+    has_target = len(event.token_ids) > len(event.tree_path)
     target_row = max(order.values()) + 1 if last in event.tree_parents else node_rows[last]
-    target_depth = len(event.tree_path) + 1
+    target_depth = len(event.tree_path) + 1 if has_target else 0
     width = COLUMN * (max(max(event.tree_depths), target_depth) + 1) + 8
-    height = ROW * (max(target_row, *order.values()) + 1) + 8
+    height = ROW * (max(target_row if has_target else 0, *order.values()) + 1) + 8
     y = lambda row: 6 + row * ROW
     x = lambda depth: 4 + depth * COLUMN
     parts = []
     for i, parent in enumerate(event.tree_parents):   # edges first, under the boxes
         parts.append(_edge(x(event.tree_depths[i] - 1), y(node_rows[parent]), x(event.tree_depths[i]), y(order[i])))
-    parts.append(_edge(x(target_depth - 1), y(node_rows[last]), x(target_depth), y(target_row), "tgt"))
+    if has_target:
+        parts.append(_edge(x(target_depth - 1), y(node_rows[last]), x(target_depth), y(target_row), "tgt"))
     parts.append(_box(x(0), y(0), "ctx", "context", "the committed text"))
     for i, verdict in enumerate(event.tree_verdicts):
         hover = (f"{event.tree_texts[i]!r}: drafter p {event.tree_probs[i]:.3f}, score (log p from the context) "
                  f"{event.tree_scores[i]:.2f}, depth {event.tree_depths[i]}, {verdict}")
         parts.append(_box(x(event.tree_depths[i]), y(order[i]), KIND[verdict], event.tree_texts[i], hover))
-    target_text = event.token_texts[-1] if event.token_texts else ""
-    parts.append(_box(x(target_depth), y(target_row), "tgt", target_text, f"{target_text!r}: the target's token"))
+    if has_target:
+        target_text = event.token_texts[-1]
+        parts.append(_box(x(target_depth), y(target_row), "tgt", target_text, f"{target_text!r}: the target's token"))
     return (f'<div class="tree"><div class="tree-head">draft tree of step {event.step}: {len(event.tree_ids)} nodes, '
             f'{event.accepted} accepted</div><svg width="{width}" height="{height}" role="img" '
             f'aria-label="draft tree of step {event.step}">{"".join(parts)}</svg></div>')

@@ -1,0 +1,54 @@
+"""The page's explainer: explainer.md with the drift that the stored benchmark measured filled in."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from playground.model.variants import EAGLE3, EAGLE31
+
+STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
+CATEGORY = "chat"
+
+
+@dataclass(frozen=True)
+class DepthProbes:
+    """One drafter's probes at depth 1 and at the deepest depth the benchmark drafted."""
+    depths: int
+    sink_first: float
+    sink_last: float
+    rms_first: float
+    rms_last: float
+
+
+def stored_probes(results: dict, category: str = CATEGORY) -> dict[str, DepthProbes]:
+    """The chain rows of `category` in a benchmark's results.json, by drafter."""
+    return {row["method"]: DepthProbes(len(row["sink_attention"]), row["sink_attention"][0],
+                                       row["sink_attention"][-1], row["hidden_norm"][0], row["hidden_norm"][-1])
+            for row in results["rows"] if row["category"] == category and row["sink_attention"]}
+
+
+def trend(first: float, last: float) -> str:
+    return "falls" if last < first else "grows" if last > first else "stays"
+
+
+def measured(probes: dict[str, DepthProbes], k: int, category: str = CATEGORY) -> str:
+    """The drift the benchmark measured, in two sentences."""
+    old, new = probes[EAGLE3], probes[EAGLE31]
+    return (f"Measured here (`python -m playground bench`, {category} prompts, k={k}): EAGLE 3's attention to the "
+            f"sink tokens {trend(old.sink_first, old.sink_last)} from {old.sink_first:.3f} at depth 1 to "
+            f"{old.sink_last:.3f} at depth {old.depths} while the state it feeds back {trend(old.rms_first, old.rms_last)} "
+            f"from RMS "
+            f"{old.rms_first:.1f} to {old.rms_last:.1f}; EAGLE 3.1's sink attention {trend(new.sink_first, new.sink_last)} "
+            f"from {new.sink_first:.3f} "
+            f"to {new.sink_last:.3f} and its fed-back RMS from {new.rms_first:.1f} to {new.rms_last:.1f}.")
+
+
+def explainer_markdown(results_path: Path = STORED_RESULTS) -> str:
+    text = Template(Path(__file__).with_name("explainer.md").read_text())
+    if not results_path.exists():
+        return text.substitute(measured="Run `python -m playground bench` to measure it on this machine.")
+    results = json.loads(results_path.read_text())
+    return text.substitute(measured=measured(stored_probes(results), results["config"]["k"]))
