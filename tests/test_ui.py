@@ -69,7 +69,8 @@ def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
     expected = cli_text(PROMPT, 40)   # greedy decoding: the same tokens, whichever way they were drafted
     final = named(client.predict(*run_args(), "tree", 4, 5, 16, api_name="/run"))
     assert final["text"] == expected
-    assert "<svg" in final["tree"] and 'class="node acc"' in final["tree"] and 'class="node tgt"' in final["tree"]
+    # the last step's tree; it has a target token only if max_tokens left room for one (test_tree checks both)
+    assert "<svg" in final["tree"] and 'class="node acc"' in final["tree"]
     for args, message in [((*run_args(), "tree", 4, 5, 0), "less than minimum value 1"),   # the slider refuses it first
                           ((*run_args(), "bush", 4, 5, 16), "not in the list of choices")]:
         with pytest.raises(Exception, match=message):
