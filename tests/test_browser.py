@@ -139,6 +139,7 @@ def test_stop_ends_every_column_of_a_comparison(page):
     page.locator("#cmp-prompt textarea").fill("Tell me a long story about a lighthouse keeper.")
     set_number(page, "cmp-max-tokens", 400)
     page.locator("#compare-run").click()
+    expect(page.locator("#answer-first .finish")).to_have_count(0, timeout=30_000)   # the last comparison's end goes
     page.wait_for_function("() => document.querySelectorAll('#answer-none .tok').length > 3", timeout=60_000)
     page.locator("#compare-stop").click()
     for slot in ("first", "second", "none"):
