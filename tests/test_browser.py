@@ -99,8 +99,9 @@ def test_stop_ends_a_run_like_a_finished_one(page):
     for plot in ("plot-acceptance", "plot-attention", "plot-norm"):
         expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible()
     expect(page.locator("#inspector table.inspector")).to_be_visible()
-    run_playground(page, "Say hello.", 8)   # the engine is free
-    expect(page.locator("#answer .finish")).not_to_have_text("[stopped]", timeout=60_000)
+    run_playground(page, "Say hello.", 8)   # the engine is free: the next run streams and ends by itself
+    expect(page.locator("#answer .finish")).to_be_visible(timeout=60_000)
+    expect(page.locator("#answer .finish")).not_to_have_text("[stopped]")
 
 
 def test_comparison_tab_streams_both_columns(page, tmp_path):
