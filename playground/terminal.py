@@ -22,7 +22,7 @@ def render_step(event: StepEvent, color: bool) -> str:
     for i, text in enumerate(event.token_texts):
         is_draft = i < event.accepted and event.step > 0
         parts.append(f"{GREEN if is_draft else BLUE}{text}{RESET}" if color else text)
-    rejected = "".join(event.draft_texts[event.accepted:event.drafted])
+    rejected = "".join(event.rejected_texts)
     if rejected:
         # shown after the accepted drafts; the target's own token follows it in the text
         shown = rejected.replace("\n", "\\n")

@@ -49,6 +49,11 @@ class StepEvent:
         return "".join(self.token_texts)
 
     @property
+    def rejected_texts(self) -> tuple[str, ...]:
+        """The drafts the target verified and refused, as the drafter's text (empty where unreported)."""
+        return self.draft_texts[self.accepted:self.drafted]
+
+    @property
     def accept_flags(self) -> tuple[bool, ...]:
         return tuple(i < self.accepted for i in range(self.drafted))
 

@@ -4,7 +4,6 @@ summary table."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator, Mapping
 
 import gradio as gr
@@ -19,6 +18,7 @@ from playground.ui import render
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      named_inputs, stream_handler)
 from playground.ui.playground_tab import DEFAULT_MAX_TOKENS, controls, drafter_note
+from playground.ui.explainer import STORED_RESULTS
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import (REPLAY_NOTE, Limits, StopRequests, backend, failure_message, interleave,
@@ -26,7 +26,7 @@ from playground.ui.streams import (REPLAY_NOTE, Limits, StopRequests, backend, f
 
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
 MODES = [(f"{LABELS[EAGLE3]} vs {LABELS[EAGLE31]}", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
-STORED_BENCHMARK = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.md"
+STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
 TABLE_HEADERS = ["run", "tau", "tokens/s", "speedup vs none", "steps", "tokens", "acceptance by depth"]
 
 

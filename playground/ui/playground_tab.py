@@ -149,8 +149,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
     run.click(handler, inputs_kwargs=inputs, outputs=outputs, api_name="run", concurrency_id="engine",
                         concurrency_limit=limits.concurrency)
-    c["prompt"].submit(handler, inputs_kwargs=inputs, outputs=outputs, api_name=False,
-                                   concurrency_id="engine", concurrency_limit=limits.concurrency)
+    c["prompt"].submit(handler, inputs_kwargs=inputs, outputs=outputs, api_name=False, concurrency_id="engine",
+                       concurrency_limit=limits.concurrency)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     view["step"].input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
                        [view["step"], view["events"]], view["inspector"], api_name="inspect", queue=False,

@@ -31,7 +31,7 @@ def step_html(event: StepEvent) -> str:
     parts = []
     for i, text in enumerate(event.token_texts):
         if i == event.accepted and event.drafted > event.accepted:
-            rejected = (escape(visible("".join(event.draft_texts[event.accepted:event.drafted]))) if event.draft_texts
+            rejected = (escape(visible("".join(event.rejected_texts))) if event.draft_texts
                         else "✗" * (event.drafted - event.accepted))   # the backend reports counts only
             parts.append(f'<span class="tok rej" title="rejected at depth {event.accepted + 1}">{rejected}</span>')
         kind = "acc" if i < event.accepted else "tgt"
