@@ -1,18 +1,22 @@
 """Plotly figures by draft depth; one trace group per run, in a fixed colour per drafter (and one for
-a drafter's trees beside its chain)."""
+a drafter's trees beside its chain). Each point by depth is a mean over some drafting steps: the hover
+says how many, and a point over fewer than FEW_SAMPLES is drawn hollow."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from html import escape
+from typing import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
+from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, SEPARATOR
 
 COLORS = {EAGLE31: "#2563eb", EAGLE3: "#ea580c", NONE: "#6b7280"}
 TREE_COLOR = "#7c3aed"       # a run that drafts trees beside the same drafter's chain
 FALLBACK_COLOR = "#0d9488"
+FEW_SAMPLES = 5              # a mean over fewer steps than this is drawn hollow: too few to trust
 
 
 def label(name: str) -> str:
@@ -26,12 +30,13 @@ def color(name: str) -> str:
 
 
 def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None,
-            key: str = "") -> go.Figure:
-    """`key` says what the line styles mean, under the title; the legend then names only drafters,
-    one row for any number of them."""
-    text = f"{title}<br><span style='font-size:11px'>{key}</span>" if key else title
+            key: Sequence[str] = ()) -> go.Figure:
+    """`key` says what the line styles mean, a line each under the title (empty lines are left out);
+    the legend then names only drafters, one row for any number of them."""
+    lines = [line for line in key if line]
+    text = title + "".join(f"<br><span style='font-size:11px'>{line}</span>" for line in lines)
     fig.update_layout(title=dict(text=text, font=dict(size=14)), height=300,
-                      margin=dict(l=50, r=10, t=55 if key else 40, b=40),
+                      margin=dict(l=50, r=10, t=40 + 15 * len(lines), b=40),
                       legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template="plotly_white",
                       barmode="group")
     fig.update_xaxes(title_text="draft depth", dtick=1)
@@ -45,11 +50,25 @@ def _depths(values: tuple[float, ...]) -> list[int]:
     return list(range(1, len(values) + 1))
 
 
-def _drafter_traces(name: str, what: str) -> dict:
+def _drafter_traces(name: str, what: str, samples: Sequence[int] | None = None) -> dict:
     """Trace options that put all of one drafter's traces under a single legend entry; the hover
-    still says which trace it is."""
-    return dict(legendgroup=name, name=label(name),
-                hovertemplate=f"{label(name)} · {what}<br>depth %{{x}}: %{{y:.3f}}<extra></extra>")
+    still says which trace it is, and over how many steps each point is a mean."""
+    n = " (n = %{customdata})" if samples is not None else ""
+    return dict(legendgroup=name, name=label(name), customdata=None if samples is None else list(samples),
+                hovertemplate=f"{label(name)} · {what}<br>depth %{{x}}: %{{y:.3f}}{n}<extra></extra>")
+
+
+def _markers(shade: str, samples: Sequence[int] | None) -> dict:
+    """Line markers: filled, or hollow where the mean is over fewer than FEW_SAMPLES steps (all
+    filled where the samples are not known)."""
+    if samples is None:
+        return dict(color=shade)
+    return dict(color=shade, size=8, symbol=["circle-open" if n < FEW_SAMPLES else "circle" for n in samples])
+
+
+def _few_samples_key(samples: Iterable[int]) -> str:
+    """The key's line on hollow points, when the figure has any."""
+    return f"hollow: fewer than {FEW_SAMPLES} samples" if any(n < FEW_SAMPLES for n in samples) else ""
 
 
 def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
@@ -58,55 +77,89 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
     fig = go.Figure()
     for name, s in runs.items():
         shade = color(name)
+        bar_samples = [s.drafting_steps] * len(s.per_position_acceptance)
+        fill = shade if s.drafting_steps >= FEW_SAMPLES else "rgba(0,0,0,0)"
         fig.add_bar(x=_depths(s.per_position_acceptance), y=list(s.per_position_acceptance),
-                    marker_color=shade, opacity=0.8, **_drafter_traces(name, "accepted ≥ d drafts"))
+                    marker=dict(color=fill, line=dict(color=shade, width=1.5)), opacity=0.8,
+                    **_drafter_traces(name, "accepted ≥ d drafts", bar_samples))
         fig.add_scatter(x=_depths(s.per_position_acceptance_conditional),
                         y=list(s.per_position_acceptance_conditional), mode="lines+markers",
-                        line=dict(color=shade, dash="dash"), showlegend=False,
-                        **_drafter_traces(name, "given depth d-1 accepted"))
+                        line=dict(color=shade, dash="dash"), marker=_markers(shade, s.conditional_acceptance_steps),
+                        showlegend=False,
+                        **_drafter_traces(name, "given depth d-1 accepted", s.conditional_acceptance_steps))
+    samples = [n for s in runs.values() for n in (s.drafting_steps, *s.conditional_acceptance_steps)]
     return _layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05],
-                   key="bars: drafting steps that accepted ≥ d drafts (vLLM's rule) · dashed: given d-1 accepted")
+                   key=("bars: drafting steps that accepted ≥ d drafts (vLLM's rule) · dashed: given d-1 accepted",
+                        _few_samples_key(samples)))
 
 
 def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
     """Drafter attention mass on the sink tokens (solid) and on its own drafts (dotted)."""
     fig = go.Figure()
     for name, s in runs.items():
-        shade = color(name)
+        shade, samples = color(name), s.drafting_steps_by_depth
         fig.add_scatter(x=_depths(s.mean_sink_attention), y=list(s.mean_sink_attention), mode="lines+markers",
-                        line=dict(color=shade), **_drafter_traces(name, "sink tokens"))
+                        line=dict(color=shade), marker=_markers(shade, samples),
+                        **_drafter_traces(name, "sink tokens", samples))
         fig.add_scatter(x=_depths(s.mean_self_attention), y=list(s.mean_self_attention), mode="lines+markers",
-                        line=dict(color=shade, dash="dot"), showlegend=False,
-                        **_drafter_traces(name, "own drafts"))
+                        line=dict(color=shade, dash="dot"), marker=_markers(shade, samples), showlegend=False,
+                        **_drafter_traces(name, "own drafts", samples))
     return _layout(fig, "Drafter attention by depth", "attention mass",
-                   key="solid: the sink tokens · dotted: its own drafts")
+                   key=("solid: the sink tokens · dotted: its own drafts",
+                        _few_samples_key(n for s in runs.values() for n in s.drafting_steps_by_depth)))
 
 
 def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
-             y_range: list[float] | None = None) -> go.Figure:
-    """One line per drafter of a value by draft depth."""
-    fig = go.Figure()
+             y_range: list[float] | None = None, samples: Mapping[str, tuple[int, ...]] | None = None) -> go.Figure:
+    """One line per drafter of a value by draft depth; with `samples` (the steps behind each value, by
+    drafter), the hover says n and thin points are hollow."""
+    fig, samples = go.Figure(), samples or {}
     for name, values in series.items():
-        fig.add_scatter(x=_depths(values), y=list(values), mode="lines+markers", name=label(name),
-                        line=dict(color=color(name)))
-    return _layout(fig, title, y_title, y_range)
+        shade, counts = color(name), samples.get(name)
+        fig.add_scatter(x=_depths(values), y=list(values), mode="lines+markers", line=dict(color=shade),
+                        marker=_markers(shade, counts), **_drafter_traces(name, y_title, counts))
+    return _layout(fig, title, y_title, y_range, key=(_few_samples_key(n for c in samples.values() for n in c),))
 
 
 def hidden_norm(runs: Mapping[str, RunSummary]) -> go.Figure:
     """RMS of the state fed into each depth; EAGLE 3's grows with depth, 3.1's stays normalised."""
-    return by_depth({name: s.mean_hidden_norm for name, s in runs.items()}, "Fed-back hidden state RMS by depth", "RMS")
+    return by_depth({name: s.mean_hidden_norm for name, s in runs.items()}, "Fed-back hidden state RMS by depth", "RMS",
+                    samples={name: s.drafting_steps_by_depth for name, s in runs.items()})
 
 
 def all_figures(runs: Mapping[str, RunSummary]) -> tuple[go.Figure, go.Figure, go.Figure]:
     return acceptance(runs), attention(runs), hidden_norm(runs)
 
 
-def html_page(figures, title: str, path, columns: int = 1) -> None:
-    """Figures in one standalone HTML file (plotly.js inlined: it opens offline), `columns` to a row."""
-    parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
+def html_page(figures, title: str, path, columns: int = 1, header: str = "",
+              plotlyjs: bool | str = True) -> None:
+    """Figures in one standalone HTML file after an HTML `header`, `columns` to a row. plotly.js is
+    inlined by default, so that the file opens offline; plotlyjs="cdn" loads it from the CDN instead."""
+    parts = [fig.to_html(full_html=False, include_plotlyjs=plotlyjs if i == 0 else False)
+             for i, fig in enumerate(figures)]
     grid = f"<div style='display:grid;grid-template-columns:repeat({columns},minmax(0,1fr))'>"
-    path.write_text(f"<!doctype html><meta charset='utf-8'><title>{title}</title>{grid}" + "".join(parts) + "</div>")
+    path.write_text(f"<!doctype html><meta charset='utf-8'><title>{title}</title>{header}{grid}"
+                    + "".join(parts) + "</div>")
 
 
-def figures_file(runs: Mapping[str, RunSummary], path) -> None:
-    html_page(all_figures(runs), "EAGLE playground run", path)
+def figures_file(figures: Sequence[go.Figure], requests: Mapping[str, GenerationRequest], path) -> None:
+    """A run's plots under its prompt and settings. plotly.js comes from the CDN, which keeps the file
+    small; the JSON and CSV exports are the offline record."""
+    html_page(figures, "EAGLE playground run", path, header=requests_header(requests), plotlyjs="cdn")
+
+
+HEADER_CSS = ("body { font-family: system-ui, sans-serif; margin: 16px; } pre { white-space: pre-wrap; "
+              "background: #f6f6f6; padding: 8px; } td, th { padding: 2px 10px; text-align: left; }")
+
+
+def requests_header(requests: Mapping[str, GenerationRequest]) -> str:
+    """The prompt, the system prompt if any, and a row of settings per run. The runs of one export
+    share their prompt (the page sends one prompt to every run), so it is the first run's."""
+    first = next(iter(requests.values()))
+    system = f"<h3>System prompt</h3><pre>{escape(first.system)}</pre>" if first.system else ""
+    head = ("run", "drafter", "drafts", "temperature", "top-p", "max tokens", "seed")
+    rows = [(label(name), r.drafter, r.drafting, f"{r.temperature:g}", f"{r.top_p:g}", r.max_tokens, r.seed)
+            for name, r in requests.items()]
+    table = "".join("<tr>" + "".join(f"<td>{escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    return (f"<style>{HEADER_CSS}</style><h3>Prompt</h3><pre>{escape(first.prompt)}</pre>{system}"
+            f"<h3>Settings</h3><table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{table}</table>")

@@ -15,21 +15,48 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 MARKUP_PROMPT = "Write a minimal HTML page with a <script> tag that shows an alert."
 
 
+VIEWPORTS = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, "height": 844}}
+WCAG_AA = 4.5   # the contrast ratio normal text needs
+
+
 @pytest.fixture(scope="module")
-def page(app_url):
+def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail("Chromium is not installed: scripts/test.sh installs it with apt-get (package chromium)")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1500, "height": 1300})
-        page.goto(app_url)
-        expect(page.locator("#run")).to_be_visible(timeout=60_000)
-        yield page
+        yield browser
         browser.close()
 
 
+def open_page(browser, app_url: str, device: str) -> Page:
+    page = browser.new_page(viewport=VIEWPORTS[device], is_mobile=device == "phone", has_touch=device == "phone")
+    page.goto(app_url)
+    expect(page.locator("#run")).to_be_visible(timeout=60_000)
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser, app_url):
+    """A first visitor's desktop page, shared by the tests of this module in order."""
+    page = open_page(browser, app_url, "desktop")
+    yield page
+    page.close()
+
+
+@pytest.fixture
+def phone(browser, app_url):
+    page = open_page(browser, app_url, "phone")
+    yield page
+    page.close()
+
+
 def set_number(page: Page, slider_id: str, value: int) -> None:
+    """Type into a slider's number box, opening the settings panel it sits in when it is closed."""
     box = page.locator(f"#{slider_id} input[type=number]")
+    if not box.is_visible():
+        prefix = slider_id.split("-")[0]
+        page.locator(f"#{prefix}-settings .label-wrap").click()
     box.fill(str(value))
     box.press("Enter")
 
@@ -68,6 +95,71 @@ def test_playground_colours_tokens_plots_and_inspector(page, tmp_path):
     screenshot(page, tmp_path, "playground.png")
 
 
+def test_rejected_drafts_are_marks_that_open_on_hover_or_inline(page):
+    rejected = page.locator("#answer .tok.rej .rej-text").first
+    expect(rejected).to_be_hidden()   # the answer reads as clean text: a ✗ marks where drafts were refused
+    page.locator("#answer .tok.rej .rej-mark").first.hover()
+    expect(rejected).to_be_visible()
+    page.locator("#pg-show-rejected input").check()
+    page.mouse.move(0, 0)
+    expect(rejected).to_be_visible()
+    page.locator("#pg-show-rejected input").uncheck()
+    expect(rejected).to_be_hidden()
+
+
+def test_a_clicked_token_opens_its_step_and_the_buttons_walk_the_steps(page):
+    page.locator('#answer .step[data-step="3"] .tok').first.click()
+    expect(page.locator("#inspector .inspector-head")).to_contain_text("step 3 ·")
+    page.locator("#step-next").click()
+    expect(page.locator("#inspector .inspector-head")).to_contain_text("step 4 ·")
+    page.locator("#step-previous").click()
+    page.locator("#step-previous").click()
+    expect(page.locator("#inspector .inspector-head")).to_contain_text("step 2 ·")
+
+
+def test_every_text_has_aa_contrast(page):
+    worst = page.evaluate(CONTRAST_JS)
+    assert worst[0][0] >= WCAG_AA, worst
+
+
+@pytest.mark.parametrize("device", ["desktop", "phone"])
+def test_a_first_visitor_runs_the_prefilled_prompt_and_sees_it_stream_in_the_first_screen(browser, app_url, device,
+                                                                                          tmp_path):
+    page = open_page(browser, app_url, device)
+    height = VIEWPORTS[device]["height"]
+    assert page.locator("#pg-prompt textarea").input_value()   # a prompt is there to run
+    box = page.locator("#run").bounding_box()
+    assert box["y"] + box["height"] <= height, "Run is below the first screen"
+    page.locator("#run").click()
+    first = page.locator("#answer .tok").first
+    expect(first).to_be_visible(timeout=60_000)
+    page.wait_for_function("() => document.querySelector('#answer .cursor')", timeout=30_000)   # still streaming
+    box = first.bounding_box()
+    assert 0 <= box["y"] and box["y"] + box["height"] <= height, f"the first token is at {box}, outside the screen"
+    if device == "phone":
+        Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)).joinpath("phone.png").write_bytes(page.screenshot())
+    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    page.close()
+
+
+def test_bad_input_gets_one_message_at_its_control(phone):
+    phone.locator("#pg-prompt textarea").fill("   ")
+    phone.locator("#run").click()
+    expect(phone.locator("div.validation-error")).to_have_text("the prompt is empty", timeout=10_000)
+    assert messages(phone) == ["the prompt is empty"] and error_states(phone) == 0
+    long_prompt = "word " * 5_999 + "Why?!"   # 30,000 characters; the question at the end must not be cut
+    phone.locator("#pg-prompt textarea").fill(long_prompt)
+    expect(phone.locator("#pg-count")).to_contain_text("30,000 / 20,000 characters — too long")
+    assert phone.locator("#pg-prompt textarea").input_value() == long_prompt
+    phone.locator("#run").click()
+    expect(phone.locator("div.validation-error")).to_contain_text("the prompt is 30,000 characters", timeout=10_000)
+    assert len(messages(phone)) == 1 and error_states(phone) == 0
+    set_number(phone, "pg-max-tokens", 5000)   # the box takes the slider's limit as it loses focus, for all to see
+    phone.locator("#pg-prompt textarea").click()
+    expect(phone.locator("#pg-max-tokens input[type=number]")).to_have_value("512")
+    assert phone.locator("#answer .tok").count() == 0   # nothing ran
+
+
 def test_model_text_stays_text(page):
     dialogs = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
@@ -84,8 +176,37 @@ def test_model_text_stays_text(page):
 
 def error_states(page: Page) -> int:
     """Outputs in Gradio's error state (its status tracker's red mark), plotly's SVG aside."""
-    return page.evaluate("() => [...document.querySelectorAll('.error, .validation-error')]"
+    return page.evaluate("() => [...document.querySelectorAll('.error')]"
                          ".filter(e => !(e instanceof SVGElement)).length")
+
+
+def messages(page: Page) -> list[str]:
+    """What the page tells the user about a run it refused: messages at controls, and toasts."""
+    return page.locator("div.validation-error, .toast-body").all_inner_texts()
+
+
+CONTRAST_JS = """() => {
+    const luminance = (rgb) => rgb.map(v => v / 255).map(v => v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4)
+        .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+    const channels = (css) => (css.match(/[\\d.]+/g) || []).map(Number);
+    const background = (el) => {
+        for (let e = el; e; e = e.parentElement) {
+            const c = channels(getComputedStyle(e).backgroundColor);
+            if (c.length === 3 || c[3] > 0.5) return c.slice(0, 3);
+        }
+        return [255, 255, 255];
+    };
+    const worst = [];
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        const el = node.parentElement, style = getComputedStyle(el), box = el.getBoundingClientRect();
+        if (!node.textContent.trim() || box.width === 0 || style.visibility === 'hidden') continue;
+        const fg = channels(style.color), bg = background(el), alpha = fg.length > 3 ? fg[3] : 1;
+        const [a, b] = [fg.slice(0, 3).map((v, i) => v * alpha + bg[i] * (1 - alpha)), bg].map(luminance);
+        worst.push([(Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05), node.textContent.trim().slice(0, 30)]);
+    }
+    return worst.sort((x, y) => x[0] - y[0]).slice(0, 5);
+}"""
 
 
 def test_stop_ends_a_run_like_a_finished_one(page):

@@ -80,3 +80,12 @@ def test_reconcile_resplits_chunks_the_server_merged():
 def test_reconcile_leaves_streams_without_counts_alone():
     events = [StepEvent(step=0, position=3, token_ids=(1,), token_texts=("a",), finish_reason="eos")]
     assert reconcile(events) is events
+
+
+def test_summary_counts_the_samples_behind_each_mean_by_depth():
+    events = [step(0, 0, 0, 1), step(1, 3, 3, 4), step(2, 3, 1, 2), step(3, 2, 0, 1)]
+    s = summarize(events)
+    assert s.drafting_steps == 3                        # behind every unconditional rate
+    assert s.conditional_acceptance_steps == (3, 2, 1)  # steps that accepted at least 0, 1, 2 drafts
+    assert s.drafting_steps_by_depth == (3, 3, 2)       # steps that drafted at depth 1, 2, 3
+    assert s.to_json()["conditional_acceptance_steps"] == (3, 2, 1)

@@ -71,8 +71,8 @@ def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
     assert final["text"] == expected
     # the last step's tree; it has a target token only if max_tokens left room for one (test_tree checks both)
     assert "<svg" in final["tree"] and 'class="node acc"' in final["tree"]
-    for args, message in [((*run_args(), "tree", 4, 5, 0), "less than minimum value 1"),   # the slider refuses it first
-                          ((*run_args(), "bush", 4, 5, 16), "not in the list of choices")]:
+    for args, message in [((*run_args(), "tree", 4, 5, 0), "tree nodes must be between 1 and 64, got 0"),
+                          ((*run_args(), "bush", 4, 5, 16), "draft must be 'chain' or 'tree', got 'bush'")]:
         with pytest.raises(Exception, match=message):
             client.predict(*args, api_name="/run")
 
@@ -101,7 +101,7 @@ def test_comparison_runs_one_drafters_chain_against_its_tree(client):
     assert [final[column(slot, "heading")] for slot in SLOTS] == [
         "#### EAGLE 3 · chain k=4", "#### EAGLE 3 · tree 2/4/8", "#### not run"]
     assert 'class="tok acc"' in final["answer_second"]   # the tree column colours its accepted drafts
-    with pytest.raises(Exception, match="not in the list of choices"):   # chain vs tree needs a drafter
+    with pytest.raises(Exception, match="chain vs tree needs a drafter"):
         client.predict(PROMPT, "", "model", 4, 0.0, 1.0, 8, False, "reference", "chain", 2, 4, 8,
                        "chain-vs-tree", "none", api_name="/compare")
 
@@ -121,7 +121,7 @@ def api_parameters(client, endpoint: str) -> list[str]:
 def test_run_and_inspect_take_their_values_in_a_fixed_order(client):
     assert api_parameters(client, "/run") == ["prompt", "system", "template", "drafter", "k", "temperature", "top_p",
                                               "max_tokens", "backend_name", "draft", "tree_top_k", "tree_depth",
-                                              "tree_nodes"]
+                                              "tree_nodes", "seed"]
     assert api_parameters(client, "/inspect") == ["i"]
     run = named(client.predict("Name a colour.", "Answer in one word.", "model", "eagle3", 3, 0.5, 0.9, 6,
                                "reference", "tree", 3, 2, 5, api_name="/run"))
@@ -133,7 +133,7 @@ def test_run_and_inspect_take_their_values_in_a_fixed_order(client):
 def test_compare_takes_its_values_in_a_fixed_order(client):
     assert api_parameters(client, "/compare") == ["prompt", "system", "template", "k", "temperature", "top_p",
                                                   "max_tokens", "with_none", "backend_name", "draft", "tree_top_k",
-                                                  "tree_depth", "tree_nodes", "compare", "drafter"]
+                                                  "tree_depth", "tree_nodes", "compare", "drafter", "seed"]
     drafters = named(client.predict("Name a colour.", "Answer in one word.", "model", 3, 0.5, 0.9, 6, False,
                                     "reference", "tree", 3, 2, 5, "drafters", "eagle3", api_name="/compare"),
                      COMPARE_OUTPUTS)
@@ -148,17 +148,28 @@ def test_compare_takes_its_values_in_a_fixed_order(client):
         "#### EAGLE 3 · chain k=3", "#### EAGLE 3 · tree 3/2/5", "#### no speculation"]
 
 
+def test_a_seed_repeats_a_sampled_run_and_minus_one_draws_a_new_one(client):
+    sampled = lambda seed: named(client.predict(*run_args(prompt="Tell me a story.", temperature=1.0, max_tokens=24),
+                                                "chain", 2, 4, 8, seed, api_name="/run"))
+    first, again = sampled(1234), sampled(1234)
+    assert first["text"] == again["text"] and exported_requests(first)["eagle3.1"]["seed"] == 1234
+    assert "Sampled with seed 1234." in first["answer"]
+    drawn = [exported_requests(sampled(-1))["eagle3.1"]["seed"] for _ in range(2)]
+    assert all(0 <= seed < 2**31 for seed in drawn) and drawn[0] != drawn[1]
+
+
 @pytest.mark.parametrize("args, message", [
     (run_args(prompt="   "), "prompt is empty"),
     (run_args(prompt="x" * 25_000), "characters"),
     (run_args(prompt="x" * 100_000), "100,000 characters"),
-    (run_args(k=11), "greater than maximum value 10"),      # the sliders' own range checks
-    (run_args(temperature=9), "greater than maximum value 5"),
-    (run_args(top_p=0), "less than minimum value 0.01"),
-    (run_args(max_tokens=5000), "greater than maximum value 512"),
-    (run_args(k=2.5), "whole numbers"),
-    (run_args(drafter="/etc"), "not in the list of choices"),   # no path reaches the loader
-    (run_args(backend="nope"), "not in the list of choices"),
+    (run_args(k=11), "k must be between 1 and 10, got 11"),
+    (run_args(temperature=9), "temperature must be between 0 and 5"),
+    (run_args(top_p=0), r"top-p must be in \(0, 1\]"),
+    (run_args(max_tokens=5000), "max tokens is limited to 512, got 5000"),
+    (run_args(k=2.5), "k must be a whole number, got 2.5"),
+    (run_args(drafter="/etc"), "unknown drafter '/etc'"),   # no path reaches the loader
+    (run_args(backend="nope"), "unknown backend 'nope'"),
+    ((*run_args(), "chain", 2, 4, 8, -2), "the seed must be between -1"),
 ])
 def test_bad_input_gets_a_clear_message(client, args, message):
     with pytest.raises(Exception, match=message):
@@ -209,7 +220,7 @@ def test_tokens_are_shown_as_text_never_markup():
     html = render.answer_html([event])
     assert "<script" not in html and "<b>" not in html and "<img" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&amp;amp;" in html
-    assert '<span class="tok rej" title="rejected at depth 3">&lt;img src=x&gt;</span>' in html
+    assert '<span class="rej-text">&lt;img·src=x&gt;</span>' in html   # shown on hover, as text
     assert "<script" not in render.inspector_html(event)
 
 

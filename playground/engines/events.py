@@ -58,6 +58,13 @@ class StepEvent:
         return tuple(i < self.accepted for i in range(self.drafted))
 
     @property
+    def draft_verdicts(self) -> tuple[str, ...]:
+        """accepted | rejected | not reached, per draft depth of the chain (a tree's main line): the
+        first draft after the accepted ones was verified and refused, the ones after it never verified."""
+        return tuple("accepted" if d < self.accepted else "rejected" if d == self.accepted < self.drafted
+                     else "not reached" for d in range(max(self.drafted, len(self.draft_ids))))
+
+    @property
     def tree_verdicts(self) -> tuple[str, ...]:
         """accepted | rejected (verified: its parent was accepted, it was not) | unreached, per node.
         When the sequence ended on the path's last node (no target token after it), its children

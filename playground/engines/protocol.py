@@ -13,6 +13,11 @@ class Engine(Protocol):
     name: str
     drafter_names: tuple[str, ...]   # the drafters it runs by name (variants.NAMES or a subset)
 
+    def check(self, request: GenerationRequest) -> None:
+        """Raise PlaygroundError for a request this engine would refuse (out of range, a prompt past its
+        context), without running it: the page asks before it queues a run."""
+        ...
+
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Validate, then stream one StepEvent per verify step (the first is the prefill)."""
         ...

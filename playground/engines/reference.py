@@ -62,11 +62,15 @@ class ReferenceEngine:
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         return request.prompt_ids(self.tokenizer, self.target.max_context)
 
+    def check(self, request: GenerationRequest) -> None:
+        request.validate(self.max_tokens_limit)
+        self.prompt_ids(request)
+
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Validate, then stream one StepEvent per verify step (the first is the prefill).
 
         Errors in the request raise PlaygroundError here, before anything is yielded."""
-        request.validate(self.max_tokens_limit)
+        self.check(request)
         with self.lock:
             drafter, _ = self.drafters.get(request.drafter)
         return self._stream(request, self.prompt_ids(request), drafter)

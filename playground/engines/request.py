@@ -10,7 +10,7 @@ from playground.engines.chat import DEFAULT_TEMPLATE, TEMPLATES
 from playground.engines.sampling import SamplingParams
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
-from playground.model.variants import EAGLE31
+from playground.model.variants import EAGLE31, NONE
 
 K_RANGE = (1, 10)
 MAX_TEMPERATURE = 5.0
@@ -41,25 +41,32 @@ class GenerationRequest:
         return fitting(chat.encode(tokenizer, self.messages, self.template), max_context)
 
     @property
+    def drafting(self) -> str:
+        """How it drafts, in a few words: "chain k=5", "tree 2/4/8", or "–" without a drafter."""
+        if self.drafter == NONE:
+            return "–"
+        return str(self.tree) if self.tree else f"chain k={self.k}"
+
+    @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p)
 
     def validate(self, max_tokens_limit: int | None = None) -> "GenerationRequest":
         """Raise PlaygroundError with a one-line reason for anything out of range."""
         if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise PlaygroundError("the prompt is empty")
+            raise PlaygroundError("the prompt is empty", "prompt")
         if self.template not in TEMPLATES:
-            raise PlaygroundError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}")
+            raise PlaygroundError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}", "template")
         if not (K_RANGE[0] <= self.k <= K_RANGE[1]):
-            raise PlaygroundError(f"k must be between {K_RANGE[0]} and {K_RANGE[1]}, got {self.k}")
+            raise PlaygroundError(f"k must be between {K_RANGE[0]} and {K_RANGE[1]}, got {self.k}", "k")
         if not math.isfinite(self.temperature) or not (0.0 <= self.temperature <= MAX_TEMPERATURE):
-            raise PlaygroundError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature}")
+            raise PlaygroundError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature}", "temperature")
         if not math.isfinite(self.top_p) or not (0.0 < self.top_p <= 1.0):
-            raise PlaygroundError(f"top-p must be in (0, 1], got {self.top_p}")
+            raise PlaygroundError(f"top-p must be in (0, 1], got {self.top_p}", "top_p")
         if self.max_tokens < 1:
-            raise PlaygroundError(f"max tokens must be at least 1, got {self.max_tokens}")
+            raise PlaygroundError(f"max tokens must be at least 1, got {self.max_tokens}", "max_tokens")
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
-            raise PlaygroundError(f"max tokens is limited to {max_tokens_limit}, got {self.max_tokens}")
+            raise PlaygroundError(f"max tokens is limited to {max_tokens_limit}, got {self.max_tokens}", "max_tokens")
         if self.tree is not None:
             self.tree.validate()
         return self

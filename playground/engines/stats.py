@@ -37,9 +37,25 @@ class RunSummary:
     draft_ms: float                             # totals over the run
     verify_ms: float
     finish_reason: str | None
+    # the samples behind the means by depth, so that a plot can say how far to trust each one
+    drafting_steps: int                         # every per_position_acceptance value is over these
+    conditional_acceptance_steps: tuple[int, ...]   # by depth d: steps that accepted d-1 drafts
+    drafting_steps_by_depth: tuple[int, ...]    # by depth: steps that drafted there (attention, RMS)
+    draft_ms_per_step: float                    # means over verify steps
+    verify_ms_per_step: float
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def steps_accepting(events: Iterable[StepEvent]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """By draft depth d = 1, 2, ...: (the drafting steps that accepted at least d drafts, those that
+    accepted at least d-1: the denominators of the conditional rate, all drafting steps at d = 1)."""
+    events = list(events)
+    drafting = [e.accepted for e in events if e.drafted > 0]
+    depths = max((e.drafted for e in events), default=0)
+    accepted = tuple(sum(a >= d for a in drafting) for d in range(1, depths + 1))
+    return accepted, ((len(drafting),) + accepted)[:depths]
 
 
 def acceptance_by_depth(events: Iterable[StepEvent]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -49,12 +65,9 @@ def acceptance_by_depth(events: Iterable[StepEvent]) -> tuple[tuple[float, ...],
     steps that accepted at least d drafts. Every drafting step counts at every depth, so a step
     that drafted fewer than d tokens counts as not accepted there, and the rate never rises with
     depth. Conditional: the share of the steps that accepted d-1 drafts which accepted d."""
-    events = list(events)
-    drafting = [e.accepted for e in events if e.drafted > 0]
-    depths = max((e.drafted for e in events), default=0)
-    accepted = [sum(a >= d for a in drafting) for d in range(1, depths + 1)]
-    unconditional = tuple(a / len(drafting) for a in accepted)
-    conditional = tuple(a / prior if prior else 0.0 for a, prior in zip(accepted, [len(drafting)] + accepted))
+    accepted, prior = steps_accepting(events)
+    unconditional = tuple(a / prior[0] for a in accepted)
+    conditional = tuple(a / p if p else 0.0 for a, p in zip(accepted, prior))
     return unconditional, conditional
 
 
@@ -68,6 +81,12 @@ def mean_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
             sums[d] += x
             counts[d] += 1
     return tuple(s / c for s, c in zip(sums, counts))
+
+
+def count_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[int, ...]:
+    """How many rows reach each depth: the samples behind mean_by_depth's value there."""
+    lengths = [len(row) for row in rows]
+    return tuple(sum(n > d for n in lengths) for d in range(max(lengths, default=0)))
 
 
 def drafting_counts(events: Iterable[StepEvent]) -> tuple[int, int]:
@@ -97,12 +116,20 @@ def bootstrap_interval(statistic: Callable[[list[int]], float], units: int, leve
     return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
 
 
+def ms_per_verify_step(events: list[StepEvent]) -> tuple[float, float]:
+    """(draft ms, verify ms) per verify step, the prefill excluded."""
+    steps = [e for e in events if e.step > 0]
+    n = max(1, len(steps))
+    return sum(e.draft_ms for e in steps) / n, sum(e.verify_ms for e in steps) / n
+
+
 def summarize(events: list[StepEvent]) -> RunSummary:
     events = reconcile(events)
     token_ids = tuple(t for e in events for t in e.token_ids)
     first, last = events[0], events[-1]
     unconditional, conditional = acceptance_by_depth(events)
     decode_time = last.elapsed_s - first.elapsed_s
+    draft_ms_per_step, verify_ms_per_step = ms_per_verify_step(events)
     return RunSummary(
         text="".join(e.text for e in events),
         token_ids=token_ids,
@@ -122,6 +149,12 @@ def summarize(events: list[StepEvent]) -> RunSummary:
         draft_ms=sum(e.draft_ms for e in events),
         verify_ms=sum(e.verify_ms for e in events),
         finish_reason=last.finish_reason,
+        drafting_steps=drafting_counts(events)[1],
+        conditional_acceptance_steps=steps_accepting(events)[1],
+        # every probe is recorded at every depth drafted, so the RMS rows count the attention's samples too
+        drafting_steps_by_depth=count_by_depth(e.hidden_norm for e in events),
+        draft_ms_per_step=draft_ms_per_step,
+        verify_ms_per_step=verify_ms_per_step,
     )
 
 
@@ -155,7 +188,7 @@ def pool(runs: list[list[StepEvent]]) -> Pooled:
     steps = [e for e in events if e.step > 0]
     decode_s = sum(run[-1].elapsed_s - run[0].elapsed_s for run in runs)
     n = max(1, len(steps))
-    draft_ms, verify_ms = sum(e.draft_ms for e in steps) / n, sum(e.verify_ms for e in steps) / n
+    draft_ms, verify_ms = ms_per_verify_step(events)
     return Pooled(
         runs=len(runs), min_prompt_tokens=min(run[0].position for run in runs),
         tokens=sum(len(e.token_ids) for e in events), seconds=sum(run[-1].elapsed_s for run in runs),

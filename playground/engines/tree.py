@@ -35,7 +35,8 @@ class TreeShape:
         for name, (low, high) in LIMITS.items():
             value = getattr(self, name)
             if not isinstance(value, int) or not low <= value <= high:
-                raise PlaygroundError(f"tree {name.replace('_', '-')} must be between {low} and {high}, got {value}")
+                raise PlaygroundError(f"tree {name.replace('_', '-')} must be between {low} and {high}, got {value}",
+                                      f"tree_{name}")
         return self
 
 

@@ -12,7 +12,16 @@ from playground.ui.explainer import explainer_markdown
 from playground.ui.streams import Limits
 
 TITLE = "EAGLE 3.1 Playground"
-CACHE_SWEEP = (600, 1800)   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
+CACHE_SWEEP = (600, 1800)
+# Gradio's default theme with every text at WCAG AA contrast (4.5:1) or better: its subdued text
+# (#BBBBC2 on white, 1.9:1) and white on its orange and red buttons (2.8:1, 3.8:1) are below it
+THEME = gr.themes.Default().set(
+    body_text_color_subdued="*neutral_600", body_text_color_subdued_dark="*neutral_400",
+    color_accent="*primary_700",
+    button_primary_background_fill="*primary_700", button_primary_background_fill_hover="*primary_800",
+    button_primary_background_fill_dark="*primary_700", button_primary_background_fill_hover_dark="*primary_800",
+    button_cancel_background_fill="#b91c1c", button_cancel_background_fill_hover="#991b1b",
+    button_cancel_background_fill_dark="#b91c1c", button_cancel_background_fill_hover_dark="#991b1b")   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
 
 
 def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.Blocks:
@@ -43,5 +52,6 @@ def servers_panel(engine, demo: gr.Blocks) -> None:
 
 
 def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:
-    demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS, footer_links=["api"],
+    demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS, js=render.PAGE_JS, theme=THEME,
+                footer_links=["api"],
                 show_error=True, state_session_capacity=limits.sessions, **kwargs)

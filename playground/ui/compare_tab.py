@@ -4,7 +4,9 @@ summary table."""
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+import random
+from dataclasses import replace
+from typing import Iterator, Mapping, Sequence
 
 import gradio as gr
 
@@ -14,71 +16,119 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
 from playground.errors import PlaygroundError
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, run_name
-from playground.ui import render
+from playground.ui import render, unchecked
+from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, preset_dropdown, prompt_box, run_note,
+                                    settings_panel, wire_presets)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
-                                     named_inputs, stream_handler)
-from playground.ui.playground_tab import DEFAULT_MAX_TOKENS, controls, drafter_note
+                                     input_validator, named_inputs, stream_handler)
 from playground.ui.explainer import STORED_RESULTS
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import (REPLAY_NOTE, Limits, StopRequests, backend, failure_message, interleave,
-                                   make_request, stop_handler, stopped)
+from playground.ui.streams import (MAX_SEED, NEW_SEED, REPLAY_NOTE, Limits, StopRequests, backend, failure_message,
+                                   interleave, make_request, stop_handler, stopped)
 
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
 MODES = [(f"{LABELS[EAGLE3]} vs {LABELS[EAGLE31]}", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
 STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
-TABLE_HEADERS = ["run", "tau", "tokens/s", "speedup vs none", "steps", "tokens", "acceptance by depth"]
+TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tau", "draft ms/step", "verify ms/step",
+                 "steps", "tokens", "acceptance by depth"]
+NOISE_NOTE = "A single run on a shared CPU is noisy: compare speeds over several runs (python -m playground bench)."
 
 
 def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSettings | None]:
     """Each column's run; None leaves the column empty."""
+    if settings.compare not in (DRAFTERS, CHAIN_VS_TREE):
+        raise PlaygroundError(f"compare must be {DRAFTERS!r} or {CHAIN_VS_TREE!r}, got {settings.compare!r}", "compare")
     if settings.compare == CHAIN_VS_TREE:
         drafter = settings.drafter
-        if drafter not in available:
-            raise PlaygroundError(f"this backend has no {plots.label(drafter)} drafter to run chain vs tree with")
+        if drafter == NONE or drafter not in available:
+            raise PlaygroundError(f"chain vs tree needs a drafter this backend runs ({', '.join(plots.label(n) for n in available if n != NONE)}), "
+                                  f"got {drafter!r}", "drafter")
         pair = [settings.lane(drafter, "chain"), settings.lane(drafter, "tree")]
     else:
         pair = [settings.lane(name, settings.draft) if name in available else None for name in (EAGLE3, EAGLE31)]
     return pair + [settings.lane(NONE, "chain") if settings.with_none and NONE in available else None]
 
 
+def one_seed(settings: CompareSettings) -> CompareSettings:
+    """The settings with one seed for every column: a new one when they ask for a new one each run."""
+    if settings.seed != NEW_SEED:
+        return settings
+    return replace(settings, seed=random.randint(0, MAX_SEED))
+
+
 def lane_name(mode: str, request: GenerationRequest) -> str:
     """What keys a run's log, plots and exports: the drafter, and how it drafted when that differs."""
     if mode != CHAIN_VS_TREE or request.drafter == NONE:
         return request.drafter
-    return run_name(request.drafter, str(request.tree) if request.tree else f"chain k={request.k}")
+    return run_name(request.drafter, request.drafting)
 
 
 def summary_table(summaries: Mapping[str, RunSummary]) -> list[list]:
+    """A row per run under TABLE_HEADERS: rates as text in fixed decimals, counts as integers; the
+    times per verify step are means (the prefill excluded)."""
     base = summaries.get(NONE)
     rows = []
     for name, s in summaries.items():
         speedup = f"{s.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s > 0 else "–"
-        rows.append([plots.label(name), round(s.mean_acceptance_length, 2), round(s.tokens_per_s, 1), speedup,
-                     s.steps, s.tokens, " ".join(f"{a:.2f}" for a in s.per_position_acceptance) or "–"])
+        rows.append([plots.label(name), f"{s.tokens_per_s:.1f}", f"{s.decode_tokens_per_s:.1f}", speedup,
+                     f"{s.mean_acceptance_length:.2f}", f"{s.draft_ms_per_step:.1f}" if s.drafting_steps else "–",
+                     f"{s.verify_ms_per_step:.1f}", s.steps, s.tokens,
+                     " ".join(f"{a:.2f}" for a in s.per_position_acceptance) or "–"])
     return rows
 
 
+def outputs_note(logs: Mapping[str, RunLog]) -> str:
+    """A line for under the table: whether the runs' answers are the same tokens (where not, from
+    which token on, and why when a reason is known), then how far one run's speeds can be trusted."""
+    ran = [log for log in logs.values() if log.events]
+    if len(ran) < 2:
+        return NOISE_NOTE
+    answers = [log.summary.token_ids for log in ran]
+    temperature = max(log.request.temperature for log in ran)
+    if all(answer == answers[0] for answer in answers):
+        runs = {2: "Both", 3: "All three"}.get(len(ran), f"All {len(ran)}")
+        lossless = "" if temperature > 0 else " (greedy decoding is lossless)"
+        return f"{runs} answers are identical token for token{lossless}. {NOISE_NOTE}"
+    differ = min(first_difference(answers[0], other) for other in answers[1:])
+    why = (f": at temperature {temperature:g} each run samples its own tokens (speculative sampling keeps the "
+           f"target's distribution, not its draws)" if temperature > 0
+           else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
+    return f"The answers differ from token {differ + 1} on{why}. {NOISE_NOTE}"
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """Where two token sequences first differ; the shorter one's length if it begins the other."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
-    c = controls(limits, backends, with_drafter=False, prefix="cmp")
+    c = {"prompt": prompt_box(limits, "cmp")}
     with gr.Row():
-        c["compare"] = gr.Radio(MODES, value=DRAFTERS, label="compare", elem_id="cmp-mode",
-                                info="chain vs tree runs the drafter below both ways, whatever `draft` says")
-        c["drafter"] = gr.Dropdown([(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3)], value=EAGLE31,
-                                   label="drafter for chain vs tree", elem_id="cmp-drafter")
-        c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)")
+        c["preset"] = preset_dropdown("cmp")
+        c["compare"] = unchecked.Radio(MODES, value=DRAFTERS, label="compare", elem_id="cmp-mode", min_width=200, scale=2)
+        c["drafter"] = unchecked.Dropdown([(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3)], value=EAGLE31,
+                                   label="drafter (chain vs tree)", visible=False, min_width=120,
+                                   elem_id="cmp-drafter")
+        c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)",
+                                     min_width=160)
     with gr.Row():
-        run = gr.Button("Compare", variant="primary", elem_id="compare-run")
-        guided = gr.Button("See attention drift", elem_id="see-drift")
-        stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
-    gr.HTML(render.LEGEND)
+        run = gr.Button("Compare", variant="primary", elem_id="compare-run", min_width=80)
+        guided = gr.Button("See attention drift", elem_id="see-drift", min_width=80)
+        stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", min_width=80)
+    c |= settings_panel(limits, backends, "cmp")
+    wire_presets(c)
+    c["compare"].change(lambda mode: gr.update(visible=mode == CHAIN_VS_TREE), c["compare"], c["drafter"],
+                        api_name=False, queue=False)
+    answer_header("cmp")
     view = {}
     with gr.Row(equal_height=False):
         for slot, name in zip(SLOTS, (EAGLE3, EAGLE31, NONE)):
             with gr.Column():
                 view[column(slot, "heading")] = gr.Markdown(f"#### {plots.label(name)}", elem_id=f"heading-{slot}")
                 view[column(slot, "cards")] = gr.HTML(render.figures_html(None), elem_id=f"cards-{slot}")
-                view[column(slot, "answer")] = gr.HTML(render.answer_html([]), elem_id=f"answer-{slot}")
+                view[column(slot, "answer")] = gr.HTML(render.answer_html([]), elem_id=f"answer-{slot}",
+                                                       elem_classes=["answer-block", "answers-cmp"])
                 view[column(slot, "text")] = gr.Textbox(label="plain text", lines=3, buttons=["copy"],
                                                         elem_id=f"text-{slot}")
     with gr.Row():
@@ -86,18 +136,23 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         view["attention_plot"] = gr.Plot(label="attention by depth", elem_id="compare-attention")
         view["norm_plot"] = gr.Plot(label="fed-back RMS by depth", elem_id="compare-norm")
     view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
+    view["note"] = gr.Markdown(elem_id="compare-note")
     view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
 
     stops = StopRequests()
+
+    def column_requests(settings: CompareSettings) -> list[GenerationRequest | None]:
+        lanes_ = lanes(settings, backend(backends, settings.backend_name).drafter_names)
+        return [make_request(limits, lane) if lane else None for lane in lanes_]
 
     def stream(settings: CompareSettings, session: str | None) -> Iterator[dict]:
         stops.take(session)   # a Stop pressed before this run started is not for it
         try:
             engine = backend(backends, settings.backend_name)
-            columns = [make_request(limits, lane) if lane else None for lane in lanes(settings, engine.drafter_names)]
+            columns = column_requests(one_seed(settings))
             names = [lane_name(settings.compare, r) if r else None for r in columns]
             requests = {n: r for n, r in zip(names, columns) if r}
-            notes = {n: drafter_note(engine, r.drafter) for n, r in requests.items()}
+            notes = {n: run_note(engine, r) for n, r in requests.items()}
             streams = {n: engine.generate(r) for n, r in requests.items()}
             probes = {n: engine.replayer(r.drafter) for n, r in requests.items() if r.drafter != NONE}
         except Exception as e:
@@ -136,19 +191,28 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name))
         out |= dict(zip(PLOTS, live.get(lambda: plots.all_figures(drafted), redraw)))
         out["table"] = summary_table(summaries)
-        out["files"] = export(logs, lambda path: plots.figures_file(drafted, path)) if final else None
+        out["note"] = outputs_note(logs) if final else ""
+        out["files"] = export(logs, plots.all_figures(drafted)) if final else None
         return out
 
     handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)
     outputs = [view[name] for name in COMPARE_OUTPUTS]
-    run.click(handler, inputs_kwargs=inputs, outputs=outputs, api_name="compare", concurrency_id="engine",
-              concurrency_limit=limits.concurrency)
+    def check(settings: CompareSettings) -> None:
+        engine = backend(backends, settings.backend_name)
+        for request in filter(None, column_requests(settings)):
+            engine.check(request)
+
+    validator = input_validator(CompareSettings, check)
+    run.click(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name="compare",
+              concurrency_id="engine", concurrency_limit=limits.concurrency)
+    for trigger in (run.click, guided.click):
+        trigger(None, js=render.scroll_into_view_js("answer-first"), api_name=False, queue=False)
     # the settings the README's figures for the example were measured with
     example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,
                "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS}
     guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
                  api_name=False).then(
-        handler, inputs_kwargs=inputs, outputs=outputs, api_name=False, concurrency_id="engine",
+        handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=False, concurrency_id="engine",
         concurrency_limit=limits.concurrency)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     stored_benchmark()

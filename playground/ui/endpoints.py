@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 import gradio as gr
 from gradio.components import Component
 
+from playground.errors import PlaygroundError
+
 SLOTS = ("first", "second", "none")   # the Comparison tab's columns; element ids end with the slot
 COLUMN_PARTS = ("cards", "answer", "text")
 PLOTS = ("acceptance_plot", "attention_plot", "norm_plot")   # in the order of plots.all_figures
@@ -35,6 +37,7 @@ class RunSettings:
     tree_top_k: float
     tree_depth: float
     tree_nodes: float
+    seed: float = -1      # streams.NEW_SEED: a new seed every run
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class CompareSettings:
     tree_nodes: float
     compare: str          # compare_tab.DRAFTERS or compare_tab.CHAIN_VS_TREE
     drafter: str          # the drafter of chain vs tree
+    seed: float = -1      # one seed for every column
 
     def lane(self, drafter: str, draft: str) -> RunSettings:
         """One column: the run /run would make of these settings with this drafter, drafting this way."""
@@ -69,7 +73,7 @@ def column(slot: str, part: str) -> str:
 
 RUN_OUTPUTS = ("answer", "text", "cards", *PLOTS, "step", "inspector", "files", "tree")
 COMPARE_OUTPUTS = (*(column(slot, part) for slot in SLOTS for part in COLUMN_PARTS), *PLOTS, "table", "files",
-                   *(column(slot, "heading") for slot in SLOTS))
+                   *(column(slot, "heading") for slot in SLOTS), "note")
 
 SettingsT = TypeVar("SettingsT")
 
@@ -90,3 +94,19 @@ def stream_handler(settings: type[SettingsT], outputs: Sequence[str],
         for update in stream(settings(**values), request.session_hash):
             yield tuple(update[name] for name in outputs)
     return handler
+
+
+def input_validator(settings: type[SettingsT], check: Callable[[SettingsT], object]) -> Callable[..., list[dict]]:
+    """Gradio's validator for an endpoint: `check` the settings before the run is queued, and show its
+    PlaygroundError as one message at the control it names (the prompt when it names none). The page
+    then shows that message and nothing else; an API caller gets it as the call's error."""
+    names = [f.name for f in fields(settings)]
+
+    def validate(**values: Any) -> list[dict]:
+        try:
+            check(settings(**values))
+        except PlaygroundError as e:
+            at = e.setting if e.setting in names else "prompt"
+            return [gr.validate(name != at, str(e) if name == at else "") for name in names]
+        return [gr.validate(True, "") for _ in names]
+    return validate

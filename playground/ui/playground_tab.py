@@ -7,96 +7,48 @@ from typing import Iterator, Mapping
 import gradio as gr
 
 from playground import plots
-from playground.engines.chat import TEMPLATES
 from playground.engines.protocol import Engine
-from playground.engines.request import K_RANGE, MAX_TEMPERATURE
-from playground.engines.tree import LIMITS, TreeShape
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
-from playground.ui import render, tree_view
-from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, named_inputs, stream_handler
-from playground.ui.presets import PRESETS
+from playground.ui import render, tree_view, unchecked
+from playground.ui.controls import answer_header, preset_dropdown, prompt_box, run_note, settings_panel, wire_presets
+from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, stream_handler
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import (REPLAY_NOTE, Limits, StopRequests, backend, failure_message, make_request,
                                    stop_handler, stopped)
 
 DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none ({LABELS[NONE]})", NONE)]
-TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
-FIRST_PRESET = "Code"   # a fresh page can run at once, on a prompt where drafts are often accepted
-DEFAULT_MAX_TOKENS = 128
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
 
-def drafter_note(engine: Engine, name: str) -> str:
-    notes = []
-    if name != NONE and not engine.drafter_info(name).trained:
-        notes.append(f"{plots.label(name)} is a randomly initialised drafter: expect almost every draft "
-                     "to be rejected.")
-    if name != NONE and engine.limitations(name):
-        notes.append(engine.limitations(name))
-    return " ".join(notes)
-
-
-def controls(limits: Limits, backends: Mapping[str, Engine], with_drafter: bool, prefix: str) -> dict:
-    """The shared generation controls by their settings' field names (elem ids: `prefix-name`)."""
-    c = {}
-    eid = lambda name: f"{prefix}-{name}"
-    with gr.Row():
-        c["preset"] = gr.Dropdown(["(none)", *PRESETS], value=FIRST_PRESET, label="Preset", scale=1,
-                                  elem_id=eid("preset"))
-        c["template"] = gr.Dropdown(TEMPLATE_CHOICES, value="model", label="Prompt format", scale=2,
-                                    elem_id=eid("template"))
-        if with_drafter:
-            c["drafter"] = gr.Dropdown(DRAFTER_CHOICES, value=EAGLE31, label="Drafter", scale=1,
-                                       elem_id=eid("drafter"))
-        c["backend_name"] = gr.Dropdown(list(backends), value=next(iter(backends)), label="Backend", scale=1,
-                                        elem_id=eid("backend"))
-    c["prompt"] = gr.Textbox(PRESETS[FIRST_PRESET].prompt, label="Prompt", lines=4, max_length=limits.max_prompt_chars,
-                             placeholder="Ask anything, or pick a preset", elem_id=eid("prompt"))
-    c["system"] = gr.Textbox(label="System prompt (empty: the model's default)", lines=1,
-                             max_length=limits.max_prompt_chars, elem_id=eid("system"))
-    with gr.Row():
-        c["k"] = gr.Slider(K_RANGE[0], K_RANGE[1], value=5, step=1, label="k (drafts per step)", elem_id=eid("k"))
-        c["temperature"] = gr.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature (0 = greedy)",
-                                     elem_id=eid("temperature"))
-        c["top_p"] = gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="top-p", elem_id=eid("top-p"))
-        c["max_tokens"] = gr.Slider(1, limits.max_tokens, value=min(DEFAULT_MAX_TOKENS, limits.max_tokens), step=1,
-                                    label="max tokens", elem_id=eid("max-tokens"))
-    with gr.Row():
-        c["draft"] = gr.Radio(["chain", "tree"], value="chain", label="draft", elem_id=eid("draft"),
-                              info="tree: EAGLE-2 dynamic trees, reference backend")
-        c["tree_top_k"] = gr.Slider(*LIMITS["top_k"], value=TreeShape.top_k, step=1, label="tree top-k",
-                                    elem_id=eid("tree-top-k"))
-        c["tree_depth"] = gr.Slider(*LIMITS["depth"], value=TreeShape.depth, step=1, label="tree depth",
-                                    elem_id=eid("tree-depth"))
-        c["tree_nodes"] = gr.Slider(*LIMITS["nodes"], value=TreeShape.nodes, step=1, label="tree nodes",
-                                    elem_id=eid("tree-nodes"))
-    c["preset"].change(lambda name: _preset(name), c["preset"], [c["prompt"], c["system"], c["template"]],
-                       api_name=False, queue=False)
-    return c
-
-
-def _preset(name: str):
-    preset = PRESETS.get(name)
-    if preset is None:
-        return gr.skip(), gr.skip(), gr.skip()
-    return preset.prompt, preset.system, preset.template
-
-
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
-    c = controls(limits, backends, with_drafter=True, prefix="pg")
-    with gr.Row():
-        run = gr.Button("Run", variant="primary", elem_id="run")
-        stop = gr.Button("Stop", variant="stop", elem_id="stop")
-    gr.HTML(render.LEGEND)
-    view = {"answer": gr.HTML(render.answer_html([]), elem_id="answer"),
-            "tree": gr.HTML(tree_view.tree_html(None), elem_id="tree"),
-            "cards": gr.HTML(render.figures_html(None), elem_id="cards")}
+    view = {}
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=300):
+            c = {"prompt": prompt_box(limits, "pg")}
+            with gr.Row():
+                c["preset"] = preset_dropdown("pg")
+                c["drafter"] = unchecked.Dropdown(DRAFTER_CHOICES, value=EAGLE31, label="Drafter", min_width=120,
+                                                  elem_id="pg-drafter")
+            with gr.Row():
+                run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
+                stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+            c |= settings_panel(limits, backends, "pg")
+        with gr.Column(scale=3, min_width=300):
+            answer_header("pg")
+            view["answer"] = gr.HTML(render.answer_html([]), elem_id="answer",
+                                     elem_classes=["answer-block", "answers-pg"])
+            view["cards"] = gr.HTML(render.figures_html(None), elem_id="cards")
+    wire_presets(c)
+    view["tree"] = gr.HTML(tree_view.tree_html(None), elem_id="tree")
     with gr.Row():
         view["acceptance_plot"] = gr.Plot(label="acceptance by depth", elem_id="plot-acceptance")
         view["attention_plot"] = gr.Plot(label="attention by depth", elem_id="plot-attention")
         view["norm_plot"] = gr.Plot(label="fed-back RMS by depth", elem_id="plot-norm")
-    with gr.Accordion("Step inspector", open=True):
-        view["step"] = gr.Slider(0, 1, value=0, step=1, label="verify step", elem_id="step")
+    with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True):
+        with gr.Row():
+            previous = gr.Button("◀ previous step", size="sm", min_width=80, elem_id="step-previous")
+            view["step"] = gr.Slider(0, 1, value=0, step=1, label="verify step", elem_id="step", scale=4)
+            following = gr.Button("next step ▶", size="sm", min_width=80, elem_id="step-next")
         view["inspector"] = gr.HTML(render.inspector_html(None), elem_id="inspector")
     with gr.Accordion("Plain text and downloads", open=False):
         view["text"] = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
@@ -110,7 +62,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         try:
             request = make_request(limits, settings)
             engine = backend(backends, settings.backend_name)
-            note = drafter_note(engine, request.drafter)
+            note = run_note(engine, request)
             probe = engine.replayer(request.drafter)
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
@@ -140,21 +92,33 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                 **dict(zip(PLOTS, live.get(lambda: plots.all_figures(runs), redraw))),
                 "step": gr.update(maximum=max(1, last), value=last) if final else 0,
                 "inspector": inspect(run_log.events[-1] if final else None),
-                "files": export({run_log.request.drafter: run_log},
-                                lambda path: plots.figures_file(runs, path)) if final else None,
+                "files": export({run_log.request.drafter: run_log}, plots.all_figures(runs)) if final else None,
                 "events": list(run_log.events),
                 "tree": tree_view.tree_html(run_log.events[-1] if run_log.events else None)}
 
     handler = stream_handler(RunSettings, OUTPUTS, stream)
+    validator = input_validator(RunSettings, lambda settings: backend(backends, settings.backend_name).check(
+        make_request(limits, settings)))
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
-    run.click(handler, inputs_kwargs=inputs, outputs=outputs, api_name="run", concurrency_id="engine",
-                        concurrency_limit=limits.concurrency)
-    c["prompt"].submit(handler, inputs_kwargs=inputs, outputs=outputs, api_name=False, concurrency_id="engine",
-                       concurrency_limit=limits.concurrency)
+    for trigger, api_name in ((run.click, "run"), (c["prompt"].submit, False)):
+        trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
+                concurrency_id="engine", concurrency_limit=limits.concurrency)
+        trigger(None, js=render.scroll_into_view_js("answer"), api_name=False, queue=False)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     view["step"].input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
                        [view["step"], view["events"]], view["inspector"], api_name="inspect", queue=False,
                        trigger_mode="always_last")
+    for button, delta in ((previous, -1), (following, 1)):
+        button.click(lambda i, evs, delta=delta: step_by(i, evs, delta), [view["step"], view["events"]],
+                     [view["step"], view["inspector"]], api_name=False, queue=False)
+
+
+def step_by(i: float, events: list, delta: int) -> tuple[int, str]:
+    """The step `delta` away from step i (kept within the run), and its inspector."""
+    if not events:
+        return 0, inspect(None)
+    step = min(max(int(i) + delta, 0), len(events) - 1)
+    return step, inspect(events[step])
 
 
 def inspect(event) -> str:

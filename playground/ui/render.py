@@ -14,26 +14,28 @@ from playground.engines.stats import RunSummary
 
 LEGEND = (
     '<div class="legend">'
-    '<span class="tok acc">accepted draft</span> '
-    '<span class="tok tgt">target token (bonus or correction)</span> '
-    '<span class="tok rej">rejected draft</span>'
+    '<span class="tok acc">accepted draft</span>'
+    '<span class="tok tgt">target token</span>'
+    '<span><span class="rej-mark">✗</span> rejected drafts (hover)</span>'
     '</div>'
 )
 
 
 def visible(text: str) -> str:
-    """A rejected draft is shown inline, so its line breaks and tabs are shown as symbols."""
-    return text.replace("\n", "↵").replace("\t", "⇥")
+    """Model text shown as a token rather than read as prose: spaces, line breaks and tabs as symbols."""
+    return text.replace(" ", "·").replace("\n", "↵").replace("\t", "⇥")
 
 
 def step_html(event: StepEvent) -> str:
-    """One verify step: accepted drafts, the rejected drafts struck through, then the target token."""
+    """One verify step: accepted drafts, a mark for the rejected drafts (their text shown on hover, or
+    inline when the page asks for it), then the target token."""
     parts = []
     for i, text in enumerate(event.token_texts):
         if i == event.accepted and event.drafted > event.accepted:
             rejected = (escape(visible("".join(event.rejected_texts))) if event.draft_texts
                         else "✗" * (event.drafted - event.accepted))   # the backend reports counts only
-            parts.append(f'<span class="tok rej" title="rejected at depth {event.accepted + 1}">{rejected}</span>')
+            parts.append(f'<span class="tok rej" title="rejected at depth {event.accepted + 1}">'
+                         f'<span class="rej-mark">✗</span><span class="rej-text">{rejected}</span></span>')
         kind = "acc" if i < event.accepted else "tgt"
         title = f"step {event.step}" + (f", depth {i + 1}" if kind == "acc" else "")
         parts.append(f'<span class="tok {kind}" title="{title}">{escape(text)}</span>')
@@ -81,20 +83,21 @@ def inspector_html(event: StepEvent | None) -> str:
                       'emits the first token; nothing is drafted.</div>'
     rows = []
     for d in range(max(event.drafted, len(event.draft_ids))):
-        draft = escape(repr(event.draft_texts[d])) if d < len(event.draft_texts) else "(not reported)"
-        verdict = ("accepted" if d < event.accepted else "rejected" if d == event.accepted < event.drafted
-                   else "not reached")
+        draft = escape(visible(event.draft_texts[d])) if d < len(event.draft_texts) else "(not reported)"
+        verdict = event.draft_verdicts[d]
         cells = [str(d + 1), f"<code>{draft}</code>", _num(event.draft_probs, d, "{:.3f}"),
                  f'<span class="verdict {verdict.replace(" ", "-")}">{verdict}</span>',
                  _num(event.sink_attention, d, "{:.3f}"), _num(event.self_attention, d, "{:.3f}"),
                  _num(event.hidden_norm, d, "{:.2f}")]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    emitted = (f"<code>{escape(repr(event.token_texts[-1]))}</code>" if len(event.token_ids) > event.accepted
+    emitted = (f"<code>{escape(visible(event.token_texts[-1]))}</code>" if len(event.token_ids) > event.accepted
                else "none: the sequence ended on an accepted draft")
     header = "".join(f"<th>{h}</th>" for h in ("depth", "draft", "drafter p", "verdict", "sink attn",
                                                  "self attn", "fed-back RMS"))
-    return (f'{head}<table class="inspector"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            f'<div class="inspector-foot">target token emitted after the drafts: {emitted}</div>')
+    return (f'{head}<div class="table-scroll"><table class="inspector"><thead><tr>{header}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>'
+            f'<div class="inspector-foot">target token emitted after the drafts: {emitted} '
+            f'<span class="glyphs">(· space, ↵ line break, ⇥ tab)</span></div>')
 
 
 def _num(values: Sequence[float], i: int, fmt: str) -> str:
@@ -105,6 +108,48 @@ def error_html(message: str) -> str:
     return f'<div class="error-box">⚠ {escape(message)}</div>'
 
 
+def counter_js(limit: int) -> str:
+    """The prompt's character count against the limit, computed in the browser from its text."""
+    return f"""(text) => {{
+        const n = (text || "").length, limit = {limit}, over = n > limit;
+        const fmt = (x) => x.toLocaleString("en-US");
+        return `<div class="counter${{over ? " over" : ""}}">${{fmt(n)}} / ${{fmt(limit)}} characters` +
+               `${{over ? " — too long: shorten it to run" : ""}}</div>`;
+    }}"""
+
+
+def scroll_into_view_js(elem_id: str) -> str:
+    return f"() => {{ document.getElementById({elem_id!r})?.scrollIntoView({{block: 'nearest'}}); }}"
+
+
+def show_rejected_js(group: str) -> str:
+    """The 'show rejected drafts inline' switch of the answers with class `answers-group`: an attribute on
+    their blocks, which keep it while their contents are re-rendered at every update (the custom CSS
+    cannot reach the page's body: Gradio scopes it to the app)."""
+    return (f"(shown) => {{ document.querySelectorAll('.answers-{group}').forEach("
+            f"(block) => block.dataset.rejected = shown ? 'shown' : ''); }}")
+
+
+# Runs once when the page loads. While an answer streams, the page scrolls with it as long as the
+# reader is following its end; clicking a token of the Playground's answer opens its verify step.
+PAGE_JS = """() => {
+    new MutationObserver(() => {
+        const cursor = document.querySelector('.answer .cursor');
+        if (!cursor) return;
+        const bottom = cursor.getBoundingClientRect().bottom, height = window.innerHeight;
+        if (bottom > height - 8 && bottom < height + 240) window.scrollBy(0, bottom - height + 48);
+    }).observe(document.body, {childList: true, subtree: true});
+    document.addEventListener('click', (e) => {
+        const step = e.target.closest('#answer .step');
+        const slider = document.querySelector('#step input[type=range]');
+        if (!step || !slider) return;
+        slider.value = step.dataset.step;
+        slider.dispatchEvent(new Event('input', {bubbles: true}));
+        slider.dispatchEvent(new Event('change', {bubbles: true}));
+    });
+}"""
+
+
 CSS = """
 .answer { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
           font-size: 14px; line-height: 1.7; min-height: 6em; padding: 10px; border-radius: 8px;
@@ -112,8 +157,23 @@ CSS = """
 .tok { border-radius: 3px; padding: 1px 0; }
 .tok.acc { background: rgba(34, 197, 94, 0.28); }
 .tok.tgt { background: rgba(59, 130, 246, 0.22); }
-.tok.rej { background: rgba(239, 68, 68, 0.22); color: #b91c1c; text-decoration: line-through; margin: 0 1px; }
-.legend { display: flex; gap: 12px; font-size: 13px; margin: 4px 0; }
+.tok.rej { position: relative; margin: 0 1px; }
+.rej-mark { color: #b91c1c; font-weight: 700; }
+.tok.rej .rej-mark { font-size: 10px; vertical-align: super; cursor: help; }
+.tok.swatch-rej { background: rgba(239, 68, 68, 0.22); }
+.tok.rej .rej-text { display: none; }
+.tok.rej:hover .rej-text { display: block; position: absolute; left: 0; bottom: 1.6em; z-index: 10; white-space: pre;
+                           padding: 2px 6px; border-radius: 4px; background: #fee2e2; color: #991b1b;
+                           text-decoration: line-through; box-shadow: 0 1px 4px rgba(0, 0, 0, 0.2); }
+.answer-block[data-rejected=shown] .tok.rej .rej-text {
+    display: inline; position: static; box-shadow: none; white-space: pre-wrap; background: rgba(239, 68, 68, 0.22); }
+.answer .step { cursor: pointer; }
+.counter { font-size: 12px; color: var(--body-text-color-subdued); text-align: right; }
+.counter.over { color: #b91c1c; font-weight: 600; }
+.table-scroll { overflow-x: auto; }
+.glyphs { color: var(--body-text-color-subdued); }
+.legend { display: flex; flex-wrap: wrap; gap: 4px 12px; font-size: 13px; margin: 4px 0; align-items: center; }
+#pg-count, #cmp-count { min-height: 0; margin-top: -8px; }
 .legend .tok { padding: 2px 6px; }
 .finish { color: var(--body-text-color-subdued); font-size: 12px; margin-left: 6px; }
 .cursor { color: var(--body-text-color-subdued); }
@@ -125,7 +185,7 @@ CSS = """
 .card .k { font-size: 12px; color: var(--body-text-color-subdued); }
 table.inspector { border-collapse: collapse; font-size: 13px; width: 100%; }
 table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-color-primary); padding: 3px 8px; text-align: left; }
-.verdict.accepted { color: #15803d; } .verdict.rejected { color: #b91c1c; } .verdict.not-reached { color: #888; }
+.verdict.accepted { color: #15803d; } .verdict.rejected { color: #b91c1c; } .verdict.not-reached { color: #52525b; }
 .inspector-head, .inspector-foot { font-size: 13px; margin: 4px 0; }
 .error-box { padding: 8px 12px; border-radius: 8px; background: rgba(239, 68, 68, 0.12); color: #b91c1c; }
 """

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
-from playground.engines.events import StepEvent
+import plotly.graph_objects as go
+
+from playground import plots
+from playground.engines.events import StepEvent, reconcile
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary, summarize
 
-CSV_FIELDS = ("step", "position", "text", "token_ids", "drafted", "accepted", "draft_texts", "draft_probs",
-              "sink_attention", "self_attention", "hidden_norm", "draft_ms", "verify_ms", "elapsed_s",
-              "finish_reason", "backend")
+# one row per (run, verify step, draft depth); the step's own fields repeat on each of its depths
+CSV_FIELDS = ("run", "step", "position", "depth", "draft_id", "draft_text", "draft_prob", "verdict",
+              "sink_attention", "self_attention", "hidden_norm", "accepted", "drafted", "committed_text",
+              "draft_ms", "verify_ms", "elapsed_s", "finish_reason", "backend")
+NAME_CHARS = 32   # the most characters of one run's name in a file name
 
 
 @dataclass
@@ -58,34 +64,48 @@ def _prune(root: Path, keep_s: float) -> None:
             pass
 
 
-def export(runs: dict[str, RunLog], figures_writer=None, root: Path = EXPORTS_ROOT,
+def export(runs: Mapping[str, RunLog], figures: Sequence[go.Figure] = (), root: Path = EXPORTS_ROOT,
            keep_s: float = EXPORTS_KEEP_S) -> list[str]:
-    """Write the runs as JSON and CSV (one row per verify step), and the plots as HTML, into a fresh
-    folder under `root`; older export folders are removed."""
+    """Write the runs as JSON and CSV (csv_rows), and `figures` as HTML under the prompt and settings,
+    into a fresh folder under `root`, named after the runs and the time; older export folders are removed."""
     root.mkdir(parents=True, exist_ok=True)
     _prune(root, keep_s)
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=root))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    json_path = folder / f"run-{stamp}.json"
+    stem = file_stem(runs, time.strftime("%Y%m%d-%H%M%S"))
+    json_path, csv_path, html_path = (folder / f"{stem}.{ext}" for ext in ("json", "csv", "html"))
     json_path.write_text(json.dumps({name: run.to_json() for name, run in runs.items()}, indent=1))
-    csv_path = folder / f"run-{stamp}.csv"
     with csv_path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(("drafter",) + CSV_FIELDS)
-        for name, run in runs.items():
-            for e in run.events:
-                row = e.to_json()
-                writer.writerow([name] + [_cell(row[k]) for k in CSV_FIELDS])
-    paths = [str(json_path), str(csv_path)]
-    if figures_writer is not None:
-        html_path = folder / f"plots-{stamp}.html"
-        figures_writer(html_path)
-        paths.append(str(html_path))
-    return paths
+        writer = csv.DictWriter(f, CSV_FIELDS)
+        writer.writeheader()
+        # by verify step: a backend whose stream merges steps (vLLM) has them re-split; the JSON keeps the stream
+        writer.writerows(row for name, run in runs.items() for e in reconcile(run.events)
+                         for row in csv_rows(name, e))
+    paths = [json_path, csv_path]
+    if figures:
+        plots.figures_file(figures, {name: run.request for name, run in runs.items()}, html_path)
+        paths.append(html_path)
+    return [str(path) for path in paths]
 
 
-def _cell(value) -> str | int | float:
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, (list, tuple)) else value
+def file_stem(runs: Mapping[str, RunLog], stamp: str) -> str:
+    """The runs' names made safe for a file name and joined, then the time: eagle3_vs_none-20261124-110512."""
+    names = [re.sub(r"[^A-Za-z0-9.]+", "_", name)[:NAME_CHARS].strip("._") or "run" for name in runs]
+    return "_vs_".join(names) + f"-{stamp}"
+
+
+def csv_rows(run: str, event: StepEvent) -> list[dict]:
+    """A verify step's CSV rows: one per draft depth, with its verdict (StepEvent.draft_verdicts), or
+    a single row with the depth cells empty where nothing was drafted (the prefill, no speculation)."""
+    step = {"run": run, "step": event.step, "position": event.position, "accepted": event.accepted,
+            "drafted": event.drafted, "committed_text": event.text, "draft_ms": event.draft_ms,
+            "verify_ms": event.verify_ms, "elapsed_s": event.elapsed_s, "finish_reason": event.finish_reason,
+            "backend": event.backend}
+    by_depth = {"draft_id": event.draft_ids, "draft_text": event.draft_texts, "draft_prob": event.draft_probs,
+                "sink_attention": event.sink_attention, "self_attention": event.self_attention,
+                "hidden_norm": event.hidden_norm}
+    depths = [{"depth": d + 1, "verdict": verdict, **{k: v[d] for k, v in by_depth.items() if d < len(v)}}
+              for d, verdict in enumerate(event.draft_verdicts)]
+    return [step | depth for depth in depths] or [step]
 
 
 class Pacer:

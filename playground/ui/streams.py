@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Mapping
@@ -30,39 +31,54 @@ class Limits:
     sessions: int = 500         # browser sessions whose page state the server keeps (Gradio's default is 10,000)
 
 
+DRAFT_MODES = ("chain", "tree")
+MAX_SEED = 2**31 - 1
+NEW_SEED = -1   # the seed control's value for "a new seed every run"
+
+
 def make_request(limits: Limits, settings: RunSettings) -> GenerationRequest:
-    """A validated request; every problem is a PlaygroundError with a one-line reason."""
+    """A validated request; every problem is a PlaygroundError with a one-line reason and the setting at fault."""
     prompt, system = settings.prompt or "", settings.system or ""
     if settings.drafter not in NAMES:   # the page never loads a checkpoint from a path it is given
-        raise PlaygroundError(f"unknown drafter {settings.drafter!r}; choose {', '.join(NAMES)}")
+        raise PlaygroundError(f"unknown drafter {settings.drafter!r}; choose {', '.join(NAMES)}", "drafter")
+    if settings.draft not in DRAFT_MODES:
+        raise PlaygroundError(f"draft must be {' or '.join(map(repr, DRAFT_MODES))}, got {settings.draft!r}", "draft")
     if len(prompt) > limits.max_prompt_chars:
         raise PlaygroundError(f"the prompt is {len(prompt):,} characters; this playground accepts up to "
-                              f"{limits.max_prompt_chars:,}")
+                              f"{limits.max_prompt_chars:,}: shorten it", "prompt")
     if len(system) > limits.max_prompt_chars:
-        raise PlaygroundError(f"the system prompt is limited to {limits.max_prompt_chars:,} characters")
-    try:
-        k, temperature, top_p, max_tokens = (float(x) for x in (settings.k, settings.temperature, settings.top_p,
-                                                                 settings.max_tokens))
-    except (TypeError, ValueError):
-        raise PlaygroundError("k, temperature, top-p and max tokens must be numbers") from None
-    if not all(x.is_integer() for x in (k, max_tokens)):
-        raise PlaygroundError("k and max tokens must be whole numbers")
-    try:
-        shape = tuple(float(x) for x in (settings.tree_top_k, settings.tree_depth, settings.tree_nodes))
-    except (TypeError, ValueError):
-        raise PlaygroundError("the tree's top-k, depth and nodes must be numbers") from None
-    if not all(x.is_integer() for x in shape):
-        raise PlaygroundError("the tree's top-k, depth and nodes must be whole numbers")
+        raise PlaygroundError(f"the system prompt is limited to {limits.max_prompt_chars:,} characters", "system")
+    numbers = {name: _number(settings, name) for name in ("k", "temperature", "top_p", "max_tokens", "seed",
+                                                           "tree_top_k", "tree_depth", "tree_nodes")}
+    for name in ("k", "max_tokens", "seed", "tree_top_k", "tree_depth", "tree_nodes"):
+        if not numbers[name].is_integer():
+            raise PlaygroundError(f"{_label(name)} must be a whole number, got {numbers[name]:g}", name)
+    seed = int(numbers["seed"])
+    if not NEW_SEED <= seed <= MAX_SEED:
+        raise PlaygroundError(f"the seed must be between {NEW_SEED} (a new one every run) and {MAX_SEED}", "seed")
+    shape = TreeShape(*(int(numbers[name]) for name in ("tree_top_k", "tree_depth", "tree_nodes")))
     request = GenerationRequest(prompt=prompt, system=system or None, template=settings.template,
-                                drafter=settings.drafter, k=int(k), temperature=temperature, top_p=top_p,
-                                max_tokens=int(max_tokens),
-                                tree=TreeShape(*map(int, shape)) if settings.draft == "tree" else None)
+                                drafter=settings.drafter, k=int(numbers["k"]), temperature=numbers["temperature"],
+                                top_p=numbers["top_p"], max_tokens=int(numbers["max_tokens"]),
+                                seed=random.randint(0, MAX_SEED) if seed == NEW_SEED else seed,
+                                tree=shape if settings.draft == "tree" else None)
     return request.validate(limits.max_tokens)
+
+
+def _label(name: str) -> str:
+    return name.replace("tree_", "tree ").replace("_", " ").replace("top p", "top-p").replace("top k", "top-k")
+
+
+def _number(settings: RunSettings, name: str) -> float:
+    try:
+        return float(getattr(settings, name))
+    except (TypeError, ValueError):
+        raise PlaygroundError(f"{_label(name)} must be a number", name) from None
 
 
 def backend(backends: Mapping[str, Engine], name: str) -> Engine:
     if name not in backends:
-        raise PlaygroundError(f"unknown backend {name!r}; this playground runs {', '.join(backends)}")
+        raise PlaygroundError(f"unknown backend {name!r}; this playground runs {', '.join(backends)}", "backend_name")
     return backends[name]
 
 

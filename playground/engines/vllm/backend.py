@@ -168,6 +168,9 @@ class StartingBackend:
         raise PlaygroundError(f"the vLLM backend is still starting (servers load in a few minutes); "
                               f"last status: {self.lines[-1]}")
 
+    def check(self, request: GenerationRequest) -> None:
+        self.ready().check(request)
+
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         return self.ready().generate(request)
 

@@ -126,6 +126,12 @@ class VLLMEngine:
     def replayer(self, drafter: str) -> Replayer | None:
         return self.connection(drafter).replayer
 
+    def check(self, request: GenerationRequest) -> None:
+        request.validate(self.max_tokens_limit)
+        chains_only(request)
+        connection = self.connection(request.drafter)
+        connection.tokens.prompt_ids(request, connection.info.max_model_len)
+
     def limitations(self, drafter: str) -> str:
         c = self.connection(drafter)
         notes = [f"Served by vLLM: {c.info.describe()}."]
@@ -155,8 +161,7 @@ class VLLMEngine:
         """Validate, then stream StepEvents from the server for `request.drafter`.
 
         The server's k is fixed when it starts; `request.k` does not change it."""
-        request.validate(self.max_tokens_limit)
-        chains_only(request)
+        self.check(request)
         connection = self.connection(request.drafter)
         context = connection.info.max_model_len
         prompt_ids = connection.tokens.prompt_ids(request, context)

@@ -1,0 +1,106 @@
+"""The controls both tabs share: the prompt with its counter, presets, the settings panel, the answer's
+colour key, and the note above an answer."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import gradio as gr
+
+from playground import plots
+from playground.engines.chat import TEMPLATES
+from playground.engines.protocol import Engine
+from playground.engines.request import K_RANGE, MAX_TEMPERATURE, GenerationRequest
+from playground.engines.tree import LIMITS, TreeShape
+from playground.model.variants import NONE
+from playground.ui import render, unchecked
+from playground.ui.presets import PRESETS
+from playground.ui.streams import NEW_SEED, Limits
+
+TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
+FIRST_PRESET = "Code"   # a fresh page can run at once, on a prompt where drafts are often accepted
+DEFAULT_MAX_TOKENS = 128
+
+
+def run_note(engine: Engine, request: GenerationRequest) -> str:
+    """What the page says above a run's answer: an untrained drafter, what the engine cannot show, the seed."""
+    notes = []
+    if request.drafter != NONE and not engine.drafter_info(request.drafter).trained:
+        notes.append(f"{plots.label(request.drafter)} is a randomly initialised drafter: expect almost every draft "
+                     "to be rejected.")
+    if request.drafter != NONE and engine.limitations(request.drafter):
+        notes.append(engine.limitations(request.drafter))
+    if request.temperature > 0:
+        notes.append(f"Sampled with seed {request.seed}.")
+    return " ".join(notes)
+
+
+def prompt_box(limits: Limits, prefix: str) -> gr.Textbox:
+    """The prompt, with its character counter under it."""
+    prompt = gr.Textbox(PRESETS[FIRST_PRESET].prompt, label="Prompt", lines=3, max_lines=12,
+                        placeholder="Ask anything, or pick a preset", elem_id=f"{prefix}-prompt")
+    counter = gr.HTML(elem_id=f"{prefix}-count", padding=False)
+    # counted in the browser, on load and as the user types: the textarea has no maxlength, which would
+    # cut a long paste silently; a prompt over the limit is refused with a message instead
+    gr.on(None, None, prompt, counter, js=render.counter_js(limits.max_prompt_chars), api_name=False, queue=False)
+    return prompt
+
+
+def preset_dropdown(prefix: str) -> gr.Dropdown:
+    return gr.Dropdown(["(none)", *PRESETS], value=FIRST_PRESET, label="Preset", min_width=120,
+                       elem_id=f"{prefix}-preset")
+
+
+def settings_panel(limits: Limits, backends: Mapping[str, Engine], prefix: str) -> dict:
+    """The generation settings a first run does not need, in a closed panel (elem ids: `prefix-name`)."""
+    c = {}
+    eid = lambda name: f"{prefix}-{name}"
+    with gr.Accordion("Settings", open=False, elem_id=eid("settings")):
+        with gr.Row():
+            c["template"] = unchecked.Dropdown(TEMPLATE_CHOICES, value="model", label="Prompt format", elem_id=eid("template"))
+            c["backend_name"] = unchecked.Dropdown(list(backends), value=next(iter(backends)), label="Backend",
+                                            visible=len(backends) > 1, elem_id=eid("backend"))
+        c["system"] = gr.Textbox(label="System prompt (empty: the model's default)", lines=1, elem_id=eid("system"))
+        with gr.Row():
+            c["max_tokens"] = unchecked.Slider(1, limits.max_tokens, value=min(DEFAULT_MAX_TOKENS, limits.max_tokens), step=1,
+                                        label="max tokens", elem_id=eid("max-tokens"))
+            c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=5, step=1, label="k (drafts per step)", elem_id=eid("k"))
+        with gr.Row():
+            c["temperature"] = unchecked.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature (0 = greedy)",
+                                         elem_id=eid("temperature"))
+            c["top_p"] = unchecked.Slider(0.01, 1.0, value=1.0, step=0.01, label="top-p", elem_id=eid("top-p"))
+            c["seed"] = unchecked.Number(NEW_SEED, precision=0, min_width=120,
+                                  label="seed (-1: a new one each run)", elem_id=eid("seed"))
+        c["draft"] = unchecked.Radio(["chain", "tree"], value="chain", label="draft", elem_id=eid("draft"),
+                              info="tree: EAGLE-2 dynamic trees, reference backend; k then does not apply")
+        with gr.Row(visible=False) as tree_row:
+            c["tree_top_k"] = unchecked.Slider(*LIMITS["top_k"], value=TreeShape.top_k, step=1, label="tree top-k",
+                                        elem_id=eid("tree-top-k"))
+            c["tree_depth"] = unchecked.Slider(*LIMITS["depth"], value=TreeShape.depth, step=1, label="tree depth",
+                                        elem_id=eid("tree-depth"))
+            c["tree_nodes"] = unchecked.Slider(*LIMITS["nodes"], value=TreeShape.nodes, step=1, label="tree nodes",
+                                        elem_id=eid("tree-nodes"))
+    c["draft"].change(lambda draft: (gr.update(visible=draft == "tree"), gr.update(interactive=draft == "chain")),
+                      c["draft"], [tree_row, c["k"]], api_name=False, queue=False)
+    return c
+
+
+def answer_header(prefix: str) -> None:
+    """The colour key, and a switch that shows rejected drafts inline in the answers with class `answers-prefix`."""
+    with gr.Row(equal_height=True):
+        gr.HTML(render.LEGEND, padding=False, min_width=240, scale=3)
+        shown = gr.Checkbox(False, label="show rejected drafts inline", container=False, min_width=160, scale=1,
+                            elem_id=f"{prefix}-show-rejected")
+    shown.change(None, shown, None, js=render.show_rejected_js(prefix), api_name=False, queue=False)
+
+
+def wire_presets(c: dict) -> None:
+    c["preset"].change(lambda name: _preset(name), c["preset"], [c["prompt"], c["system"], c["template"]],
+                       api_name=False, queue=False)
+
+
+def _preset(name: str):
+    preset = PRESETS.get(name)
+    if preset is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    return preset.prompt, preset.system, preset.template

@@ -1,0 +1,147 @@
+"""A finished run's downloads (JSON, CSV by draft depth, HTML plots under the settings), the plots'
+sample counts and the Comparison tab's table and note, from StepEvents built by hand."""
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from playground import plots
+from playground.engines.events import StepEvent
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.engines.tree import TreeShape
+from playground.ui import render
+from playground.ui.compare_tab import TABLE_HEADERS, outputs_note, summary_table
+from playground.ui.runs import CSV_FIELDS, RunLog, csv_rows, export, file_stem
+
+PREFILL = StepEvent(step=0, position=12, token_ids=(7,), token_texts=("The",), verify_ms=30.0, elapsed_s=0.03)
+# drafted 3, accepted 1: depth 1 accepted, depth 2 rejected, depth 3 never verified
+CHAIN = StepEvent(step=1, position=13, token_ids=(8, 9), token_texts=(" sea", ","), draft_ids=(8, 5, 6),
+                  draft_texts=(" sea", " is", " blue"), drafted=3, accepted=1, draft_probs=(0.9, 0.5, 0.4),
+                  sink_attention=(0.6, 0.7, 0.8), self_attention=(0.0, 0.1, 0.2), hidden_norm=(1.0, 2.0, 3.0),
+                  draft_ms=4.0, verify_ms=20.0, elapsed_s=0.06, finish_reason="length")
+
+
+def steps(n: int, drafted: int = 3, accepted: int = 2) -> list[StepEvent]:
+    """A prefill and n verify steps that each drafted `drafted` and accepted `accepted`."""
+    return [PREFILL] + [StepEvent(step=i, position=12 + i * (accepted + 1), token_ids=(1,) * (accepted + 1),
+                                  token_texts=("x",) * (accepted + 1), drafted=drafted, accepted=accepted,
+                                  sink_attention=(0.5,) * drafted, self_attention=(0.1,) * drafted,
+                                  hidden_norm=(1.0,) * drafted, draft_ms=2.0, verify_ms=10.0, elapsed_s=0.1 * i)
+                        for i in range(1, n + 1)]
+
+
+def test_a_step_is_a_csv_row_per_draft_depth_with_its_verdict():
+    rows = csv_rows("eagle3.1", CHAIN)
+    assert [(r["depth"], r["draft_text"], r["verdict"]) for r in rows] == [
+        (1, " sea", "accepted"), (2, " is", "rejected"), (3, " blue", "not reached")]
+    assert [r["sink_attention"] for r in rows] == [0.6, 0.7, 0.8]
+    assert all(r["run"] == "eagle3.1" and r["committed_text"] == " sea," and r["accepted"] == 1 for r in rows)
+    assert set(rows[0]) == set(CSV_FIELDS)
+
+
+def test_a_step_without_drafts_is_one_row_with_empty_depth_cells():
+    (row,) = csv_rows("none", PREFILL)
+    assert row["step"] == 0 and row["committed_text"] == "The" and "depth" not in row and "verdict" not in row
+
+
+def test_a_backend_that_reports_counts_only_still_has_a_row_per_depth():
+    event = StepEvent(step=1, position=13, token_ids=(8,), token_texts=("a",), drafted=2, accepted=0, backend="vllm")
+    rows = csv_rows("eagle3", event)
+    assert [(r["depth"], r["verdict"], "draft_id" in r) for r in rows] == [(1, "rejected", False),
+                                                                          (2, "not reached", False)]
+
+
+def test_the_inspector_and_the_csv_read_one_verdict_rule():
+    ended = StepEvent(step=1, position=13, token_ids=(8, 5), token_texts=("a", "b"), draft_ids=(8, 5, 6, 2),
+                      draft_texts=("a", "b", "c", "d"), drafted=2, accepted=2)   # ended on an accepted draft
+    for event in (CHAIN, ended):
+        shown = re.findall(r'<span class="verdict [\w-]+">([\w ]+)</span>', render.inspector_html(event))
+        assert tuple(shown) == event.draft_verdicts == tuple(r["verdict"] for r in csv_rows("x", event))
+    assert ended.draft_verdicts == ("accepted", "accepted", "not reached", "not reached")
+
+
+def test_file_names_say_which_runs_and_when():
+    runs = {name: None for name in ("eagle3", "eagle3.1", "none")}
+    assert file_stem(runs, "20261124-110512") == "eagle3_vs_eagle3.1_vs_none-20261124-110512"
+    tree = {"eagle3 · chain k=4": None, "eagle3 · tree 2/4/8": None}
+    assert file_stem(tree, "20261124-110512") == "eagle3_chain_k_4_vs_eagle3_tree_2_4_8-20261124-110512"
+    folder = file_stem({"../../home/me/a very long checkpoint folder name/drafter": None}, "1")
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", folder) and not folder.startswith(".") and len(folder) < 40
+
+
+def test_export_writes_named_json_csv_and_a_small_html_page_with_the_settings(tmp_path):
+    prompt, system = "Is <b>this</b> & that safe?", "Answer in <i>one</i> line."
+    chain = GenerationRequest(prompt=prompt, system=system, drafter="eagle3.1", k=3, temperature=0.7, top_p=0.9,
+                              max_tokens=2, seed=42)
+    runs = {"eagle3.1": RunLog(chain, [PREFILL, CHAIN]),
+            "eagle3 · tree 2/4/8": RunLog(GenerationRequest(prompt=prompt, system=system, drafter="eagle3",
+                                                            tree=TreeShape(2, 4, 8), max_tokens=2), [PREFILL])}
+    paths = [Path(p) for p in export(runs, plots.all_figures({n: r.summary for n, r in runs.items()}), root=tmp_path)]
+    assert [p.suffix for p in paths] == [".json", ".csv", ".html"]
+    assert re.fullmatch(r"eagle3\.1_vs_eagle3_tree_2_4_8-\d{8}-\d{6}", paths[0].stem)
+
+    exported = json.loads(paths[0].read_text())
+    assert list(exported) == list(runs) and set(exported["eagle3.1"]) == {"request", "steps", "summary"}
+    assert exported["eagle3.1"] == json.loads(json.dumps(runs["eagle3.1"].to_json()))
+
+    with paths[1].open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == CSV_FIELDS
+    assert [(r["run"], r["step"], r["depth"], r["verdict"]) for r in rows] == [
+        ("eagle3.1", "0", "", ""), ("eagle3.1", "1", "1", "accepted"), ("eagle3.1", "1", "2", "rejected"),
+        ("eagle3.1", "1", "3", "not reached"), ("eagle3 · tree 2/4/8", "0", "", "")]
+    assert not any(cell.startswith("[") for r in rows for cell in r.values())
+
+    page = paths[2].read_text()
+    assert len(page) < 200_000 and "cdn.plot.ly" in page   # plotly.js is not inlined
+    assert "Is &lt;b&gt;this&lt;/b&gt; &amp; that safe?" in page and "<b>this</b>" not in page
+    assert "Answer in &lt;i&gt;one&lt;/i&gt; line." in page
+    for setting in ("chain k=3", "tree 2/4/8", "<td>0.7</td>", "<td>0.9</td>", "<td>42</td>", "EAGLE 3.1"):
+        assert setting in page, setting
+
+
+def test_plots_show_the_samples_and_draw_thin_means_hollow():
+    few, many = summarize(steps(3)), summarize(steps(8, accepted=1))
+    acceptance, attention, norm = plots.all_figures({"eagle3": few, "eagle3.1": many})
+    bars = [t for t in acceptance.data if t.type == "bar"]
+    assert [list(t.customdata) for t in bars] == [[3, 3, 3], [8, 8, 8]]
+    assert bars[0].marker.color == "rgba(0,0,0,0)" and bars[1].marker.color == plots.color("eagle3.1")
+    conditional = [t for t in acceptance.data if t.type == "scatter"][1]
+    assert list(conditional.customdata) == [8, 8, 0]   # steps that accepted d-1 drafts
+    assert list(conditional.marker.symbol) == ["circle", "circle", "circle-open"]
+    assert all("n = %{customdata}" in t.hovertemplate for fig in (acceptance, attention, norm) for t in fig.data)
+    assert all("hollow: fewer than 5 samples" in fig.layout.title.text for fig in (acceptance, attention, norm))
+    trusted = plots.hidden_norm({"eagle3.1": many})
+    assert set(trusted.data[0].marker.symbol) == {"circle"} and "hollow" not in trusted.layout.title.text
+
+
+def test_comparison_table_formats_and_columns():
+    table = summary_table({"eagle3.1": summarize(steps(4)), "none": summarize(steps(4, drafted=0, accepted=0))})
+    assert len(TABLE_HEADERS) == len(table[0]) and TABLE_HEADERS[3] == "speedup vs none"
+    eagle, none = table
+    assert eagle[0] == "EAGLE 3.1" and none[3] == "1.00x"
+    assert (eagle[TABLE_HEADERS.index("tau")], none[TABLE_HEADERS.index("tau")]) == ("3.00", "1.00")
+    assert eagle[TABLE_HEADERS.index("draft ms/step")] == "2.0" and none[TABLE_HEADERS.index("draft ms/step")] == "–"
+    assert eagle[TABLE_HEADERS.index("verify ms/step")] == "10.0"
+    assert re.fullmatch(r"\d+\.\d", eagle[TABLE_HEADERS.index("decode tokens/s")])
+    assert isinstance(eagle[TABLE_HEADERS.index("steps")], int)
+
+
+@pytest.mark.parametrize("temperature, other, expected", [
+    (0.0, (7, 8, 9), "All three answers are identical token for token (greedy decoding is lossless)."),
+    (0.8, (7, 8, 4), "The answers differ from token 3 on: at temperature 0.8 each run samples its own tokens"),
+    (0.0, (7,), "The answers differ from token 2 on: a run was stopped."),
+])
+def test_outputs_note_says_whether_the_answers_agree(temperature, other, expected):
+    def log(ids, finish="length"):
+        event = StepEvent(step=0, position=3, token_ids=ids, token_texts=("t",) * len(ids), finish_reason=finish)
+        return RunLog(GenerationRequest(prompt="p", temperature=temperature), [event])
+
+    logs = {"eagle3": log((7, 8, 9)), "eagle3.1": log(other, "stopped" if len(other) == 1 else "length"),
+            "none": log((7, 8, 9))}
+    note = outputs_note(logs)
+    assert note.startswith(expected) and note.endswith("(python -m playground bench).")
