@@ -136,7 +136,11 @@ def test_a_first_visitor_runs_the_prefilled_prompt_and_sees_it_stream_in_the_fir
     page.wait_for_function("() => document.querySelector('#answer .cursor')", timeout=30_000)   # still streaming
     box = first.bounding_box()
     assert 0 <= box["y"] and box["y"] + box["height"] <= height, f"the first token is at {box}, outside the screen"
-    if device == "phone":
+    if device == "phone":   # the page follows the answer as it grows
+        page.wait_for_function("() => document.querySelectorAll('#answer .tok').length > 40", timeout=60_000)
+        cursor = page.locator("#answer .cursor")
+        if cursor.count():
+            assert cursor.bounding_box()["y"] <= height
         Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)).joinpath("phone.png").write_bytes(page.screenshot())
     expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
     page.close()

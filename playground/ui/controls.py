@@ -87,10 +87,9 @@ def settings_panel(limits: Limits, backends: Mapping[str, Engine], prefix: str) 
 
 def answer_header(prefix: str) -> None:
     """The colour key, and a switch that shows rejected drafts inline in the answers with class `answers-prefix`."""
-    with gr.Row(equal_height=True):
-        gr.HTML(render.LEGEND, padding=False, min_width=240, scale=3)
-        shown = gr.Checkbox(False, label="show rejected drafts inline", container=False, min_width=160, scale=1,
-                            elem_id=f"{prefix}-show-rejected")
+    gr.HTML(render.LEGEND, padding=False)
+    shown = gr.Checkbox(False, label="show rejected drafts inline", container=False, elem_id=f"{prefix}-show-rejected",
+                        elem_classes=["plain-check"])
     shown.change(None, shown, None, js=render.show_rejected_js(prefix), api_name=False, queue=False)
 
 

@@ -173,7 +173,9 @@ CSS = """
 .table-scroll { overflow-x: auto; }
 .glyphs { color: var(--body-text-color-subdued); }
 .legend { display: flex; flex-wrap: wrap; gap: 4px 12px; font-size: 13px; margin: 4px 0; align-items: center; }
-#pg-count, #cmp-count { min-height: 0; margin-top: -8px; }
+#pg-count, #cmp-count { margin: -14px 0 -12px; }
+.plain-check { border: none !important; padding: 0 4px !important; background: none !important;
+               box-shadow: none !important; margin-top: -12px; }
 .legend .tok { padding: 2px 6px; }
 .finish { color: var(--body-text-color-subdued); font-size: 12px; margin-left: 6px; }
 .cursor { color: var(--body-text-color-subdued); }

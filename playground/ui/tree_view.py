@@ -15,7 +15,7 @@ KIND = {"accepted": "acc", "rejected": "rej", "unreached": "unr"}
 
 def tree_html(event: StepEvent | None) -> str:
     if event is None or not event.tree_ids:
-        return '<div class="tree empty">Draft trees show here when the draft mode is "tree".</div>'
+        return ""   # a chain: nothing to draw
     order = _rows(event)
     node_rows = {-1: 0, **order}
     last = event.tree_path[-1] if event.tree_path else -1
@@ -86,5 +86,4 @@ CSS = """
 .tree .node.unr rect { fill: rgba(156, 163, 175, 0.15); stroke: #9ca3af; }
 .tree .node.tgt rect { fill: rgba(59, 130, 246, 0.22); stroke: #2563eb; }
 .tree .node.ctx rect { fill: none; stroke: #9ca3af; stroke-dasharray: 3 2; }
-.tree.empty { font-size: 13px; color: var(--body-text-color-subdued); }
 """
