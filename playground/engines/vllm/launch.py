@@ -48,6 +48,9 @@ class LaunchConfig:
     extra_args: tuple[str, ...] = field(default_factory=lambda: env_server_args())
 
 
+PROBE_PLUGIN = "eagle_probe"
+
+
 def env_server_args() -> tuple[str, ...]:
     return tuple(shlex.split(os.environ.get("PLAYGROUND_VLLM_ARGS", "")))
 
@@ -111,7 +114,10 @@ class Launched:
         # start of one CPU server: 64 s instead of 144 s)
         # VLLM_SERVER_DEV_MODE publishes each server's configuration (/server_info), so that the backend
         # can check which drafter it runs; the servers listen on 127.0.0.1 only
-        env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_SERVER_DEV_MODE": "1", **os.environ,
+        # VLLM_PLUGINS enables the probe (probe/, installed by scripts/setup-vllm.sh) in the servers, and
+        # VLLM_USE_V2_MODEL_RUNNER=0 keeps a GPU server on the model runner it hooks (CPU runs no other)
+        env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": PROBE_PLUGIN,
+               "VLLM_USE_V2_MODEL_RUNNER": "0", **os.environ,
                "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
         atexit.register(self.stop)
         taken: set[int] = set()
