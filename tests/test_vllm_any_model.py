@@ -119,6 +119,13 @@ def test_tokens_equal_the_servers_own_greedy_answer(tiny, drafter):
             steps = reconcile(events)
             assert [len(s.token_ids) for s in steps[1:-1]] == [a + 1 for a in last.step_accepted[:-1]]
             assert sum(len(s.token_ids) for s in steps) == len(summarize(events).token_ids)
+            # the probe's drafts: every step's committed tokens start with the drafts it accepted, and
+            # greedy, the target's own token differs from the draft it rejected
+            assert all(len(s.draft_ids) == K for s in steps[1:-1])
+            assert all(s.token_ids[:s.accepted] == s.draft_ids[:s.accepted] for s in steps)
+            assert all(s.token_ids[s.accepted] != s.draft_ids[s.accepted] for s in steps[1:]
+                       if s.accepted < len(s.draft_ids) and s.accepted < len(s.token_ids))
+            assert all(len(s.hidden_norm) == K for s in steps[1:-1])
 
 
 def test_replay_is_refused_with_its_reason(tiny):
