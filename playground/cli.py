@@ -1,5 +1,5 @@
 """Command line: `python -m playground generate | convert | train data|drafter|lease|validate|eval|ship |
-bench [ui|vllm|trees|profile|memory]`.
+bench [ui|vllm|trees|profile|memory|probe]`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
@@ -413,6 +413,12 @@ def _add_bench(sub) -> None:
                                           "--max-tokens)")
     _bench_options(f, False)
     f.set_defaults(func=bench_profile)
+    c = suites.add_parser("probe", help="what the vLLM probe costs: output tokens/s without it, with it loaded, and "
+                                        "recording every request, side by side")
+    c.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    c.add_argument("--max-tokens", type=int, default=64)
+    c.add_argument("--rounds", type=int, default=4)
+    c.set_defaults(func=bench_probe)
     m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
     _bench_options(m, False)
     m.add_argument("--runs", type=int, default=200)
@@ -455,6 +461,14 @@ def bench_vllm(args: argparse.Namespace) -> int:
 
     load = vllm_load.LoadConfig(tuple(args.concurrency), args.max_tokens, args.k)
     print(vllm_load.markdown(vllm_load.run(load, _vllm_servers(args))))
+    return 0
+
+
+def bench_probe(args: argparse.Namespace) -> int:
+    from playground.evaluation import probe_cost
+
+    config = probe_cost.ProbeCostConfig(tuple(args.concurrency), args.max_tokens, args.rounds)
+    print(probe_cost.markdown(probe_cost.run(config, status=_to_stderr)))
     return 0
 
 

@@ -326,6 +326,7 @@ def assert_steps_agree(records: list[dict], events: list) -> None:
 
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
 def test_the_probe_reports_the_reference_engines_steps(vllm, engine, drafter):
+    steps, drafts, rms_error = 0, 0, 0.0
     for prompt in PROMPTS:
         request = GenerationRequest(prompt=prompt, drafter=drafter, k=K, max_tokens=48)
         events = list(engine.generate(request))
@@ -333,6 +334,10 @@ def test_the_probe_reports_the_reference_engines_steps(vllm, engine, drafter):
         assert tokens == list(summarize(events).token_ids)
         assert [r["accepted"] for r in records[1:]] == metrics["per_step_accepted"]   # vLLM's own count
         assert_steps_agree(records, events)
+        steps, drafts = steps + len(records) - 1, drafts + sum(len(r["drafts"]) for r in records)
+        rms_error = max([rms_error] + [abs(a / b - 1) for r, e in zip(records, events)
+                                       for a, b in zip(r["hidden_rms"], e.hidden_norm)])
+    print(f"{drafter}: {steps} verify steps, {drafts} drafts agree; largest relative RMS difference {rms_error:.1e}")
 
 
 def test_the_step_comparison_detects_one_shifted_draft(vllm, engine):
