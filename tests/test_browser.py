@@ -117,6 +117,17 @@ def test_a_clicked_token_opens_its_step_and_the_buttons_walk_the_steps(page):
     expect(page.locator("#inspector .inspector-head")).to_contain_text("step 2 ·")
 
 
+def test_an_example_runs_when_picked(page):
+    from playground.ui.presets import PRESETS
+
+    page.locator("#pg-preset input").click()
+    page.get_by_role("option", name="Chat").click()
+    expect(page.locator("#answer .finish")).to_have_count(0, timeout=30_000)   # the last run's end goes
+    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    assert page.locator("#pg-prompt textarea").input_value() == PRESETS["Chat"].prompt
+    assert page.locator("#answer .tok").count() > 0 and error_states(page) == 0
+
+
 def test_every_text_has_aa_contrast(page):
     worst = page.evaluate(CONTRAST_JS)
     assert worst[0][0] >= WCAG_AA, worst

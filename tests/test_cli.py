@@ -100,6 +100,7 @@ COMMANDS = {
     "bench trees": command_line.bench_trees,
     "bench --k 3 profile": command_line.bench_profile,
     "bench memory --runs 2": command_line.bench_memory,
+    "bench probe --rounds 2": command_line.bench_probe,
 }
 
 

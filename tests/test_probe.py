@@ -23,10 +23,11 @@ def test_records_leave_as_they_are_fetched_and_the_request_with_its_last_fetch()
     store.add("a", {"drafts": [1, 2]})
     store.add("a", {"drafts": [3]})
     assert store.fetch("a") == {"records": [{"drafts": [1, 2], "step": 0}, {"drafts": [3], "step": 1}],
-                                "finished": False}
+                                "finished": False, "dropped": 0}
     store.add("a", {"drafts": []})
-    assert store.fetch("a") == {"records": [{"drafts": [], "step": 2}], "finished": False}   # only the new ones
-    assert store.fetch("a", final=True) == {"records": [], "finished": False}
+    assert store.fetch("a") == {"records": [{"drafts": [], "step": 2}], "finished": False,
+                                "dropped": 0}   # only the new ones
+    assert store.fetch("a", final=True) == {"records": [], "finished": False, "dropped": 0}
     assert store.fetch("a") is None and len(store) == 0
 
 

@@ -87,11 +87,14 @@ class StepEvent:
         return out
 
 
+EXACT_STEPS = "steps"   # in `observed`: the stream's events are the verify steps themselves (the vLLM probe)
+
+
 def reconcile(events: list[StepEvent]) -> list[StepEvent]:
     """The exact verify steps, where the last event reports them (`step_accepted`): the committed
     tokens re-split so that step i holds its accepted drafts plus the target's token. Streams
-    without that report are returned as they are."""
-    if not events or not events[-1].step_accepted:
+    without that report, or whose events already are the steps, are returned as they are."""
+    if not events or not events[-1].step_accepted or EXACT_STEPS in events[-1].observed:
         return events
     last = events[-1]
     ids = [t for e in events for t in e.token_ids]
@@ -99,8 +102,6 @@ def reconcile(events: list[StepEvent]) -> list[StepEvent]:
     elapsed = [e.elapsed_s for e in events for _ in e.token_ids]   # when each token arrived
     drafted = last.step_drafted or (0,) * len(last.step_accepted)
     sizes = [1] + [a + 1 for a in last.step_accepted]
-    if len(events) == len(sizes) and all(len(e.token_ids) == n for e, n in zip(events, sizes[:-1])):
-        return events   # already those steps (a stream that knew them, e.g. from the vLLM probe)
     steps, start, position = [], 0, events[0].position
     for i, size in enumerate(sizes):
         end = min(start + size, len(ids))

@@ -46,7 +46,8 @@ class ProbeCostConfig:
 def run(config: ProbeCostConfig, status=print) -> list[dict]:
     engine = ReferenceEngine.load()
     launch = launch_config(engine, LaunchSpec(k=config.k), (EAGLE31,))
-    env = {**os.environ, "VLLM_USE_AOT_COMPILE": "0", "VLLM_CPU_KVCACHE_SPACE": str(launch.kv_cache_gib)}
+    env = {**os.environ, "VLLM_USE_AOT_COMPILE": "0", "VLLM_USE_V2_MODEL_RUNNER": "0",
+           "VLLM_CPU_KVCACHE_SPACE": str(launch.kv_cache_gib)}
     servers = {plugins: ServerProcess(f"vllm-probe-cost{'-probe' if plugins else ''}",
                                       partial(server_command, launch, EAGLE31), Path(launch.log_dir),
                                       pick_port(launch.base_port + 10 + i), env={**env, "VLLM_PLUGINS": plugins},

@@ -117,7 +117,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         guided = gr.Button("See attention drift", elem_id="see-drift", min_width=80)
         stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", min_width=80)
     c |= settings_panel(limits, backends, "cmp")
-    wire_presets(c)
     c["compare"].change(lambda mode: gr.update(visible=mode == CHAIN_VS_TREE), c["compare"], c["drafter"],
                         api_name=False, queue=False)
     answer_header("cmp")
@@ -203,9 +202,11 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             engine.check(request)
 
     validator = input_validator(CompareSettings, check)
-    run.click(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name="compare",
-              concurrency_id="engine", concurrency_limit=limits.concurrency)
-    for trigger in (run.click, guided.click):
+    picked = wire_presets(c)
+    for trigger, api_name in ((run.click, "compare"), (picked.then, False)):
+        trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
+                concurrency_id="engine", concurrency_limit=limits.concurrency)
+    for trigger in (run.click, guided.click, picked.then):
         trigger(None, js=render.scroll_into_view_js("answer-first"), api_name=False, queue=False)
     # the settings the README's figures for the example were measured with
     example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,

@@ -47,7 +47,7 @@ def prompt_box(limits: Limits, prefix: str) -> gr.Textbox:
 
 
 def preset_dropdown(prefix: str) -> gr.Dropdown:
-    return gr.Dropdown(["(none)", *PRESETS], value=FIRST_PRESET, label="Preset", min_width=120,
+    return gr.Dropdown(list(PRESETS), value=FIRST_PRESET, label="Example (runs when picked)", min_width=120,
                        elem_id=f"{prefix}-preset")
 
 
@@ -93,9 +93,11 @@ def answer_header(prefix: str) -> None:
     shown.change(None, shown, None, js=render.show_rejected_js(prefix), api_name=False, queue=False)
 
 
-def wire_presets(c: dict) -> None:
-    c["preset"].change(lambda name: _preset(name), c["preset"], [c["prompt"], c["system"], c["template"]],
-                       api_name=False, queue=False)
+def wire_presets(c: dict):
+    """Picking an example fills the prompt, the system prompt and the format; the tab chains its run
+    on the event this returns, so that an example runs at once."""
+    return c["preset"].input(_preset, c["preset"], [c["prompt"], c["system"], c["template"]], api_name=False,
+                             queue=False)
 
 
 def _preset(name: str):

@@ -38,7 +38,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             view["answer"] = gr.HTML(render.answer_html([]), elem_id="answer",
                                      elem_classes=["answer-block", "answers-pg"])
             view["cards"] = gr.HTML(render.figures_html(None), elem_id="cards")
-    wire_presets(c)
     view["tree"] = gr.HTML(tree_view.tree_html(None), elem_id="tree")
     with gr.Row():
         view["acceptance_plot"] = gr.Plot(label="acceptance by depth", elem_id="plot-acceptance")
@@ -100,7 +99,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     validator = input_validator(RunSettings, lambda settings: backend(backends, settings.backend_name).check(
         make_request(limits, settings)))
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
-    for trigger, api_name in ((run.click, "run"), (c["prompt"].submit, False)):
+    for trigger, api_name in ((run.click, "run"), (c["prompt"].submit, False), (wire_presets(c).then, False)):
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
                 concurrency_id="engine", concurrency_limit=limits.concurrency)
         trigger(None, js=render.scroll_into_view_js("answer"), api_name=False, queue=False)

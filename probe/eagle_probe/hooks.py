@@ -14,6 +14,7 @@ Nothing is computed for a step in which no request opted in.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 from dataclasses import dataclass, field
@@ -44,18 +45,23 @@ def install() -> None:
     if getattr(GPUModelRunner, "_eagle_probe", False):
         return
     GPUModelRunner._eagle_probe = True
+    _wrap(GPUModelRunner, "_update_states", _update_states)
     _wrap(GPUModelRunner, "sample_tokens", _sample_tokens)
     _wrap(GPUModelRunner, "propose_draft_token_ids", _propose_draft_token_ids)
     _wrap(SpecDecodeBaseProposer, "set_inputs_first_pass", _set_inputs_first_pass)
     _wrap(SpecDecodeBaseProposer, "load_model", _load_model)
     WorkerBase.eagle_probe_fetch = lambda worker, key, final=False: STORE.fetch(key, final)
     WorkerBase.eagle_probe_status = lambda worker: {"version": __version__, "vllm": vllm.__version__,
-                                                    "recording": len(STORE)}
+                                                    "recording": len(STORE), "steps_seen": WORKER.steps}
 
 
 def _wrap(cls: type, name: str, wrapper) -> None:
     original = getattr(cls, name)
-    setattr(cls, name, lambda self, *args, **kwargs: wrapper(original, self, *args, **kwargs))
+
+    @functools.wraps(original)
+    def wrapped(self, *args, **kwargs):
+        return wrapper(original, self, *args, **kwargs)
+    setattr(cls, name, wrapped)
 
 
 def probed(runner) -> dict[str, str]:
@@ -84,9 +90,31 @@ class Capture:
     rms: dict[int, list[float]] = field(default_factory=dict)
 
 
-PENDING: dict[str, Proposal] = {}   # internal request id -> the drafts it will verify next
-KEYS: dict[str, str] = {}           # internal request id -> the client's id, while it runs
-CAPTURE: Capture | None = None      # set while a propose call for probed requests runs
+@dataclass
+class Worker:
+    """What the hooks keep between calls in one worker process (the runner calls them one at a time)."""
+    pending: dict[str, Proposal] = field(default_factory=dict)   # internal request id -> its next drafts
+    keys: dict[str, str] = field(default_factory=dict)           # internal request id -> the client's id
+    capture: Capture | None = None   # set while a propose call for probed requests runs
+    steps: int = 0                   # steps the hooks have seen: 0 under traffic means they do not run
+
+    def forget(self, finished: set[str]) -> None:
+        """Requests the scheduler reports finished: their records are complete, their proposals void."""
+        for req in finished:
+            self.pending.pop(req, None)
+            if req in self.keys:
+                STORE.finish(self.keys.pop(req))
+
+
+WORKER = Worker()
+
+
+def _update_states(original, runner, scheduler_output):
+    """Every step begins here, scheduled or not: the moment to forget the requests that finished."""
+    WORKER.steps += 1
+    if WORKER.pending or WORKER.keys:
+        WORKER.forget(scheduler_output.finished_req_ids)
+    return original(runner, scheduler_output)
 
 
 def _sample_tokens(original, runner, grammar_output):
@@ -94,19 +122,17 @@ def _sample_tokens(original, runner, grammar_output):
     if state is None:
         return original(runner, grammar_output)
     scheduler_output = state[0]
-    if KEYS:
-        _forget(scheduler_output.finished_req_ids)
     keys = probed(runner)
     if not keys:
         return original(runner, grammar_output)
     verified = {req: list(scheduler_output.scheduled_spec_decode_tokens.get(req, ())) for req in keys}
-    proposals = {req: PENDING.pop(req, None) for req in keys}
+    proposals = {req: WORKER.pending.pop(req, None) for req in keys}
     output = original(runner, grammar_output)   # also proposes the next step's drafts
     index = getattr(output, "req_id_to_index", None)
     for req, key in keys.items():
         if not STORE.open(key):
             continue
-        KEYS[req] = key
+        WORKER.keys[req] = key
         if index is None:   # asynchronous scheduling hands its output over later
             STORE.add(key, {"request": req, "error": "asynchronous scheduling: start vLLM with "
                                                      "--no-async-scheduling to record steps"})
@@ -127,35 +153,27 @@ def _record(runner, req: str, drafts: list[int], tokens: list[int], proposal: Pr
     return record
 
 
-def _forget(finished: set[str]) -> None:
-    """Requests the scheduler reports finished: their records are complete."""
-    for req in finished & KEYS.keys():
-        STORE.finish(KEYS.pop(req))
-        PENDING.pop(req, None)
-
-
 def _propose_draft_token_ids(original, runner, *args, **kwargs):
-    global CAPTURE
     keys = probed(runner)
     if not keys:
         return original(runner, *args, **kwargs)
     rows = {i: req for i, req in enumerate(runner.input_batch.req_ids) if req in keys}
-    CAPTURE = Capture(rows)
+    WORKER.capture = capture = Capture(rows)
     try:
         drafts = original(runner, *args, **kwargs)
     finally:
-        capture, CAPTURE = CAPTURE, None
+        WORKER.capture = None
     for row, req in rows.items():
         ids = drafts[row].tolist() if hasattr(drafts, "tolist") else list(drafts[row])
-        PENDING[req] = Proposal([int(t) for t in ids], capture.rms.get(row, []))
+        WORKER.pending[req] = Proposal([int(t) for t in ids], capture.rms.get(row, []))
     return drafts
 
 
 def _set_inputs_first_pass(original, proposer, *args, **kwargs):
     result = original(proposer, *args, **kwargs)
-    if CAPTURE is not None:
+    if WORKER.capture is not None:
         token_indices_to_sample = result[1]
-        CAPTURE.first_rows = [int(token_indices_to_sample[row]) for row in CAPTURE.rows]
+        WORKER.capture.first_rows = [int(token_indices_to_sample[row]) for row in WORKER.capture.rows]
     return result
 
 
@@ -168,7 +186,7 @@ def _load_model(original, proposer, *args, **kwargs):
 
 def _measure_fed_back_state(module, args, kwargs):
     """A forward pre-hook on the EAGLE-3 drafter: the RMS of the state entering this depth, per probed row."""
-    capture = CAPTURE
+    capture = WORKER.capture
     if capture is None:   # warm-up, dummy runs, batches without a probed request
         return None
     hidden = kwargs.get("hidden_states")

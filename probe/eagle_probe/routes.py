@@ -44,7 +44,7 @@ async def _ask(request: Request, method: str, *args):
         raise HTTPException(503, "this server has no engine")
     try:
         answers = await engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)
-    except Exception as e:   # the worker half is off: another vLLM version, or the plugin not enabled there
+    except Exception as e:   # the worker half is off (another vLLM version), or the worker failed or timed out
         raise HTTPException(503, f"eagle_probe {__version__} is not running in this server's workers "
                                  f"(it runs on vLLM {VLLM_VERSION}): {type(e).__name__}: {e}") from None
     return answers[0]

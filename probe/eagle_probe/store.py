@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 MAX_REQUESTS = 64        # requests recorded at once; more are told so instead of recorded
-MAX_STEPS = 8192         # records kept per request between two fetches
+MAX_STEPS = 8192         # records held per request between two fetches; later ones are dropped and counted
 IDLE_TTL_S = 300.0       # a request neither updated nor fetched this long is dropped
 
 
@@ -16,6 +16,7 @@ class Entry:
     records: list[dict] = field(default_factory=list)
     finished: bool = False
     steps: int = 0           # records made so far, fetched or not
+    dropped: int = 0         # records lost to MAX_STEPS
     touched: float = field(default_factory=time.monotonic)
 
 
@@ -47,6 +48,8 @@ class Store:
             entry.steps += 1
             if len(entry.records) < MAX_STEPS:
                 entry.records.append(record)
+            else:
+                entry.dropped += 1
             entry.touched = time.monotonic()
 
     def finish(self, key: str) -> None:
@@ -68,7 +71,7 @@ class Store:
             records, entry.records, entry.touched = entry.records, [], time.monotonic()
             if entry.finished or final:
                 del self._entries[key]
-            return {"records": records, "finished": entry.finished}
+            return {"records": records, "finished": entry.finished, "dropped": entry.dropped}
 
     def __len__(self) -> int:
         with self._lock:

@@ -14,6 +14,7 @@ so those fields stay empty and `observed` says so.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Callable, Iterator
 import httpx
 
 from playground.engines.drafters import DrafterInfo
-from playground.engines.events import StepEvent
+from playground.engines.events import EXACT_STEPS, StepEvent
 from playground.engines.protocol import Replayer
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text
@@ -32,6 +33,7 @@ from playground.engines.vllm.tokens import ServerTokenizer
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE
 
+log = logging.getLogger("playground.vllm")
 OBSERVED = ("counts",)          # the server reported every step's counts
 OBSERVED_CHUNKS = ("chunks",)   # it did not: steps are the stream's chunks, counts estimated from them
 FINISH = {"stop": "eos", "length": "length"}
@@ -105,22 +107,28 @@ class ProbedSteps:
         self.texts += texts
 
     def ready(self, final: bool) -> Iterator[dict]:
+        """Steps for the records whose tokens have streamed; at the end, the last ones with the tokens
+        that did stream (the server may have stepped on past a stop string), and any tokens left over."""
         try:
             records = self.probe.fetch(final)
-        except PlaygroundError:   # not recorded (yet): the stream's own errors are the ones to report
+        except PlaygroundError as e:   # the stream goes on; its tokens end in one step without drafts
+            log.warning("%s", e)
             records = self.probe.records
-        while self.records < len(records):
+        while self.records < len(records) and self.used < len(self.ids):
             record = records[self.records]
-            size = len(record["tokens"])
-            last = final and self.records == len(records) - 1
-            if self.used + size > len(self.ids) and not last:
+            if record["step"] != self.records:   # records were lost: no longer know which tokens are whose
+                log.warning("the probe at %s skipped records after step %d", self.probe.url, self.records - 1)
+                self.probe.records = records = records[:self.records]
+                break
+            size, available = len(record["tokens"]), len(self.ids) - self.used
+            if size > available and not final:
                 return   # its tokens have not all streamed yet
-            end = len(self.ids) if last else self.used + size
+            end = self.used + min(size, available)
             yield self.step(record, self.ids[self.used:end], self.texts[self.used:end])
             self.used, self.records = end, self.records + 1
         if final and self.used < len(self.ids):   # tokens no record accounts for
             yield {"step": self.records, "token_ids": tuple(self.ids[self.used:]),
-                   "token_texts": tuple(self.texts[self.used:]), "observed": OBSERVED}
+                   "token_texts": tuple(self.texts[self.used:]), "observed": (EXACT_STEPS,)}
             self.used = len(self.ids)
 
     def step(self, record: dict, ids: list[int], texts: list[str]) -> dict:
@@ -133,7 +141,7 @@ class ProbedSteps:
         return {"step": record["step"], "token_ids": tuple(ids), "token_texts": tuple(texts),
                 "draft_ids": tuple(drafts), "draft_texts": tuple(self.connection.tokens.piece(t) for t in drafts),
                 "drafted": drafted, "accepted": accepted, "hidden_norm": rms,
-                "observed": ("drafts", "hidden_norm") if rms else ("drafts",)}
+                "observed": ("drafts", "hidden_norm", EXACT_STEPS) if rms else ("drafts", EXACT_STEPS)}
 
 
 class VLLMEngine:

@@ -50,8 +50,8 @@ class ProbedRequest:
             self.fetched_at = time.monotonic()
             answer = call_json(self.client, "GET", self.url, f"{PREFIX}/records/{self.key}",
                                params={"final": "true"} if final else None)
-            for record in answer.get("records") or []:
-                if record.get("error"):
-                    raise PlaygroundError(f"the probe in the vLLM server at {self.url}: {record['error']}")
-                self.records.append(record)
+            errors = [answer.get("error"), *(r.get("error") for r in answer.get("records") or [])]
+            if any(errors):   # refused (the probe is full), or the server schedules asynchronously
+                raise PlaygroundError(f"the probe in the vLLM server at {self.url}: {next(filter(None, errors))}")
+            self.records += answer.get("records") or []
         return self.records
