@@ -63,17 +63,20 @@ class ReferenceEngine:
         return request.prompt_ids(self.tokenizer, self.target.max_context)
 
     def check(self, request: GenerationRequest) -> None:
+        self._checked_prompt_ids(request)
+
+    def _checked_prompt_ids(self, request: GenerationRequest) -> list[int]:
         request.validate(self.max_tokens_limit)
-        self.prompt_ids(request)
+        return self.prompt_ids(request)
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """Validate, then stream one StepEvent per verify step (the first is the prefill).
 
         Errors in the request raise PlaygroundError here, before anything is yielded."""
-        self.check(request)
+        prompt_ids = self._checked_prompt_ids(request)
         with self.lock:
             drafter, _ = self.drafters.get(request.drafter)
-        return self._stream(request, self.prompt_ids(request), drafter)
+        return self._stream(request, prompt_ids, drafter)
 
     @torch.inference_mode()
     def replay(self, request: GenerationRequest, events: list[StepEvent]) -> list[StepEvent]:

@@ -65,7 +65,11 @@ def acceptance_by_depth(events: Iterable[StepEvent]) -> tuple[tuple[float, ...],
     steps that accepted at least d drafts. Every drafting step counts at every depth, so a step
     that drafted fewer than d tokens counts as not accepted there, and the rate never rises with
     depth. Conditional: the share of the steps that accepted d-1 drafts which accepted d."""
-    accepted, prior = steps_accepting(events)
+    return rates_by_depth(*steps_accepting(events))
+
+
+def rates_by_depth(accepted: tuple[int, ...], prior: tuple[int, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """acceptance_by_depth's rates from steps_accepting's counts."""
     unconditional = tuple(a / prior[0] for a in accepted)
     conditional = tuple(a / p if p else 0.0 for a, p in zip(accepted, prior))
     return unconditional, conditional
@@ -127,7 +131,8 @@ def summarize(events: list[StepEvent]) -> RunSummary:
     events = reconcile(events)
     token_ids = tuple(t for e in events for t in e.token_ids)
     first, last = events[0], events[-1]
-    unconditional, conditional = acceptance_by_depth(events)
+    accepting = steps_accepting(events)
+    unconditional, conditional = rates_by_depth(*accepting)
     decode_time = last.elapsed_s - first.elapsed_s
     draft_ms_per_step, verify_ms_per_step = ms_per_verify_step(events)
     return RunSummary(
@@ -150,7 +155,7 @@ def summarize(events: list[StepEvent]) -> RunSummary:
         verify_ms=sum(e.verify_ms for e in events),
         finish_reason=last.finish_reason,
         drafting_steps=drafting_counts(events)[1],
-        conditional_acceptance_steps=steps_accepting(events)[1],
+        conditional_acceptance_steps=accepting[1],
         # every probe is recorded at every depth drafted, so the RMS rows count the attention's samples too
         drafting_steps_by_depth=count_by_depth(e.hidden_norm for e in events),
         draft_ms_per_step=draft_ms_per_step,

@@ -206,10 +206,14 @@ class VLLMEngine:
         return self.connection(drafter).replayer
 
     def check(self, request: GenerationRequest) -> None:
+        self._checked_prompt_ids(request)
+
+    def _checked_prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt ids, templated and tokenised by its server, once the request is valid."""
         request.validate(self.max_tokens_limit)
         chains_only(request)
         connection = self.connection(request.drafter)
-        connection.tokens.prompt_ids(request, connection.info.max_model_len)
+        return connection.tokens.prompt_ids(request, connection.info.max_model_len)
 
     def limitations(self, drafter: str) -> str:
         c = self.connection(drafter)
@@ -245,10 +249,9 @@ class VLLMEngine:
         """Validate, then stream StepEvents from the server for `request.drafter`.
 
         The server's k is fixed when it starts; `request.k` does not change it."""
-        self.check(request)
+        prompt_ids = self._checked_prompt_ids(request)
         connection = self.connection(request.drafter)
         context = connection.info.max_model_len
-        prompt_ids = connection.tokens.prompt_ids(request, context)
         max_tokens = min(request.max_tokens, context - len(prompt_ids))
         body = {"model": connection.info.model, "prompt": prompt_ids, "max_tokens": max_tokens,
                 "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed,
