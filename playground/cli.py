@@ -97,6 +97,8 @@ def generate(args: argparse.Namespace) -> int:
     if info.variant != NONE and not info.trained:
         print(f"note: {info.name} is a randomly initialised drafter ({info.source}); "
               "no trained checkpoint is shipped, so few drafts will be accepted", file=sys.stderr)
+    if info.variant != NONE and engine.limitations(request.drafter):
+        print(f"note: {engine.limitations(request.drafter)}", file=sys.stderr)
     if args.json:
         events = []
         for event in engine.generate(request):
@@ -418,6 +420,8 @@ def _add_bench(sub) -> None:
     c.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--rounds", type=int, default=4)
+    c.add_argument("--contexts", type=int, nargs="*", default=[1000, 4000], choices=[1000, 2000, 4000],
+                   help="document lengths (tokens) after which a recorded step's cost is measured")
     c.set_defaults(func=bench_probe)
     m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
     _bench_options(m, False)
@@ -467,7 +471,8 @@ def bench_vllm(args: argparse.Namespace) -> int:
 def bench_probe(args: argparse.Namespace) -> int:
     from playground.evaluation import probe_cost
 
-    config = probe_cost.ProbeCostConfig(tuple(args.concurrency), args.max_tokens, args.rounds)
+    config = probe_cost.ProbeCostConfig(tuple(args.concurrency), args.max_tokens, args.rounds,
+                                        contexts=tuple(args.contexts))
     print(probe_cost.markdown(probe_cost.run(config, status=_to_stderr)))
     return 0
 

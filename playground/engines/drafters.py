@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 
 from playground.errors import PlaygroundError
-from playground.model.drafter import DrafterConfig, Eagle3Drafter, drafter_fingerprint, load_drafter
-from playground.model.fingerprint import fingerprint
+from playground.model.drafter import DrafterConfig, Eagle3Drafter, load_drafter
 from playground.model.packed_linear import pack_linears
 from playground.model.variants import NAMES, NONE, SHIPPED, shipped_path
 
@@ -47,15 +46,6 @@ class DrafterStore:
         if name not in self._loaded:
             self._loaded[name] = self._load(name)
         return self._loaded[name]
-
-    def fingerprint(self, name: str) -> str:
-        """The weights and config the drafter of that name came from (model.fingerprint), to check
-        that another engine serves the same drafter."""
-        _, info = self.get(name)
-        if info.trained:
-            return drafter_fingerprint(info.source)
-        drafter = random_drafter(self.target, SHIPPED[name])
-        return fingerprint(drafter.config.to_vllm_json(), drafter.state_dict())
 
     def _load(self, name: str) -> tuple[Eagle3Drafter | None, DrafterInfo]:
         if name == NONE:

@@ -27,14 +27,3 @@ class Engine(Protocol):
     def limitations(self, drafter: str) -> str:
         """What this engine cannot show of a run with `drafter`, in a sentence for the page ('' for nothing)."""
         ...
-
-    def replayer(self, drafter: str) -> "Replayer | None":
-        """An engine that can show the drafter's view of this engine's runs with `drafter`: one holding
-        the same target and drafter weights (None when there is none, or when this engine shows it)."""
-        ...
-
-
-class Replayer(Protocol):
-    """An engine that can recompute the drafter's view along another engine's committed tokens."""
-
-    def replay(self, request: GenerationRequest, events: list[StepEvent]) -> list[StepEvent]: ...

@@ -16,7 +16,7 @@ import torch
 from torch.profiler import record_function
 
 from playground.engines.drafters import DrafterInfo, DrafterStore
-from playground.engines.events import StepEvent, reconcile
+from playground.engines.events import StepEvent
 from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Proposer
 from playground.engines.request import GenerationRequest
 from playground.engines.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_sampling
@@ -56,9 +56,6 @@ class ReferenceEngine:
     def limitations(self, drafter: str) -> str:
         return ""
 
-    def replayer(self, drafter: str) -> None:
-        return None   # its own events carry the drafter's view
-
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         return request.prompt_ids(self.tokenizer, self.target.max_context)
 
@@ -77,41 +74,6 @@ class ReferenceEngine:
         with self.lock:
             drafter, _ = self.drafters.get(request.drafter)
         return self._stream(request, prompt_ids, drafter)
-
-    @torch.inference_mode()
-    def replay(self, request: GenerationRequest, events: list[StepEvent]) -> list[StepEvent]:
-        """What the reference drafter sees along a run another backend made (vLLM): each step's
-        committed tokens are forced, and the drafter drafts that step's count greedily, so its
-        drafts, probabilities, attention and fed-back norms can be shown next to the backend's
-        own accept counts. With the same weights these are the drafts the backend verified,
-        up to near-ties its kernels break differently."""
-        steps = reconcile(events)
-        drafter, _ = self.drafters.get(request.drafter)
-        if drafter is None or not steps:
-            return steps
-        prompt_ids = self.prompt_ids(request)
-        greedy, generator = SamplingParams(0.0, 1.0), torch.Generator()
-        with self.lock:
-            capacity = len(prompt_ids) + sum(len(e.token_ids) for e in steps) + 1
-            cache = self.target.new_cache(capacity)
-            proposer = EagleProposer(drafter, self.target.embed_tokens, capacity + max(e.drafted for e in steps))
-            out = self.target.forward(torch.tensor([prompt_ids]), cache, last_only=True)
-            last = steps[0].token_ids[0]
-            proposer.observe(out.features[0], prompt_ids[1:] + [last])
-            replayed = [steps[0]]
-            for e in steps[1:]:
-                proposal = proposer.propose(e.drafted, greedy, generator) if e.drafted else Proposal()
-                committed = list(e.token_ids)
-                out = self.target.forward(torch.tensor([[last] + committed[:-1]]), cache)
-                proposer.observe(out.features[0], committed)
-                last = committed[-1]
-                replayed.append(replace(
-                    e, draft_ids=tuple(proposal.ids),
-                    draft_texts=tuple(token_text(self.tokenizer, t) for t in proposal.ids),
-                    draft_probs=tuple(proposal.probs), sink_attention=tuple(proposal.sink_attention),
-                    self_attention=tuple(proposal.self_attention), hidden_norm=tuple(proposal.hidden_norm),
-                    observed=e.observed + ("replay",)))
-        return replayed
 
     def _stream(self, request: GenerationRequest, prompt_ids: list[int],
                 drafter: Eagle3Drafter | None) -> Iterator[StepEvent]:

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from playground.errors import PlaygroundError
-from playground.model.fingerprint import folder_fingerprint
 from playground.model.rope import apply_rope
 from playground.model.variants import EAGLE3, EAGLE31
 
@@ -293,16 +292,6 @@ def load_drafter_config(path: str | Path) -> DrafterConfig:
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
         raise PlaygroundError(f"{folder} is not a drafter checkpoint (needs config.json and model.safetensors)")
     return DrafterConfig.from_vllm_json(json.loads((folder / "config.json").read_text()))
-
-
-def drafter_fingerprint(path: str | Path) -> str | None:
-    """model.fingerprint of a drafter folder in either format (None if it is not one here): the same
-    drafter gives the same fingerprint whichever format holds it."""
-    try:
-        config = load_drafter_config(path)
-    except (PlaygroundError, OSError, KeyError, ValueError):
-        return None
-    return folder_fingerprint(path, config.to_vllm_json())
 
 
 def save_speculators(source: str | Path, out_dir: str | Path, verifier: str, k: int = 5) -> Path:

@@ -24,7 +24,7 @@ from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSetti
 from playground.ui.explainer import STORED_RESULTS
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import (MAX_SEED, NEW_SEED, REPLAY_NOTE, Limits, StopRequests, backend, failure_message,
+from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, failure_message,
                                    interleave, make_request, stop_handler, stopped)
 
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
@@ -153,7 +153,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             requests = {n: r for n, r in zip(names, columns) if r}
             notes = {n: run_note(engine, r) for n, r in requests.items()}
             streams = {n: engine.generate(r) for n, r in requests.items()}
-            probes = {n: engine.replayer(r.drafter) for n, r in requests.items() if r.drafter != NONE}
         except Exception as e:
             raise gr.Error(failure_message(e)) from None
         logs = {name: RunLog(r) for name, r in requests.items()}
@@ -162,16 +161,11 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
-                ending = [name] if event.finish_reason else []
                 stopping = stops.take(session)
                 if stopping:   # every run that has begun ends here; one that has not stays empty
-                    running = [n for n, log in logs.items() if log.events and not log.finished]
-                    for n in running:
-                        logs[n].events[-1] = stopped(logs[n].events[-1])
-                    ending += running
-                for n in ending:
-                    if probes.get(n) is not None:
-                        logs[n].events, notes[n] = probes[n].replay(requests[n], logs[n].events), REPLAY_NOTE
+                    for log in logs.values():
+                        if log.events and not log.finished:
+                            log.events[-1] = stopped(log.events[-1])
                 final = stopping or all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
                     yield update(logs, notes, names, live, final or pacer.due("plots"), final)

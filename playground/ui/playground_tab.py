@@ -13,7 +13,7 @@ from playground.ui import render, tree_view, unchecked
 from playground.ui.controls import answer_header, preset_dropdown, prompt_box, run_note, settings_panel, wire_presets
 from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, stream_handler
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import (REPLAY_NOTE, Limits, StopRequests, backend, failure_message, make_request,
+from playground.ui.streams import (Limits, StopRequests, backend, failure_message, make_request,
                                    stop_handler, stopped)
 
 DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none ({LABELS[NONE]})", NONE)]
@@ -62,7 +62,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             request = make_request(limits, settings)
             engine = backend(backends, settings.backend_name)
             note = run_note(engine, request)
-            probe = engine.replayer(request.drafter)
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
             raise gr.Error(failure_message(e)) from None
@@ -72,8 +71,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             for event in steps:
                 run_log.events.append(stopped(event) if stops.take(session) else event)
                 final = run_log.finished
-                if final and probe is not None:
-                    run_log.events, note = probe.replay(request, run_log.events), REPLAY_NOTE
                 if final or pacer.due("text"):
                     yield update(run_log, note, live, final or pacer.due("plots"), final)
                 if final:

@@ -137,6 +137,3 @@ def failure_message(error: Exception) -> str:
     log.exception("engine failure")
     return f"the engine failed: {type(error).__name__}: {error}"
 
-
-REPLAY_NOTE = ("Drafter probabilities and attention are a replay of vLLM's committed tokens through the reference "
-               "drafter (same weights), as are rejected drafts and fed-back RMS where the server runs no probe.")

@@ -9,6 +9,12 @@ Where each figure comes from (vllm/v1/worker/gpu_model_runner.py, vllm/v1/spec_d
 - fed-back RMS by depth, for EAGLE-3 drafters: the `hidden_states` the drafter model is called
   with. Call 0 of `propose` gets the fused target features of the whole batch (the request's row is
   `token_indices_to_sample`); call d >= 1 gets the state fed back from depth d, one row per request.
+- the drafter's probability of each draft, for EAGLE-family drafters: the softmax of the drafter's
+  logits for the probed rows of `_sample_draft_tokens` (one row per request at every depth), at
+  the draft it chose;
+- attention by depth, for EAGLE-3 drafters: the query of that same row in the drafter's (first)
+  attention layer, whose backend `forward` is wrapped on the instance; its keys are the probe's own
+  copy of the request's keys (attention.py), checked against the backend's output on every query.
 Nothing is computed for a step in which no request opted in.
 """
 
@@ -17,9 +23,11 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import time
 from dataclasses import dataclass, field
 
-from eagle_probe import REQUEST_FIELD, VLLM_VERSION, __version__
+from eagle_probe import HEADS_FIELD, REQUEST_FIELD, VLLM_VERSION, __version__
+from eagle_probe.attention import KeyCopy, Masses, Unavailable
 from eagle_probe.store import Store
 
 log = logging.getLogger("eagle_probe")
@@ -49,6 +57,7 @@ def install() -> None:
     _wrap(GPUModelRunner, "sample_tokens", _sample_tokens)
     _wrap(GPUModelRunner, "propose_draft_token_ids", _propose_draft_token_ids)
     _wrap(SpecDecodeBaseProposer, "set_inputs_first_pass", _set_inputs_first_pass)
+    _wrap(SpecDecodeBaseProposer, "_sample_draft_tokens", _sample_draft_tokens)
     _wrap(SpecDecodeBaseProposer, "load_model", _load_model)
     WorkerBase.eagle_probe_fetch = lambda worker, key, final=False: STORE.fetch(key, final)
     WorkerBase.eagle_probe_status = lambda worker: {"version": __version__, "vllm": vllm.__version__,
@@ -75,19 +84,31 @@ def probed(runner) -> dict[str, str]:
     return keys
 
 
+Attention = list   # by depth: the Masses of that depth's query, or why there are none (a str)
+
+
 @dataclass
 class Proposal:
     drafts: list[int]
     rms: list[float] = field(default_factory=list)
+    attention: Attention = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    probe_ms: float = 0.0
 
 
 @dataclass
 class Capture:
-    """What one `propose` call records: the batch rows to measure and, per row, the RMS by depth."""
+    """What one `propose` call records: the batch rows to measure and, per row, the RMS and the
+    attention by depth."""
     rows: dict[int, str]                      # batch row -> internal request id
-    first_rows: list[int] | None = None       # call 0's rows: token_indices_to_sample of `rows`
+    first_rows: dict[int, int] | None = None  # batch row -> its row in call 0 (token_indices_to_sample)
     calls: int = 0
+    positions: object = None                  # the current call's positions tensor
+    round_start: dict[int, int] = field(default_factory=dict)   # batch row -> position of its first draft
     rms: dict[int, list[float]] = field(default_factory=dict)
+    attention: dict[int, Attention] = field(default_factory=dict)
+    probs: dict[int, list[float]] = field(default_factory=dict)
+    spent_s: float = 0.0   # time the probe's measurements took in this call, for all its rows
 
 
 @dataclass
@@ -95,6 +116,7 @@ class Worker:
     """What the hooks keep between calls in one worker process (the runner calls them one at a time)."""
     pending: dict[str, Proposal] = field(default_factory=dict)   # internal request id -> its next drafts
     keys: dict[str, str] = field(default_factory=dict)           # internal request id -> the client's id
+    copies: dict[str, KeyCopy] = field(default_factory=dict)     # internal request id -> its drafter keys
     capture: Capture | None = None   # set while a propose call for probed requests runs
     steps: int = 0                   # steps the hooks have seen: 0 under traffic means they do not run
 
@@ -102,6 +124,7 @@ class Worker:
         """Requests the scheduler reports finished: their records are complete, their proposals void."""
         for req in finished:
             self.pending.pop(req, None)
+            self.copies.pop(req, None)
             if req in self.keys:
                 STORE.finish(self.keys.pop(req))
 
@@ -112,7 +135,7 @@ WORKER = Worker()
 def _update_states(original, runner, scheduler_output):
     """Every step begins here, scheduled or not: the moment to forget the requests that finished."""
     WORKER.steps += 1
-    if WORKER.pending or WORKER.keys:
+    if WORKER.pending or WORKER.keys or WORKER.copies:
         WORKER.forget(scheduler_output.finished_req_ids)
     return original(runner, scheduler_output)
 
@@ -148,9 +171,27 @@ def _record(runner, req: str, drafts: list[int], tokens: list[int], proposal: Pr
               "hidden_rms": []}
     if drafts and proposal is not None and proposal.drafts[:len(drafts)] == drafts:
         record["hidden_rms"] = proposal.rms[:len(drafts)]
+        record["draft_probs"] = proposal.probs[:len(drafts)]
+        record["probe_ms"] = proposal.probe_ms
         if not proposal.rms and runner.speculative_config.method.startswith("eagle3"):
             record["note"] = "the drafter's forward ran without Python hooks (a captured graph): no RMS"
+        if proposal.attention:
+            extra = runner.requests[req].sampling_params.extra_args or {}
+            record.update(_attention_fields(proposal.attention[:len(drafts)], bool(extra.get(HEADS_FIELD))))
     return record
+
+
+def _attention_fields(by_depth: Attention, heads: bool) -> dict:
+    """The record's attention by depth, averaged over this worker's query heads (and per head if asked)."""
+    errors = [m for m in by_depth if isinstance(m, str)]
+    if errors:
+        return {"attention_error": errors[0]}
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    fields = {"sink_attention": [mean(m.sink) for m in by_depth], "self_attention": [mean(m.drafts) for m in by_depth],
+              "rest_attention": [mean(m.rest) for m in by_depth]}
+    if heads:
+        fields["attention_by_head"] = [[list(h) for h in zip(m.sink, m.drafts, m.rest)] for m in by_depth]
+    return fields
 
 
 def _propose_draft_token_ids(original, runner, *args, **kwargs):
@@ -165,7 +206,9 @@ def _propose_draft_token_ids(original, runner, *args, **kwargs):
         WORKER.capture = None
     for row, req in rows.items():
         ids = drafts[row].tolist() if hasattr(drafts, "tolist") else list(drafts[row])
-        WORKER.pending[req] = Proposal([int(t) for t in ids], capture.rms.get(row, []))
+        WORKER.pending[req] = Proposal([int(t) for t in ids], capture.rms.get(row, []),
+                                       capture.attention.get(row, []), capture.probs.get(row, []),
+                                       capture.spent_s * 1e3)
     return drafts
 
 
@@ -173,7 +216,27 @@ def _set_inputs_first_pass(original, proposer, *args, **kwargs):
     result = original(proposer, *args, **kwargs)
     if WORKER.capture is not None:
         token_indices_to_sample = result[1]
-        WORKER.capture.first_rows = [int(token_indices_to_sample[row]) for row in WORKER.capture.rows]
+        WORKER.capture.first_rows = {row: int(token_indices_to_sample[row]) for row in WORKER.capture.rows}
+    return result
+
+
+def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
+    """One depth's drafts, from one row per request; for the probed rows, the drafter's probability of
+    the draft chosen (the logits computed once more for those rows alone)."""
+    result = original(proposer, hidden_states, *args, **kwargs)
+    capture = WORKER.capture
+    if capture is None or getattr(proposer, "parallel_drafting", False) or not hasattr(proposer.model, "compute_logits"):
+        return result
+    start = time.perf_counter()
+    drafts = result[0] if isinstance(result, tuple) else result
+    rows = list(capture.rows)
+    logits = proposer.model.compute_logits(hidden_states[rows])
+    if logits is not None:
+        chosen = drafts[rows].reshape(-1, 1).to(logits.device)
+        probs = logits.float().softmax(-1).gather(1, chosen)[:, 0].tolist()
+        for row, prob in zip(rows, probs):
+            capture.probs.setdefault(row, []).append(prob)
+    capture.spent_s += time.perf_counter() - start
     return result
 
 
@@ -181,6 +244,9 @@ def _load_model(original, proposer, *args, **kwargs):
     result = original(proposer, *args, **kwargs)
     if proposer.method.startswith("eagle3"):
         proposer.model.register_forward_pre_hook(_measure_fed_back_state, with_kwargs=True)
+        layers = [m for m in proposer.model.modules() if hasattr(m, "impl") and hasattr(m.impl, "forward")]
+        if layers:   # EAGLE-3 drafters have one decoder layer; deeper ones are measured at the first
+            _watch_attention(layers[0].impl)
     return result
 
 
@@ -192,10 +258,70 @@ def _measure_fed_back_state(module, args, kwargs):
     hidden = kwargs.get("hidden_states")
     if hidden is None:
         return None
-    rows = capture.first_rows if capture.calls == 0 else list(capture.rows)
+    start = time.perf_counter()
+    capture.positions = kwargs.get("positions")
+    if capture.calls == 0:
+        rows = None if capture.first_rows is None else list(capture.first_rows.values())
+    else:
+        rows = list(capture.rows)
     if rows is not None:
         rms = hidden[rows].float().pow(2).mean(dim=-1).sqrt().tolist()
         for row, value in zip(capture.rows, rms):
             capture.rms.setdefault(row, []).append(value)
     capture.calls += 1
+    capture.spent_s += time.perf_counter() - start
     return None
+
+
+def _watch_attention(impl) -> None:
+    """Wrap the drafter attention backend's `forward` on this instance: vLLM calls it from its
+    attention op's Python body (never traced into a compiled graph), after the step's keys are written."""
+    original = impl.forward
+
+    @functools.wraps(original)
+    def forward(layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs):
+        result = original(layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
+        capture = WORKER.capture
+        if capture is not None and attn_metadata is not None:
+            start = time.perf_counter()
+            output = kwargs["output"] if "output" in kwargs else args[0]
+            try:
+                _measure_attention(capture, impl, query, key, value, attn_metadata, output)
+            except Exception as e:   # the probe must never break the server: the record says why instead
+                if not isinstance(e, Unavailable):
+                    log.warning("eagle_probe could not measure the drafter's attention: %r", e)
+                    e = f"the probe failed: {type(e).__name__}: {e}"
+                for row in capture.rows:
+                    capture.attention.setdefault(row, []).append(str(e))
+            capture.spent_s += time.perf_counter() - start
+        return result
+    impl.forward = forward
+
+
+def _measure_attention(capture: Capture, impl, query, key, value, attn_metadata, output) -> None:
+    """Add the probed rows' keys of this drafter call to their copies, and measure each one's query."""
+    depth = capture.calls - 1   # the pre-hook has counted this call
+    if key is None or capture.positions is None or (depth == 0 and capture.first_rows is None):
+        raise Unavailable("the drafter's attention layer was not handed its keys and positions")
+    starts = attn_metadata.query_start_loc.tolist()
+    positions = capture.positions
+    keys, values = (t.reshape(t.shape[0], impl.num_kv_heads, -1) for t in (key, value))
+    for row, req in capture.rows.items():
+        start, end = starts[row], starts[row + 1]
+        if end <= start:
+            continue
+        copy = WORKER.copies.get(req)
+        if copy is None:
+            copy = WORKER.copies[req] = KeyCopy(keys, values.shape[-1])
+        copy.write(positions[start:end], keys[start:end], values[start:end])
+        at = capture.first_rows[row] if depth == 0 else end - 1
+        position = int(positions[at])
+        if depth == 0:
+            capture.round_start[row] = position + 1
+        try:
+            measured: Masses | str = copy.masses(query[at].reshape(impl.num_heads, -1), position,
+                                                 capture.round_start[row], impl.scale,
+                                                 output[at].reshape(impl.num_heads, -1))
+        except Unavailable as e:
+            measured = str(e)
+        capture.attention.setdefault(row, []).append(measured)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from eagle_probe import PLUGIN, VLLM_VERSION, __version__
+from eagle_probe.attention import across_ranks
 
 RPC_TIMEOUT_S = 5.0
 
@@ -21,7 +22,7 @@ class ProbeRoutes:
         async def records(key: str, request: Request, final: bool = False) -> dict:
             """The records of request `key` made since the last fetch; `final=true` (after its stream
             ended) also drops the request from the probe."""
-            found = await _ask(request, "eagle_probe_fetch", key, final)
+            found = across_ranks(await _ask(request, "eagle_probe_fetch", key, final))
             if found is None:
                 raise HTTPException(404, f"no request {key!r} is recorded: it did not set vllm_xargs "
                                          f"{{\"{PLUGIN}\": id}}, has not started, or was fetched to its end")
@@ -29,7 +30,7 @@ class ProbeRoutes:
 
         @router.get("/status")
         async def status(request: Request) -> dict:
-            return await _ask(request, "eagle_probe_status")
+            return (await _ask(request, "eagle_probe_status"))[0]
 
         app.include_router(router)
 
@@ -37,8 +38,8 @@ class ProbeRoutes:
         state.eagle_probe_engine = engine_client
 
 
-async def _ask(request: Request, method: str, *args):
-    """The first worker's answer (every worker holds the same records)."""
+async def _ask(request: Request, method: str, *args) -> list:
+    """Every worker's answer, in rank order."""
     engine = getattr(request.app.state, "eagle_probe_engine", None)
     if engine is None:
         raise HTTPException(503, "this server has no engine")
@@ -47,4 +48,4 @@ async def _ask(request: Request, method: str, *args):
     except Exception as e:   # the worker half is off (another vLLM version), or the worker failed or timed out
         raise HTTPException(503, f"eagle_probe {__version__} is not running in this server's workers "
                                  f"(it runs on vLLM {VLLM_VERSION}): {type(e).__name__}: {e}") from None
-    return answers[0]
+    return answers

@@ -11,15 +11,12 @@ import torch
 
 from playground.engines.drafters import random_drafter
 from playground.engines.events import StepEvent
-from playground.engines.protocol import Replayer
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.vllm.client import ReplayCheck, Server, VLLMEngine
-from playground.engines.vllm.introspect import ServerInfo
+from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import LaunchConfig, Launched, env_server_args
 from playground.errors import PlaygroundError
-from playground.model.drafter import drafter_fingerprint, save_drafter
-from playground.model.fingerprint import folder_fingerprint
+from playground.model.drafter import save_drafter
 from playground.model.target import embedded_target_folder
 from playground.model.variants import NAMES, NONE, SHIPPED, shipped_path
 
@@ -69,31 +66,6 @@ def parse_urls(specs: list[str]) -> list[Server]:
     return [Server(name, url.rstrip("/")) for name, url in urls.items()]
 
 
-def replay_check(reference: ReferenceEngine) -> ReplayCheck:
-    """The reference engine replays a server's runs only when it holds the same target and drafter:
-    both checkpoints found on this machine from what the server publishes, and fingerprinted."""
-    target_folder = Path(reference.target.path or embedded_target_folder())
-
-    def check(name: str, info: ServerInfo) -> tuple[Replayer | None, str]:
-        if name not in SHIPPED:
-            return None, "a run without speculation has no drafter"
-        if info.drafter_source is None:
-            return None, ("the server does not publish its drafter (vLLM shows its configuration at /server_info "
-                          "when started with VLLM_SERVER_DEV_MODE=1), so it cannot be checked against the "
-                          "reference engine's; vLLM reports accept counts only")
-        served_target = folder_fingerprint(info.root)
-        if served_target is None or served_target != folder_fingerprint(target_folder):
-            return None, (f"the server's target {info.root} is not the reference engine's ({target_folder}); "
-                          "vLLM reports accept counts only")
-        served_drafter = drafter_fingerprint(info.drafter_source)
-        if served_drafter is None or served_drafter != reference.drafters.fingerprint(name):
-            return None, (f"the server's drafter {info.drafter_source} is not the reference engine's {name}; "
-                          "vLLM reports accept counts only")
-        return reference, ""
-
-    return check
-
-
 def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str, ...]) -> LaunchConfig:
     """One server per drafter in `names` (a given checkpoint, else the shipped one for the embedded
     target; another model has only the drafters given), and one without speculation when `names` has none."""
@@ -132,7 +104,7 @@ def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: LaunchSpec
         servers = parse_urls(urls)
     if not servers:
         raise PlaygroundError("the vLLM backend needs --vllm-url NAME=URL (repeatable) or --launch")
-    engine = VLLMEngine(servers, max_tokens_limit=reference.max_tokens_limit, replay_check=replay_check(reference))
+    engine = VLLMEngine(servers, max_tokens_limit=reference.max_tokens_limit)
     return engine, launched
 
 
@@ -179,9 +151,6 @@ class StartingBackend:
 
     def limitations(self, drafter: str) -> str:
         return self.ready().limitations(drafter)
-
-    def replayer(self, drafter: str) -> Replayer | None:
-        return self.ready().replayer(drafter)
 
     def describe(self) -> list[tuple[str, str, str]]:
         if self.engine is not None:

@@ -18,13 +18,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import httpx
 
 from playground.engines.drafters import DrafterInfo
 from playground.engines.events import EXACT_STEPS, StepEvent
-from playground.engines.protocol import Replayer
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text
 from playground.engines.vllm.introspect import ServerInfo, inspect_server
@@ -60,12 +59,6 @@ class Connection:
     server: Server
     info: ServerInfo
     tokens: ServerTokenizer
-    replayer: Replayer | None    # the reference engine, when it holds this server's target and drafter
-    unreplayable: str            # why not, in a sentence ('' when it does)
-
-
-# (drafter name, what the server says) -> (replayer, why not)
-ReplayCheck = Callable[[str, ServerInfo], tuple[Replayer | None, str]]
 
 
 class ChunkSteps:
@@ -138,21 +131,22 @@ class ProbedSteps:
         if len(ids) <= accepted:   # the sequence ended on an accepted draft: the rest was never used
             drafted = accepted = len(ids)
         rms = tuple(record.get("hidden_rms") or ())
+        sink, own = tuple(record.get("sink_attention") or ()), tuple(record.get("self_attention") or ())
+        observed = ("drafts",) + (("hidden_norm",) if rms else ()) + (("attention",) if sink else ())
         return {"step": record["step"], "token_ids": tuple(ids), "token_texts": tuple(texts),
                 "draft_ids": tuple(drafts), "draft_texts": tuple(self.connection.tokens.piece(t) for t in drafts),
-                "drafted": drafted, "accepted": accepted, "hidden_norm": rms,
-                "observed": ("drafts", "hidden_norm", EXACT_STEPS) if rms else ("drafts", EXACT_STEPS)}
+                "drafted": drafted, "accepted": accepted, "hidden_norm": rms, "sink_attention": sink,
+                "draft_probs": tuple(record.get("draft_probs") or ()),
+                "self_attention": own, "observed": observed + (EXACT_STEPS,)}
 
 
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, servers: list[Server], max_tokens_limit: int | None = None, timeout_s: float = 120.0,
-                 replay_check: ReplayCheck | None = None):
+    def __init__(self, servers: list[Server], max_tokens_limit: int | None = None, timeout_s: float = 120.0):
         self.servers = {s.drafter: s for s in servers}
         self.drafter_names = tuple(self.servers)
         self.max_tokens_limit, self.timeout_s = max_tokens_limit, timeout_s
-        self.replay_check = replay_check or (lambda name, info: (None, "no reference engine to replay with"))
         self.client = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         self.connections: dict[str, Connection] = {}
         self.lock = threading.Lock()
@@ -194,16 +188,12 @@ class VLLMEngine:
         if server.drafter != NONE and not info.speculative:
             raise PlaygroundError(f"the server for {server.drafter} at {server.url} runs without speculation: "
                                   "start it with --speculative-config, or name it none")
-        replayer, why_not = self.replay_check(server.drafter, info)
-        return Connection(server, info, ServerTokenizer(server.url, info.model, self.client), replayer, why_not)
+        return Connection(server, info, ServerTokenizer(server.url, info.model, self.client))
 
     def drafter_info(self, name: str) -> DrafterInfo:
         s, info = self.server(name), self.connection(name).info
         return DrafterInfo(name, name, s.source or info.drafter_source or "not published by the server",
                            trained=s.trained)
-
-    def replayer(self, drafter: str) -> Replayer | None:
-        return self.connection(drafter).replayer
 
     def check(self, request: GenerationRequest) -> None:
         self._checked_prompt_ids(request)
@@ -221,8 +211,8 @@ class VLLMEngine:
         if drafter == NONE:
             return notes[0]
         if c.info.probe:
-            notes.append("The server's probe reports each step's drafts, rejected ones included, and the fed-back "
-                         "RMS as the answer streams; not the drafter's attention.")
+            notes.append("The server's probe reports each step's drafts, rejected ones included, the drafter's "
+                         "probabilities, its attention and the fed-back RMS as the answer streams.")
         else:
             notes.append("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
                          "nor the drafter's internals: run the server with the probe to see them (docs/vllm.md).")
@@ -231,8 +221,6 @@ class VLLMEngine:
             notes.append("This server does not report each step's counts (start it with "
                          "--per-request-spec-decode-metrics detailed): steps and counts are read from the stream's "
                          "chunks and are approximate.")
-        if c.replayer is None:
-            notes.append(f"The drafter's internals are not shown: {c.unreplayable}.")
         return " ".join(notes)
 
     def describe(self) -> list[tuple[str, str, str]]:

@@ -3,7 +3,8 @@ request's records fetched while it streams.
 
 A server with the plugin records the requests that set `vllm_xargs.eagle_probe` to an id of their
 own: per verify step the drafts the target verified, how many it accepted, the tokens the step
-committed and the RMS of the state fed into each draft depth (EAGLE-3 drafters). Records leave the
+committed, the RMS of the state fed into each draft depth and the drafter's attention on the sink
+tokens and on its own drafts by depth (EAGLE-3 drafters). Records leave the
 server as they are fetched; the last fetch, after the stream ends, also drops the request there.
 """
 
@@ -41,8 +42,10 @@ class ProbedRequest:
 
     @property
     def body(self) -> dict:
-        """What the completion request adds to its body to be recorded."""
-        return {"vllm_xargs": {FIELD: self.key}}
+        """What the completion request adds to its body to be recorded: its id, and a cache salt of its
+        own so that no key of its prompt comes from another request's cached prefix (the probe
+        measures attention over the keys it saw computed)."""
+        return {"vllm_xargs": {FIELD: self.key}, "cache_salt": self.key}
 
     def fetch(self, final: bool = False) -> list[dict]:
         """The records made so far; at most every FETCH_EVERY_S while streaming, always when final."""
