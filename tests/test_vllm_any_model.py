@@ -174,6 +174,12 @@ def test_a_server_without_the_probe_streams_counts_and_says_what_is_missing(tiny
     out = run_cli("--prompt", PROMPTS[0], "--backend", "vllm", "--vllm-url", f"eagle3={b_url}", "--max-tokens", "8",
                   "--drafter", "eagle3", "--json")
     assert out.returncode == 0 and "run the server with the probe to see them" in out.stderr, out.stderr
+    app = AppServer("--backend", "vllm", f"--vllm-url=eagle3={b_url}")
+    try:
+        page = api_client(app.url).predict(PROMPTS[0], "", "model", "eagle3", K, 0, 1, 24, "vllm", api_name="/run")
+        assert page[1] == summarize(events).text and "run the server with the probe to see them" in page[0]
+    finally:
+        app.stop()
 
 
 def test_the_cli_streams_from_the_model_and_says_what_is_wrong(tiny, dead_port):
@@ -207,7 +213,7 @@ def test_the_page_streams_from_the_model_and_keeps_serving_past_a_dead_server(ti
         out = client.predict(PROMPTS[1], "", "model", "eagle3", K, 0, 1, 24, "vllm", api_name="/run")
         assert out[1].strip() and summarize(list(a.generate(GenerationRequest(prompt=PROMPTS[1], drafter="eagle3",
                                                            max_tokens=24)))).text == out[1]
-        assert "vLLM reports accept counts only" in out[0] and "replay of vLLM" not in out[0]
+        assert "drafts, rejected ones included" in out[0] and 'class="tok rej"' in out[0]
         servers = client.predict(api_name="/servers")
         assert "tiny-a" in servers and "cannot reach" in servers
         with pytest.raises(Exception, match="cannot reach"):

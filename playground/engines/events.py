@@ -1,7 +1,8 @@
 """StepEvent: the one record every engine emits per verify step, and every consumer reads.
 
 Reference and vLLM engines fill the same fields; what a backend cannot observe stays empty
-(e.g. vLLM does not expose rejected draft ids or drafter attention) and `observed` says so.
+(e.g. a vLLM server without the probe reports accept counts, not drafts nor the drafter's
+internals) and `observed` says so.
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 The servers may serve any model: the backend asks each what it serves (introspect), has it
 template and tokenise the prompt and decode the tokens (tokens), and never needs the model here.
-Each request streams /v1/completions with `return_token_ids` and `stream_options.include_usage`;
-servers started with `--per-request-spec-decode-metrics detailed` end the stream with the
-accepted and drafted count of every verify step. While streaming, each chunk becomes one
-provisional step (a chunk is one engine step unless the server merged several because the
-client lagged); the last event carries the server's per-step counts, and `reconcile` re-splits
-the tokens into the exact steps. vLLM does not report rejected draft tokens or drafter attention,
-so those fields stay empty and `observed` says so.
+Each request streams /v1/completions with `return_token_ids` and `stream_options.include_usage`.
+A server that runs the probe (probe.py) records the request: each verify step then arrives with
+its drafts, rejected ones included, the drafter's probabilities, attention and fed-back RMS
+(ProbedSteps). Without it, servers started with `--per-request-spec-decode-metrics detailed` end
+the stream with the accepted and drafted count of every verify step: while streaming, each chunk
+becomes one provisional step (a chunk is one engine step unless the server merged several because
+the client lagged); the last event carries the server's per-step counts, and `reconcile` re-splits
+the tokens into the exact steps (ChunkSteps). What a server does not report stays empty and
+`observed` says so.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class ChunkSteps:
 
 class ProbedSteps:
     """Verify steps from the probe's records, each given the tokens that streamed for it: the drafts
-    the target verified (rejected ones included), the accepted count and the fed-back RMS by depth."""
+    the target verified (rejected ones included), the accepted count, and by depth the drafter's
+    probabilities, its attention and the fed-back RMS."""
 
     def __init__(self, connection: "Connection", probe: ProbedRequest):
         self.connection, self.probe = connection, probe
@@ -94,6 +97,7 @@ class ProbedSteps:
         self.texts: list[str] = []
         self.used = 0        # streamed tokens given to a step
         self.records = 0     # records made into steps
+        self.attention_error = ""   # why the probe could not measure attention (said once)
 
     def receive(self, ids: list[int], texts: tuple[str, ...]) -> None:
         self.ids += ids
@@ -132,6 +136,9 @@ class ProbedSteps:
             drafted = accepted = len(ids)
         rms = tuple(record.get("hidden_rms") or ())
         sink, own = tuple(record.get("sink_attention") or ()), tuple(record.get("self_attention") or ())
+        if record.get("attention_error") and not self.attention_error:
+            self.attention_error = record["attention_error"]
+            log.warning("the probe at %s reports no attention: %s", self.probe.url, self.attention_error)
         observed = ("drafts",) + (("hidden_norm",) if rms else ()) + (("attention",) if sink else ())
         return {"step": record["step"], "token_ids": tuple(ids), "token_texts": tuple(texts),
                 "draft_ids": tuple(drafts), "draft_texts": tuple(self.connection.tokens.piece(t) for t in drafts),
