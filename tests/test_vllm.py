@@ -274,7 +274,7 @@ ATTENTION_TOLERANCE = 1e-3   # absolute, on masses in [0, 1]
 
 @pytest.fixture(scope="module")
 def probe_prompts(engine) -> list[str]:
-    """Two short prompts and a question after a document of about 1,900 tokens: within one prefill
+    """Two short prompts and a question after a document, 1,990 tokens in all: within one prefill
     chunk of the servers (2,048 tokens). Prompts prefilled in several chunks are not compared: there
     vLLM 0.32's drafter state departs from its own unchunked one (docs/vllm.md)."""
     documents, questions = LONG_CONTEXT[2000]

@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import time
 from dataclasses import dataclass, field
+from statistics import fmean
 
 from eagle_probe import HEADS_FIELD, REQUEST_FIELD, VLLM_VERSION, __version__
 from eagle_probe.attention import KeyCopy, Masses, Unavailable
@@ -77,11 +78,16 @@ def probed(runner) -> dict[str, str]:
     """The requests of the runner's batch that asked to be recorded: internal id -> the client's id."""
     keys = {}
     for req_id in runner.input_batch.req_ids:
-        state = runner.requests.get(req_id)
-        extra = state.sampling_params.extra_args if state is not None and state.sampling_params else None
-        if extra and extra.get(REQUEST_FIELD):
+        extra = _extra_args(runner, req_id)
+        if extra.get(REQUEST_FIELD):
             keys[req_id] = str(extra[REQUEST_FIELD])
     return keys
+
+
+def _extra_args(runner, req_id: str) -> dict:
+    """The request's `vllm_xargs` ({} when it has none, or has left the runner)."""
+    state = runner.requests.get(req_id)
+    return (state.sampling_params.extra_args if state is not None and state.sampling_params else None) or {}
 
 
 Attention = list   # by depth: the Masses of that depth's query, or why there are none (a str)
@@ -176,8 +182,8 @@ def _record(runner, req: str, drafts: list[int], tokens: list[int], proposal: Pr
         if not proposal.rms and runner.speculative_config.method.startswith("eagle3"):
             record["note"] = "the drafter's forward ran without Python hooks (a captured graph): no RMS"
         if proposal.attention:
-            extra = runner.requests[req].sampling_params.extra_args or {}
-            record.update(_attention_fields(proposal.attention[:len(drafts)], bool(extra.get(HEADS_FIELD))))
+            record.update(_attention_fields(proposal.attention[:len(drafts)], bool(_extra_args(runner, req).get(
+                HEADS_FIELD))))
     return record
 
 
@@ -186,9 +192,9 @@ def _attention_fields(by_depth: Attention, heads: bool) -> dict:
     errors = [m for m in by_depth if isinstance(m, str)]
     if errors:
         return {"attention_error": errors[0]}
-    mean = lambda values: sum(values) / len(values)  # noqa: E731
-    fields = {"sink_attention": [mean(m.sink) for m in by_depth], "self_attention": [mean(m.drafts) for m in by_depth],
-              "rest_attention": [mean(m.rest) for m in by_depth]}
+    fields = {"sink_attention": [fmean(m.sink) for m in by_depth],
+              "self_attention": [fmean(m.drafts) for m in by_depth],
+              "rest_attention": [fmean(m.rest) for m in by_depth]}
     if heads:
         fields["attention_by_head"] = [[list(h) for h in zip(m.sink, m.drafts, m.rest)] for m in by_depth]
     return fields
@@ -225,7 +231,8 @@ def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
     the draft chosen (the logits computed once more for those rows alone)."""
     result = original(proposer, hidden_states, *args, **kwargs)
     capture = WORKER.capture
-    if capture is None or getattr(proposer, "parallel_drafting", False) or not hasattr(proposer.model, "compute_logits"):
+    one_row_each = not getattr(proposer, "parallel_drafting", False)   # parallel drafting: k rows a request
+    if capture is None or not one_row_each or not hasattr(proposer.model, "compute_logits"):
         return result
     start = time.perf_counter()
     drafts = result[0] if isinstance(result, tuple) else result
