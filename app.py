@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from playground.errors import PlaygroundError
@@ -51,8 +52,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (`docker stop`, a supervisor) exits through SystemExit, so that the exit handlers stop the
+    vLLM servers started with --launch: Python's default SIGTERM ends the process without running them,
+    and as PID 1 in a container the signal would be ignored."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    exit_on_sigterm()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from playground.engines.reference import ReferenceEngine

@@ -4,10 +4,13 @@ drafter; a second such model, served with its own random drafter by a server wit
 what a pair of servers of different models gets, and what a server without the probe gives."""
 
 import json
-import subprocess
 import os
+import signal
+import subprocess
 import sys
+import time
 import uuid
+from pathlib import Path
 from unittest import mock
 
 import httpx
@@ -67,13 +70,20 @@ def random_eagle3(target_folder, folder) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, engine):
-    """(backend of model A: eagle3 and none, the URL of model B's EAGLE-3 server without the probe)."""
+def tiny_models(tmp_path_factory):
+    """A folder with models tiny-a and tiny-b and their random EAGLE-3 drafters tiny-a-eagle3, tiny-b-eagle3."""
     root = tmp_path_factory.mktemp("tiny")
     tiny_llama(root / "tiny-a", seed=1)
     tiny_llama(root / "tiny-b", seed=2)
     random_eagle3(root / "tiny-a", root / "tiny-a-eagle3")
     random_eagle3(root / "tiny-b", root / "tiny-b-eagle3")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models, engine):
+    """(backend of model A: eagle3 and none, the URL of model B's EAGLE-3 server without the probe)."""
+    root = tiny_models
     quick = ("--enforce-eager", "--max-model-len", "1024")
     a, launched_a = vllm_backend(engine, [], LaunchSpec(model=str(root / "tiny-a"), k=K, server_args=quick,
                                                         drafters=(f"eagle3={root / 'tiny-a-eagle3'}",)))
@@ -237,3 +247,47 @@ def test_load_benchmark_pairs_the_servers_it_is_given(tiny):
 def test_a_model_without_drafters_is_a_usage_error(engine):
     with pytest.raises(PlaygroundError, match="needs a drafter"):
         vllm_backend(engine, [], LaunchSpec(model=str(ROOT)), names=("eagle3", "none"))
+
+
+def vllm_servers_started_by(pid: int) -> list[int]:
+    """The process ids of the vLLM servers process `pid` started (each leads a process group of its own)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:   # the process exited meanwhile
+            continue
+        if int(fields[1]) == pid and b"vllm.entrypoints" in cmdline:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_stopping_the_app_stops_the_vllm_servers_it_launched(tiny_models):
+    """`docker stop` or a supervisor ends the app with SIGTERM; the servers it started go with it."""
+    app = AppServer("--backend", "vllm", "--launch", "--vllm-model", str(tiny_models / "tiny-a"),
+                    "--vllm-drafter", f"eagle3={tiny_models / 'tiny-a-eagle3'}",
+                    "--vllm-args=--enforce-eager --max-model-len 1024")
+    try:
+        deadline = time.monotonic() + 60
+        while len(servers := vllm_servers_started_by(app.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(servers) == 2, "the app did not start a server for eagle3 and one without speculation"
+    finally:
+        app.server.process.send_signal(signal.SIGTERM)
+        code = app.server.process.wait(60)
+    deadline = time.monotonic() + 30
+    while any(map(group_alive, servers)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [pid for pid in servers if group_alive(pid)]
+    for pgid in left:
+        os.killpg(pgid, signal.SIGKILL)
+    assert not left and code == 128 + signal.SIGTERM, (left, code)

@@ -259,23 +259,24 @@ class VLLMEngine:
         server, k = connection.server, connection.info.k or 0
         probe = ProbedRequest(self.client, server.url) if connection.info.probe and k else None
         steps = ProbedSteps(connection, probe) if probe else ChunkSteps(k)
-        position, finish, metrics = len(prompt_ids), None, None
-        pending: StepEvent | None = None
-        for chunk in self._chunks(server, {**body, **(probe.body if probe else {})}):
-            if chunk.get("choices"):
-                choice = chunk["choices"][0]
-                ids = [int(t) for t in choice.get("token_ids") or []]
-                finish = choice.get("finish_reason") or finish
-                steps.receive(ids, connection.tokens.texts(ids, choice.get("text") or ""))
-                for fields in steps.ready(final=False):
-                    if pending is not None:
-                        yield pending
-                    pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name,
-                                        **fields)
-                    position += len(pending.token_ids)
-            if chunk.get("usage") is not None:
-                metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
-        for fields in steps.ready(final=True):
+        finish, metrics = None, None
+
+        def step_fields() -> Iterator[dict]:
+            nonlocal finish, metrics
+            for chunk in self._chunks(server, {**body, **(probe.body if probe else {})}):
+                if chunk.get("choices"):
+                    choice = chunk["choices"][0]
+                    ids = [int(t) for t in choice.get("token_ids") or []]
+                    finish = choice.get("finish_reason") or finish
+                    steps.receive(ids, connection.tokens.texts(ids, choice.get("text") or ""))
+                    yield from steps.ready(final=False)
+                if chunk.get("usage") is not None:
+                    metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
+            yield from steps.ready(final=True)
+
+        # each step is held back one, so that the last can carry the finish reason and the server's counts
+        position, pending = len(prompt_ids), None
+        for fields in step_fields():
             if pending is not None:
                 yield pending
             pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name, **fields)
