@@ -3,7 +3,7 @@
 The address comes from --host/--port, else PLAYGROUND_HOST/PLAYGROUND_PORT, else Gradio's own
 GRADIO_SERVER_NAME/GRADIO_SERVER_PORT, else 0.0.0.0:7860.
 Limits for a public deployment come from flags or environment variables (PLAYGROUND_MAX_TOKENS,
-PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE); the defaults suit a public Space.
+PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE, PLAYGROUND_STUDY_PROMPTS); the defaults suit a public Space.
 PLAYGROUND_BACKEND=vllm and PLAYGROUND_VLLM_LAUNCH=1 (the GPU image) start vLLM servers too: of the
 embedded target, or of PLAYGROUND_VLLM_MODEL with PLAYGROUND_VLLM_DRAFTERS="eagle3=ID eagle3.1=ID",
 each with PLAYGROUND_VLLM_ARGS (docs/vllm.md).
@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queue-size", type=int, default=int(env("PLAYGROUND_QUEUE_SIZE", Limits.queue_size)))
     p.add_argument("--sessions", type=int, default=int(env("PLAYGROUND_SESSIONS", Limits.sessions)),
                    help="browser sessions whose page state is kept in memory")
+    p.add_argument("--study-prompts", type=int, default=int(env("PLAYGROUND_STUDY_PROMPTS", Limits.study_prompts)),
+                   help="prompts of one file the Your prompts tab runs")
     add_vllm_options(p)
     # the GPU image sets these: the vLLM backend with servers started in the container, of the embedded
     # target or of PLAYGROUND_VLLM_MODEL with PLAYGROUND_VLLM_DRAFTERS ("eagle3=ID eagle3.1=ID")
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     from playground.ui.app import create_ui, launch
 
     limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
-                    sessions=args.sessions)
+                    sessions=args.sessions, study_prompts=args.study_prompts)
     engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
     for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives

@@ -384,18 +384,32 @@ def _bench_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--per-category", type=int, default=d(None), help="at most this many prompts per category")
     p.add_argument("--sweep-ks", type=int, nargs="*", default=d(list(BenchConfig.sweep_ks)),
                    help="k values swept for EAGLE 3.1 on chat and coding (none: no sweep)")
-    p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=d(True),
+    p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=d(None),
                    help="each drafter also drafts the default tree on every prompt: chain-vs-tree rows (the "
-                        "embedded engine; `bench trees` sweeps shapes)")
+                        "embedded engine; `bench trees` sweeps shapes); on by default for the suite, off for --prompts")
     p.add_argument("--out", type=Path, default=d(None),
                    help="folder for results.md, results.json and charts.html (default: assets/benchmark/BACKEND)")
     add_vllm_options(p, d)
 
 
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="the prompt suite by category: tau, acceptance, tokens/s, speedups "
-                                     "(subcommands: ui, vllm, profile, memory)")
+    from playground.evaluation.prompt_files import PromptLimits
+
+    p = sub.add_parser("bench", help="the prompt suite by category, or your own prompts (--prompts FILE): tau, "
+                                     "acceptance, tokens/s, speedups (subcommands: ui, vllm, trees, profile, probe, "
+                                     "memory)")
     _bench_options(p, defaults=True)
+    your = p.add_argument_group("your prompts", "instead of the suite: the prompts of FILE through each of --drafters "
+                                "(add none for speedups); Ctrl-C, then the same command goes on where it stopped")
+    your.add_argument("--prompts", dest="prompt_file", type=Path, default=None, metavar="FILE",
+                      help="JSONL/JSON (OpenAI messages, prompt records, ShareGPT), CSV with a prompt column, or "
+                           "text with prompts separated by blank lines")
+    your.add_argument("--sample", type=int, default=None, metavar="N", help="run N prompts of the file drawn at random")
+    your.add_argument("--seed", type=int, default=0, help="of --sample")
+    your.add_argument("--concurrency", dest="study_concurrency", type=int, default=1, metavar="N",
+                      help="prompts in flight at once on vLLM servers")
+    your.add_argument("--max-prompts", type=int, default=PromptLimits.max_prompts)
+    your.add_argument("--max-prompt-chars", type=int, default=PromptLimits.max_prompt_chars)
     p.set_defaults(func=bench_suite)
     suites = p.add_subparsers(dest="suite")
     u = suites.add_parser("ui", help="server-side cost of one page update, by run length")
@@ -426,6 +440,8 @@ def _add_bench(sub) -> None:
     m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
     _bench_options(m, False)
     m.add_argument("--runs", type=int, default=200)
+    m.add_argument("--study", type=int, default=None, metavar="N",
+                   help="instead: one study of N prompts through the Your prompts tab's API (both drafters)")
     m.set_defaults(func=bench_memory)
 
 
@@ -441,14 +457,54 @@ def bench_suite(args: argparse.Namespace) -> int:
     from playground.engines.tree import TreeShape
     from playground.evaluation import benchmark, report
 
+    if args.prompt_file is not None:
+        return bench_prompts(args)
     config = benchmark.BenchConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
                                    categories=tuple(args.categories), per_category=args.per_category,
                                    sweep_ks=tuple(args.sweep_ks), backend=args.backend,
-                                   tree=TreeShape() if args.trees else None)
+                                   tree=TreeShape() if args.trees is not False else None)
     vllm = args.backend == "vllm"
     res, paths = benchmark.run(config, args.out or Path("assets/benchmark") / args.backend,
                                _vllm_servers(args) if vllm else None)
     print(report.markdown(res))
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    return 0 if res["lossless"] or vllm else 1
+
+
+def bench_prompts(args: argparse.Namespace) -> int:
+    from playground.engines.reference import ReferenceEngine
+    from playground.engines.tree import TreeShape
+    from playground.evaluation import prompt_report, prompt_study
+    from playground.evaluation.prompt_files import PromptLimits, read_prompts
+
+    try:
+        data = args.prompt_file.read_bytes()
+    except OSError as e:
+        raise PlaygroundError(f"cannot read {args.prompt_file}: {e.strerror}") from None
+    limits = PromptLimits(max_prompts=args.max_prompts, max_prompt_chars=args.max_prompt_chars)
+    try:
+        prompts = read_prompts(data, limits, args.sample, args.seed)
+    except PlaygroundError as e:
+        raise PlaygroundError(f"{args.prompt_file}: {e}") from None
+    config = prompt_study.StudyConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
+                                      tree=TreeShape() if args.trees else None, backend=args.backend,
+                                      concurrency=args.study_concurrency)
+    out = args.out or Path("prompt-reports") / f"{args.prompt_file.stem}-{args.backend}"
+    vllm = args.backend == "vllm"
+    reference = ReferenceEngine.load()
+    try:
+        if vllm:
+            from playground.evaluation.vllm_load import serving
+
+            with serving(reference, _vllm_servers(args)) as engine:
+                res, paths = prompt_study.run(engine, config, prompts, args.prompt_file.name, out)
+        else:
+            res, paths = prompt_study.run(reference, config, prompts, args.prompt_file.name, out)
+    except KeyboardInterrupt:
+        print(f"stopped; what was measured is saved in {out / 'progress.pkl'}: the same command goes on from there",
+              file=sys.stderr)
+        return 130
+    print(prompt_report.markdown(res))
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0 if res["lossless"] or vllm else 1
 
@@ -497,9 +553,14 @@ def bench_profile(args: argparse.Namespace) -> int:
 
 
 def bench_memory(args: argparse.Namespace) -> int:
-    from playground.evaluation.memory import rss_over_runs
+    from playground.evaluation.memory import rss_over_runs, rss_over_study
 
-    print("| runs done | RSS (MiB) | peak RSS (MiB) |\n|---:|---:|---:|")
-    for done, rss, peak in rss_over_runs(args.runs):
+    if args.study is not None:
+        print("| prompts done | RSS (MiB) | peak RSS (MiB) |\n|---:|---:|---:|")
+        samples = rss_over_study(args.study)
+    else:
+        print("| runs done | RSS (MiB) | peak RSS (MiB) |\n|---:|---:|---:|")
+        samples = rss_over_runs(args.runs)
+    for done, rss, peak in samples:
         print(f"| {done} | {rss:.0f} | {peak:.0f} |")
     return 0

@@ -301,3 +301,54 @@ def test_the_draft_tree_is_drawn_and_can_be_hovered(page, tmp_path):
     expect(page.locator("#inspector .tree-head")).to_contain_text("step 1")
     screenshot(page, tmp_path, "tree.png")
     page.locator("#pg-draft").get_by_label("chain", exact=True).check()
+
+
+def study_line(page: Page) -> str:
+    return page.locator("#study-progress .study-line").inner_text()
+
+
+def upload_prompts(page: Page, path: Path) -> None:
+    """Put a file into the Your prompts tab's upload, removing the one a test before left there."""
+    page.get_by_role("tab", name="Your prompts").click()
+    clear = page.locator("#study-file button[aria-label='Clear']")
+    if clear.count():
+        clear.click()
+    page.locator("#study-file input[type=file]").set_input_files(str(path))
+
+
+def test_your_prompts_runs_an_uploaded_file_and_opens_a_prompt_in_the_playground(page, tmp_path):
+    prompts = ["Name three colours.", "Write a haiku about rain.", "What is 7 times 8?"]
+    (tmp_path / "mine.txt").write_text("\n\n".join(prompts))
+    upload_prompts(page, tmp_path / "mine.txt")
+    set_number(page, "study-max-tokens", 8)
+    page.locator("#study-run").click()
+    expect(page.locator("#study-progress .study-line")).to_contain_text("finished", timeout=120_000)
+    assert study_line(page).startswith("3 of 3 prompts")
+    for plot in ("tau-plot", "length-plot", "per-prompt-plot", "study-acceptance-plot", "sink-plot", "rms-plot"):
+        expect(page.locator(f"#study-{plot} .js-plotly-plot")).to_be_visible(timeout=20_000)
+    expect(page.locator("#study-report table").first).to_be_visible()
+    assert error_states(page) == 0
+    screenshot(page, tmp_path, "your-prompts.png")
+    page.locator("#study-table [data-testid=cell-1-1]").click()
+    expect(page.locator("#pg-prompt textarea")).to_have_value(prompts[1], timeout=10_000)
+    expect(page.get_by_role("tab", name="Playground")).to_have_attribute("aria-selected", "true")
+
+
+def test_stop_ends_a_study_within_a_second_and_keeps_its_report(page, tmp_path):
+    (tmp_path / "many.txt").write_text("\n\n".join(f"Tell me a fact about the number {i}." for i in range(200)))
+    upload_prompts(page, tmp_path / "many.txt")
+    set_number(page, "study-max-tokens", 16)
+    page.locator("#study-run").click()
+    page.wait_for_function("() => /^[1-9]\\d* of 200 prompts/.test("
+                           "document.querySelector('#study-progress .study-line')?.textContent || '')", timeout=120_000)
+    bar = "() => document.querySelector('#study-progress .study-bar > div').style.width"
+    assert page.evaluate(bar) != "0.0%"
+    page.locator("#study-stop").click()
+    pressed = time.perf_counter()
+    expect(page.locator("#study-progress .study-line")).to_contain_text("stopped", timeout=10_000)
+    print(f"Stop -> stopped shown: {time.perf_counter() - pressed:.2f} s")
+    expect(page.locator("#study-progress .study-line")).not_to_contain_text("writing the report", timeout=30_000)
+    done = int(study_line(page).split(" of ")[0])
+    assert 0 < done < 200 and error_states(page) == 0
+    expect(page.locator("#study-tau-plot .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#study-table [role=grid]")).to_have_attribute("aria-rowcount", str(done + 1))   # and a head

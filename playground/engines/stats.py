@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
+from functools import lru_cache
+from typing import Callable, Iterable, Sequence
 
 from playground.engines.events import StepEvent, reconcile
 
@@ -114,10 +115,29 @@ def bootstrap_interval(statistic: Callable[[list[int]], float], units: int, leve
                        resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of statistic(indices) over `units` independent units (prompts),
     resampled with replacement; seeded, so a table reprints the same interval."""
-    rng = random.Random(seed)
-    values = sorted(statistic([rng.randrange(units) for _ in range(units)]) for _ in range(resamples))
+    values = sorted(statistic(idx) for idx in _resamples(units, resamples, seed))
     tail = (1 - level) / 2
     return values[int(tail * resamples)], values[min(resamples - 1, int((1 - tail) * resamples))]
+
+
+@lru_cache(maxsize=16)
+def _resamples(units: int, resamples: int, seed: int) -> tuple[list[int], ...]:
+    """The resampled index lists, drawn once per size: a report's intervals over the same prompts share them."""
+    rng = random.Random(seed)
+    return tuple([rng.randrange(units) for _ in range(units)] for _ in range(resamples))
+
+
+def paired_ratio(numerator: Callable[[Sequence[int]], float], denominator: Callable[[Sequence[int]], float],
+                 units: int) -> tuple[float, tuple[float, float]]:
+    """numerator / denominator over all `units` (prompts), with a 95% paired bootstrap interval: a
+    resample draws the same prompts for both, so that what the prompts share cancels out."""
+    ratio = lambda idx: numerator(idx) / denominator(idx)
+    return ratio(range(units)), bootstrap_interval(ratio, units)
+
+
+def tau_of(counts: Sequence[tuple[int, int]]) -> Callable[[Sequence[int]], float]:
+    """The pooled tau of the prompts at the given indices of `counts` (accepted drafts, drafting steps)."""
+    return lambda idx: pooled_tau([counts[i] for i in idx])
 
 
 def ms_per_verify_step(events: list[StepEvent]) -> tuple[float, float]:

@@ -11,8 +11,6 @@ never hidden.
 
 from __future__ import annotations
 
-import os
-import pickle
 import platform
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,6 +26,7 @@ from playground.engines.stats import pool
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import report
+from playground.evaluation.checkpoint import Checkpoint
 from playground.evaluation.ceiling import Ceiling, measure as measure_ceiling
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.evaluation.prompt_sets import CATEGORIES, BenchPrompt, suite
@@ -78,22 +77,6 @@ class Collected:
     prompts_done: int = 0
 
 
-def _resume(progress: Path | None, config: BenchConfig) -> Collected:
-    """What an interrupted run of the same configuration measured, else a fresh start."""
-    if progress is None or not progress.exists():
-        return Collected()
-    saved = pickle.loads(progress.read_bytes())
-    return saved["collected"] if saved["config"] == asdict(config) else Collected()
-
-
-def _save(progress: Path | None, config: BenchConfig, out: Collected) -> None:
-    if progress is not None:
-        progress.parent.mkdir(parents=True, exist_ok=True)
-        tmp = progress.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps({"config": asdict(config), "collected": out}))
-        os.replace(tmp, progress)
-
-
 def _tokens(events: list[StepEvent]) -> list[int]:
     return [t for e in events for t in e.token_ids]
 
@@ -112,7 +95,8 @@ def collect(engine, reference, config: BenchConfig, progress: Path | None = None
     def runs_of(p: BenchPrompt) -> int:
         return len(methods) + len(trees) + config.compare_generate + (p in sweeping) * len(config.sweep_ks)
 
-    out = _resume(progress, config)
+    checkpoint = Checkpoint(progress, asdict(config)) if progress else None
+    out = (checkpoint.load() if checkpoint else None) or Collected()
     with tqdm(total=sum(map(runs_of, prompts)), initial=sum(map(runs_of, prompts[:out.prompts_done])),
               desc="bench", unit="run") as bar:
         for p in prompts[out.prompts_done:]:
@@ -141,7 +125,8 @@ def collect(engine, reference, config: BenchConfig, progress: Path | None = None
                     _check(out, p, f"{config.sweep_drafter} k={k}", _tokens(events), expected)
                     bar.update()
             out.prompts_done += 1
-            _save(progress, config, out)
+            if checkpoint:
+                checkpoint.save(out)
     return out
 
 

@@ -32,7 +32,7 @@ from playground import plots
 from playground.engines.events import reconcile
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import Pooled, bootstrap_interval, drafting_counts, pool, pooled_tau
+from playground.engines.stats import Pooled, bootstrap_interval, drafting_counts, paired_ratio, pool, tau_of
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation.prompt_sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
@@ -76,7 +76,7 @@ class EvalRow:
 
     def tau_interval(self) -> tuple[float, float]:
         """95% bootstrap interval of the pooled tau over this kind's prompts."""
-        return bootstrap_interval(lambda idx: pooled_tau([self.counts[i] for i in idx]), len(self.counts))
+        return bootstrap_interval(tau_of(self.counts), len(self.counts))
 
 
 def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS,
@@ -113,11 +113,10 @@ def format_rows(rows: list[EvalRow]) -> str:
     return "\n".join(lines)
 
 
-def paired_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float]]:
+def tau_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float]]:
     """tau of `a` over tau of `b`, with a 95% paired bootstrap interval: both answered the same
-    prompts (and, greedy, with the same tokens), so a resample draws the same prompts for both."""
-    ratio = lambda idx: pooled_tau([a.counts[i] for i in idx]) / pooled_tau([b.counts[i] for i in idx])
-    return ratio(range(len(b.counts))), bootstrap_interval(ratio, len(b.counts))
+    prompts (and, greedy, with the same tokens)."""
+    return paired_ratio(tau_of(a.counts), tau_of(b.counts), len(b.counts))
 
 
 def tau_ratios(rows: list[EvalRow]) -> list[tuple[str, str, str, float, tuple[float, float]]]:
@@ -126,9 +125,9 @@ def tau_ratios(rows: list[EvalRow]) -> list[tuple[str, str, str, float, tuple[fl
     ratios = []
     for kind in dict.fromkeys(r.kind for r in rows):
         base, *others = [r for r in rows if r.kind == kind and r.draft == "chain"]
-        ratios += [(kind, other.drafter, base.drafter, *paired_ratio(other, base)) for other in others]
+        ratios += [(kind, other.drafter, base.drafter, *tau_ratio(other, base)) for other in others]
     chains = {(r.kind, r.drafter): r for r in rows if r.draft == "chain"}
-    ratios += [(r.kind, r.label, f"{r.drafter} chain", *paired_ratio(r, chains[r.kind, r.drafter]))
+    ratios += [(r.kind, r.label, f"{r.drafter} chain", *tau_ratio(r, chains[r.kind, r.drafter]))
                for r in rows if r.draft != "chain"]
     return ratios
 

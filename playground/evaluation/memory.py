@@ -1,4 +1,5 @@
-"""`python -m playground bench memory`: the app's resident memory over many consecutive runs.
+"""`python -m playground bench memory`: the app's resident memory over many consecutive runs, or over
+one study of many prompts (`--study N`: the Your prompts tab's /study).
 
 Starts the real app (both drafters loaded), sends runs through its API one after another with
 gradio_client, and reads the server's VmRSS / VmHWM from /proc ten times along the way.
@@ -6,6 +7,8 @@ gradio_client, and reads the server's VmRSS / VmHWM from /proc ten times along t
 
 from __future__ import annotations
 
+import re
+import tempfile
 from pathlib import Path
 
 from playground.app_process import AppServer, api_client
@@ -34,6 +37,31 @@ def rss_over_runs(runs: int = 200, max_tokens: int = 24) -> list[tuple[int, floa
                            api_name="/run")
             if (i + 1) % every == 0:
                 samples.append((i + 1, *_rss_mib(pid)))
+        return samples
+    finally:
+        app.stop()
+
+
+def rss_over_study(prompts: int = 200, max_tokens: int = 16) -> list[tuple[int, float, float]]:
+    """(prompts done, RSS MiB, peak RSS MiB) of the app process while one study of `prompts` prompts (both
+    drafters) streams its progress and report; sampled as the progress passes each tenth of the prompts."""
+    from gradio_client import handle_file
+
+    every = max(1, prompts // 10)
+    app = AppServer("--study-prompts", str(prompts))
+    try:
+        client = api_client(app.url)
+        samples = [(0, *_rss_mib(app.pid))]
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "prompts.txt"
+            path.write_text("\n\n".join(f"{PROMPTS[i % len(PROMPTS)]} ({i + 1})" for i in range(prompts)))
+            job = client.submit(handle_file(str(path)), "", "reference", [EAGLE3, EAGLE31], 5, "chain", max_tokens, 0,
+                                api_name="/study")
+            for output in job:
+                done = int(re.search(r"aria-valuenow='(\d+)'", output[0]).group(1))
+                if done >= samples[-1][0] + every:
+                    samples.append((done, *_rss_mib(app.pid)))
+            job.result()
         return samples
     finally:
         app.stop()

@@ -7,7 +7,7 @@ from typing import Mapping
 import gradio as gr
 
 from playground.engines.protocol import Engine
-from playground.ui import compare_tab, playground_tab, render, tree_view
+from playground.ui import compare_tab, playground_tab, prompts_tab, render, tree_view
 from playground.ui.explainer import explainer_markdown
 from playground.ui.streams import Limits
 
@@ -33,10 +33,13 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.B
             gr.Markdown(explainer_markdown(), sanitize_html=False)
         if "vllm" in backends:
             servers_panel(backends["vllm"], demo)
-        with gr.Tab("Playground", id="playground"):
-            playground_tab.build(backends, limits)
-        with gr.Tab("Comparison", id="comparison"):
-            compare_tab.build(backends, limits)
+        with gr.Tabs(elem_id="tabs") as tabs:
+            with gr.Tab("Playground", id="playground"):
+                playground = playground_tab.build(backends, limits)
+            with gr.Tab("Comparison", id="comparison"):
+                compare_tab.build(backends, limits)
+            with gr.Tab("Your prompts", id="prompts"):
+                prompts_tab.build(backends, limits, tabs, playground)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
     return demo
 
@@ -52,6 +55,6 @@ def servers_panel(engine, demo: gr.Blocks) -> None:
 
 
 def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:
-    demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS, js=render.PAGE_JS, theme=THEME,
-                footer_links=["api"],
+    demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS + prompts_tab.CSS, js=render.PAGE_JS,
+                theme=THEME, footer_links=["api"], allowed_paths=[str(prompts_tab.SAMPLES)],
                 show_error=True, state_session_capacity=limits.sessions, **kwargs)

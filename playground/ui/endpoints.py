@@ -66,6 +66,19 @@ class CompareSettings:
         return RunSettings(**shared, drafter=drafter, draft=draft)
 
 
+@dataclass(frozen=True)
+class StudySettings:
+    """The Your prompts tab's controls: what /study takes, in its positional order."""
+    file: str | None      # an uploaded prompt file (its path on the server)
+    pasted: str           # or the prompts pasted as text
+    backend_name: str
+    drafters: list[str]
+    k: float
+    draft: str            # "chain" or "tree"
+    max_tokens: float
+    sample: float         # 0: every prompt of the file; else that many drawn at random
+
+
 def column(slot: str, part: str) -> str:
     """The output name of one part ("cards", "answer", "text", "heading") of a Comparison column."""
     return f"{part}_{slot}"
@@ -74,6 +87,9 @@ def column(slot: str, part: str) -> str:
 RUN_OUTPUTS = ("answer", "text", "cards", *PLOTS, "step", "inspector", "files", "tree")
 COMPARE_OUTPUTS = (*(column(slot, part) for slot in SLOTS for part in COLUMN_PARTS), *PLOTS, "table", "files",
                    *(column(slot, "heading") for slot in SLOTS), "note")
+
+STUDY_PLOTS = ("tau_plot", "length_plot", "per_prompt_plot", "study_acceptance_plot", "sink_plot", "rms_plot")
+STUDY_OUTPUTS = ("progress", "report", *STUDY_PLOTS, "table", "files")
 
 SettingsT = TypeVar("SettingsT")
 

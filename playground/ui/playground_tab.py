@@ -20,7 +20,8 @@ DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
 
-def build(backends: Mapping[str, Engine], limits: Limits) -> None:
+def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
+    """The tab; returns its controls by name (the Your prompts tab opens a prompt in them)."""
     view = {}
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=300):
@@ -107,6 +108,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     for button, delta in ((previous, -1), (following, 1)):
         button.click(lambda i, evs, delta=delta: step_by(i, evs, delta), [view["step"], view["events"]],
                      [view["step"], view["inspector"]], api_name=False, queue=False)
+    return c
 
 
 def step_by(i: float, events: list, delta: int) -> tuple[int, str]:

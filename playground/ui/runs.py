@@ -64,13 +64,18 @@ def _prune(root: Path, keep_s: float) -> None:
             pass
 
 
+def export_folder(root: Path = EXPORTS_ROOT, keep_s: float = EXPORTS_KEEP_S) -> Path:
+    """A fresh folder for one export under `root`; older export folders are removed."""
+    root.mkdir(parents=True, exist_ok=True)
+    _prune(root, keep_s)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=root))
+
+
 def export(runs: Mapping[str, RunLog], figures: Sequence[go.Figure] = (), root: Path = EXPORTS_ROOT,
            keep_s: float = EXPORTS_KEEP_S) -> list[str]:
     """Write the runs as JSON and CSV (csv_rows), and `figures` as HTML under the prompt and settings,
     into a fresh folder under `root`, named after the runs and the time; older export folders are removed."""
-    root.mkdir(parents=True, exist_ok=True)
-    _prune(root, keep_s)
-    folder = Path(tempfile.mkdtemp(prefix="run-", dir=root))
+    folder = export_folder(root, keep_s)
     stem = file_stem(runs, time.strftime("%Y%m%d-%H%M%S"))
     json_path, csv_path, html_path = (folder / f"{stem}.{ext}" for ext in ("json", "csv", "html"))
     json_path.write_text(json.dumps({name: run.to_json() for name, run in runs.items()}, indent=1))
@@ -134,8 +139,8 @@ class LivePlots:
     update into a new component instance that it keeps in the session's config for the
     session's life, so skipping on every streamed step grows the server's memory run after run."""
 
-    def __init__(self):
-        self.last: tuple = (None, None, None)
+    def __init__(self, count: int = 3):
+        self.last: tuple = (None,) * count
 
     def get(self, build: Callable[[], tuple], due: bool) -> tuple:
         if due:

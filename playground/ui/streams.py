@@ -29,6 +29,7 @@ class Limits:
     queue_size: int = 32        # requests waiting beyond this get a "busy" message
     concurrency: int = 1        # runs computing at once (they take turns step by step)
     sessions: int = 500         # browser sessions whose page state the server keeps (Gradio's default is 10,000)
+    study_prompts: int = 200    # prompts of one file the Your prompts tab runs
 
 
 DRAFT_MODES = ("chain", "tree")

@@ -38,3 +38,7 @@ class Dropdown(AsSent, gr.Dropdown):
 
 class Radio(AsSent, gr.Radio):
     pass
+
+
+class CheckboxGroup(AsSent, gr.CheckboxGroup):
+    pass

@@ -1,0 +1,344 @@
+"""The report of a prompt study: each method pooled over your prompts with 95% bootstrap intervals, tau
+against prompt length and by category, acceptance, sink attention and fed-back RMS by depth, and the
+prompts where one drafter gains most over the other; as JSON, markdown, a CSV row per prompt, and one
+self-contained HTML file (plotly.js inlined, so that it opens offline wherever it is sent).
+
+Intervals resample prompts (with replacement): a prompt's steps are not independent of each other.
+Ratios between methods are paired: a resample draws the same prompts for both.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+from dataclasses import asdict
+from html import escape
+from pathlib import Path
+from typing import Sequence
+
+import plotly.graph_objects as go
+import torch
+
+from playground import plots
+from playground.engines.stats import bootstrap_interval, paired_ratio, pooled_tau, tau_of
+from playground.evaluation.prompt_files import PromptFile
+from playground.evaluation.prompt_study import MethodRun, PromptResult, StudyConfig
+from playground.model.variants import NONE, SEPARATOR
+from playground.plots import label
+
+LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+GAINS_SHOWN = 5
+PREVIEW_CHARS = 80
+
+
+def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Sequence[PromptResult],
+            intervals: bool = True) -> dict:
+    """The JSON the report is written from. Without `intervals` (a report while prompts still run, for
+    the page) every interval is None: the bootstrap is the one costly part."""
+    interval = bootstrap_interval if intervals else lambda statistic, units: None
+    ratio = paired_ratio if intervals else lambda a, b, units: (a(range(units)) / b(range(units)), None)
+    measured = sorted(measured, key=lambda r: r.index)
+    ran = [r for r in measured if r.skipped is None]
+    methods = list(config.methods())
+    drafting = [m for m in methods if config.methods()[m][0] != NONE]
+    chains = [m for m in drafting if SEPARATOR not in m]
+    text = {i: p for i, p in enumerate(prompts.prompts)}
+    return {
+        "config": asdict(config),
+        "source": {"file": source, "format": prompts.format, "prompts": len(prompts.prompts),
+                   "measured": len(ran), "skipped": len(measured) - len(ran)},
+        "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+        "pooled": [_pooled(m, ran, NONE if NONE in methods and m != NONE else None, interval, ratio)
+                   for m in methods] if ran else [],
+        "ratios": _ratios(ran, chains, config, ratio) if ran else [],
+        "by_length": sorted(_groups(ran, drafting, _length_bin, interval), key=lambda g: g["min_prompt_tokens"]),
+        "by_category": _groups(ran, drafting, lambda r: r.category, interval) if any(r.category for r in ran) else [],
+        "gains": _gains(ran, chains, text),
+        "prompts": [_prompt_row(r, text[r.index]) for r in measured],
+        "lossless": not any(r.mismatches for r in ran),
+        "mismatches": [{"id": r.id, "method": m, "first_differing_token": d} for r in ran for m, d in r.mismatches],
+    }
+
+
+def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval, ratio) -> dict:
+    runs = [r.runs[method] for r in ran]
+    counts = [run.counts for run in runs]
+    steps = sum(run.drafting_steps for run in runs)
+    depths = max((len(run.reaching) for run in runs), default=0)
+    reaching = [sum(run.reaching[d] for run in runs if len(run.reaching) > d) for d in range(depths)]
+    row = {"method": method, "prompts": len(runs), "tokens": sum(run.tokens for run in runs),
+           "seconds": sum(run.seconds for run in runs), "mean_acceptance_length": pooled_tau(counts),
+           "tau_ci": _listed(interval(tau_of(counts), len(runs))),
+           "acceptance": [a / steps for a in reaching] if steps else [],
+           "sink_attention": _mean_by_depth(runs, "sink_attention"), "hidden_norm": _mean_by_depth(runs, "hidden_norm")}
+    row["tokens_per_s"] = row["tokens"] / row["seconds"] if row["seconds"] else 0.0
+    if baseline is not None:
+        value, ci = ratio(_rate(ran, method), _rate(ran, baseline), len(ran))
+        row |= {"speedup_vs_none": value, "speedup_ci": _listed(ci)}
+    return row
+
+
+def _mean_by_depth(runs: list[MethodRun], what: str) -> list[float]:
+    depths = max((len(run.reported) for run in runs), default=0)
+    sums = [sum(getattr(run, what)[d] for run in runs if len(run.reported) > d) for d in range(depths)]
+    counts = [sum(run.reported[d] for run in runs if len(run.reported) > d) for d in range(depths)]
+    return [s / n for s, n in zip(sums, counts) if n]
+
+
+def _rate(ran: list[PromptResult], method: str):
+    return lambda idx: (sum(ran[i].runs[method].tokens for i in idx)
+                        / max(1e-9, sum(ran[i].runs[method].seconds for i in idx)))
+
+
+def _counts(ran: list[PromptResult], method: str) -> list[tuple[int, int]]:
+    return [r.runs[method].counts for r in ran]
+
+
+def _listed(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else list(interval)
+
+
+def _ratios(ran: list[PromptResult], chains: list[str], config: StudyConfig, ratio) -> list[dict]:
+    """Each later drafter's tau over the first one's; each drafter's tree over its chain."""
+    pairs = [(other, chains[0]) for other in chains[1:]]
+    pairs += [(m, drafter) for m, (drafter, tree) in config.methods().items() if tree is not None]
+    rows = []
+    for a, b in pairs:
+        value, ci = ratio(tau_of(_counts(ran, a)), tau_of(_counts(ran, b)), len(ran))
+        rows.append({"a": a, "b": b, "tau_ratio": value, "ci": _listed(ci)})
+    return rows
+
+
+def _length_bin(r: PromptResult) -> str:
+    low = max(e for e in LENGTH_EDGES if e <= r.prompt_tokens)
+    high = min((e for e in LENGTH_EDGES if e > r.prompt_tokens), default=None)
+    return f"{low}-{high - 1}" if high else f"{low}+"
+
+
+def _groups(ran: list[PromptResult], methods: list[str], key, interval) -> list[dict]:
+    """Pooled tau per group of prompts (a length bin, a category), each with its bootstrap interval."""
+    groups: dict[str, list[PromptResult]] = {}
+    for r in ran:   # groups in the order the file first has them
+        groups.setdefault(key(r) or "–", []).append(r)
+    rows = []
+    for name, members in groups.items():
+        members = sorted(members, key=lambda r: r.prompt_tokens)
+        taus = {m: pooled_tau(_counts(members, m)) for m in methods}
+        rows.append({"group": name, "prompts": len(members),
+                     "min_prompt_tokens": members[0].prompt_tokens, "max_prompt_tokens": members[-1].prompt_tokens,
+                     "tau": taus, "tau_ci": {m: _listed(interval(tau_of(_counts(members, m)), len(members)))
+                                             for m in methods}})
+    return rows
+
+
+def _gains(ran: list[PromptResult], chains: list[str], text: dict) -> dict:
+    """The prompts where the last drafter's tau most exceeds the first's, and where it falls most short."""
+    if len(chains) < 2:
+        return {}
+    a, b = chains[0], chains[-1]
+    rows = sorted(({"id": r.id, "index": r.index, "category": r.category, "prompt_tokens": r.prompt_tokens,
+                    "preview": _preview(text[r.index].prompt), a: r.runs[a].tau, b: r.runs[b].tau,
+                    "difference": r.runs[b].tau - r.runs[a].tau} for r in ran), key=lambda row: -row["difference"])
+    shown = min(GAINS_SHOWN, len(rows) // 2 or 1)
+    return {"better": b, "than": a, "most": rows[:shown], "least": rows[::-1][:shown]}
+
+
+def _preview(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= PREVIEW_CHARS else flat[:PREVIEW_CHARS - 1] + "…"
+
+
+def _prompt_row(r: PromptResult, prompt) -> dict:
+    return {"index": r.index, "id": r.id, "category": r.category, "prompt_tokens": r.prompt_tokens,
+            "preview": _preview(prompt.prompt), "skipped": r.skipped,
+            "runs": {m: {"mean_acceptance_length": run.tau, "tokens": run.tokens, "seconds": run.seconds,
+                         "accepted": run.accepted, "drafting_steps": run.drafting_steps}
+                     for m, run in r.runs.items()}}
+
+
+# -- markdown -----------------------------------------------------------------------------------------
+
+def _interval(ci) -> str:
+    return "…" if ci is None else "{:.2f}–{:.2f}".format(*ci)
+
+
+def _depths(xs, f: str = "{:.2f}") -> str:
+    return " ".join(f.format(x) for x in xs) or "–"
+
+
+def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of every table of the report, for markdown and HTML alike."""
+    out = []
+    pooled = res["pooled"]
+    if pooled:
+        head = ["method", "prompts", "tau", "tau 95% CI", "acceptance by depth", "tok/s", "vs none (95% CI)",
+                "sink attention by depth", "fed-back RMS by depth"]
+        rows = [[label(p["method"]), str(p["prompts"]), f"{p['mean_acceptance_length']:.2f}", _interval(p["tau_ci"]),
+                 _depths(p["acceptance"]), f"{p['tokens_per_s']:.1f}",
+                 f"{p['speedup_vs_none']:.2f}x ({_interval(p['speedup_ci'])})" if "speedup_vs_none" in p else "–",
+                 _depths(p["sink_attention"], "{:.3f}"), _depths(p["hidden_norm"])] for p in pooled]
+        out.append(("Pooled over the prompts", head, rows))
+    if res["ratios"]:
+        out.append(("Paired tau ratios", ["ratio", "value", "95% CI"],
+                    [[f"{label(r['a'])} / {label(r['b'])}", f"{r['tau_ratio']:.3f}", _interval(r["ci"])]
+                     for r in res["ratios"]]))
+    for key, title, first in (("by_length", "tau by prompt length (tokens)", "prompt tokens"),
+                              ("by_category", "tau by category", "category")):
+        if res[key]:
+            methods = list(res[key][0]["tau"])
+            out.append((title, [first, "prompts", *(f"{label(m)} tau (95% CI)" for m in methods)],
+                        [[g["group"], str(g["prompts"]),
+                          *(f"{g['tau'][m]:.2f} ({_interval(g['tau_ci'][m])})" for m in methods)]
+                         for g in res[key]]))
+    gains = res["gains"]
+    if gains:
+        a, b = gains["than"], gains["better"]
+        for which, title in (("most", f"where {label(b)}'s gain over {label(a)} is largest"),
+                             ("least", f"where {label(b)}'s gain over {label(a)} is smallest")):
+            out.append((title, ["id", "prompt tokens", f"{label(a)} tau", f"{label(b)} tau", "difference", "prompt"],
+                        [[row["id"], str(row["prompt_tokens"]), f"{row[a]:.2f}", f"{row[b]:.2f}",
+                          f"{row['difference']:+.2f}", row["preview"]] for row in gains[which]]))
+    skipped = [p for p in res["prompts"] if p["skipped"]]
+    if skipped:
+        out.append(("Skipped prompts", ["id", "reason"], [[p["id"], p["skipped"]] for p in skipped]))
+    if res["mismatches"]:
+        out.append(("Answers that differ from the first method's", ["id", "method", "first differing token"],
+                    [[m["id"], label(m["method"]), str(m["first_differing_token"])] for m in res["mismatches"]]))
+    return out
+
+
+def summary_line(res: dict) -> str:
+    c, s = res["config"], res["source"]
+    skipped = f", {s['skipped']} skipped" if s["skipped"] else ""
+    tree = f", trees {c['tree']['top_k']}/{c['tree']['depth']}/{c['tree']['nodes']}" if c["tree"] else ""
+    return (f"{s['file']} ({s['format']}): {s['measured']} of {s['prompts']} prompts measured{skipped}; "
+            f"k={c['k']}{tree}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}")
+
+
+def markdown(res: dict) -> str:
+    lines = [summary_line(res)]
+    for title, head, rows in tables(res):
+        lines += ["", f"{title}:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def html_tables(res: dict) -> str:
+    parts = [f"<p>{escape(summary_line(res))}</p>"]
+    for title, head, rows in tables(res):
+        parts.append(f"<h3>{escape(title)}</h3><table><tr>{''.join(f'<th>{escape(h)}</th>' for h in head)}</tr>"
+                     + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+                     + "</table>")
+    return "".join(parts)
+
+
+# -- figures ------------------------------------------------------------------------------------------
+
+def _error_bars(values: list[float], intervals: list[list[float] | None]) -> dict | None:
+    if any(ci is None for ci in intervals):
+        return None
+    return dict(type="data", symmetric=False, array=[hi - v for v, (_, hi) in zip(values, intervals)],
+                arrayminus=[v - lo for v, (lo, _) in zip(values, intervals)])
+
+
+def _grouped(groups: list[dict], title: str, x_title: str) -> go.Figure:
+    """Pooled tau per group (length bin, category) for each drafter, with 95% intervals."""
+    fig = go.Figure()
+    for m in (groups[0]["tau"] if groups else {}):
+        values = [g["tau"][m] for g in groups]
+        fig.add_scatter(x=[g["group"] for g in groups], y=values, mode="lines+markers", name=label(m),
+                        line=dict(color=plots.color(m)),
+                        error_y=_error_bars(values, [g["tau_ci"][m] for g in groups]),
+                        customdata=[g["prompts"] for g in groups],
+                        hovertemplate=f"{label(m)}<br>%{{x}}: tau %{{y:.2f}} (%{{customdata}} prompts)<extra></extra>")
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=320, template="plotly_white",
+                      margin=dict(l=50, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.3))
+    fig.update_xaxes(title_text=x_title, type="category")
+    fig.update_yaxes(title_text="tau (mean acceptance length)", rangemode="tozero")
+    return fig
+
+
+def figure_set(res: dict) -> dict[str, go.Figure]:
+    """The report's figures by name (tau, length, category, per_prompt, acceptance, sink, rms), those with data."""
+    pooled = [p for p in res["pooled"] if p["method"] != NONE]
+    series = lambda what: {p["method"]: tuple(p[what]) for p in pooled if p[what]}
+    figs = {}
+    if pooled:
+        taus = [p["mean_acceptance_length"] for p in pooled]
+        bars = go.Figure(go.Bar(x=[label(p["method"]) for p in pooled], y=taus,
+                                marker_color=[plots.color(p["method"]) for p in pooled],
+                                error_y=_error_bars(taus, [p["tau_ci"] for p in pooled])))
+        bars.update_layout(title=dict(text="tau over the prompts (95% bootstrap interval)", font=dict(size=14)),
+                           height=320, template="plotly_white", margin=dict(l=50, r=10, t=40, b=40))
+        figs["tau"] = bars
+        figs["length"] = _grouped(res["by_length"], "tau against prompt length", "prompt tokens")
+    if res["by_category"]:
+        figs["category"] = _grouped(res["by_category"], "tau by category", "category")
+    if res["gains"]:
+        figs["per_prompt"] = _per_prompt(res)
+    if series("acceptance"):
+        figs["acceptance"] = plots.by_depth(series("acceptance"), "Acceptance by depth (unconditional)",
+                                            "acceptance rate", [0, 1.05])
+    if series("sink_attention"):
+        figs["sink"] = plots.by_depth(series("sink_attention"), "Drafter attention to the sink tokens", "attention mass")
+    if series("hidden_norm"):
+        figs["rms"] = plots.by_depth(series("hidden_norm"), "Fed-back hidden state RMS", "RMS")
+    return figs
+
+
+def _per_prompt(res: dict) -> go.Figure:
+    """Each prompt's tau under both drafters; points above the diagonal are prompts the second does better on."""
+    a, b = res["gains"]["than"], res["gains"]["better"]
+    rows = [p for p in res["prompts"] if not p["skipped"]]
+    xs = [p["runs"][a]["mean_acceptance_length"] for p in rows]
+    ys = [p["runs"][b]["mean_acceptance_length"] for p in rows]
+    top = max(xs + ys + [1.0]) * 1.05
+    fig = go.Figure()
+    fig.add_scatter(x=[1, top], y=[1, top], mode="lines", line=dict(color="#9ca3af", dash="dot"), hoverinfo="skip",
+                    showlegend=False)
+    fig.add_scatter(x=xs, y=ys, mode="markers", marker=dict(color=plots.color(b), size=7, opacity=0.7),
+                    customdata=[[p["id"], p["prompt_tokens"]] for p in rows], showlegend=False,
+                    hovertemplate="%{customdata[0]} (%{customdata[1]} tokens)<br>" + f"{label(a)} %{{x:.2f}} · "
+                                  f"{label(b)} %{{y:.2f}}<extra></extra>")
+    fig.update_layout(title=dict(text=f"tau per prompt: {label(b)} against {label(a)}", font=dict(size=14)),
+                      height=320, template="plotly_white", margin=dict(l=50, r=10, t=40, b=40))
+    fig.update_xaxes(title_text=f"{label(a)} tau", range=[1, top])
+    fig.update_yaxes(title_text=f"{label(b)} tau", range=[1, top])
+    return fig
+
+
+# -- files --------------------------------------------------------------------------------------------
+
+def csv_rows(res: dict) -> tuple[list[str], list[list]]:
+    methods = [p["method"] for p in res["pooled"]] or sorted({m for p in res["prompts"] for m in p["runs"]})
+    head = ["index", "id", "category", "prompt_tokens", "skipped"]
+    for m in methods:
+        head += [f"{m} tau", f"{m} tokens", f"{m} seconds", f"{m} accepted", f"{m} drafting_steps"]
+    rows = []
+    for p in res["prompts"]:
+        row = [p["index"], p["id"], p["category"] or "", p["prompt_tokens"], p["skipped"] or ""]
+        for m in methods:
+            run = p["runs"].get(m)
+            row += ([round(run["mean_acceptance_length"], 4), run["tokens"], round(run["seconds"], 3), run["accepted"],
+                     run["drafting_steps"]] if run else [""] * 5)
+        rows.append(row)
+    return head, rows
+
+
+def write(res: dict, out: Path, figures: dict[str, go.Figure] | None = None) -> list[Path]:
+    """results.json, results.md, prompts.csv and charts.html (self-contained, of `figures`: figure_set's
+    when not given) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "results.md", out / "prompts.csv", out / "charts.html"]
+    paths[0].write_text(json.dumps(res, indent=1))
+    paths[1].write_text(markdown(res) + "\n")
+    with open(paths[2], "w", newline="") as f:
+        head, rows = csv_rows(res)
+        writer = csv.writer(f)
+        writer.writerow(head)
+        writer.writerows(rows)
+    plots.html_page(list((figures or figure_set(res)).values()), "EAGLE 3 and EAGLE 3.1 on your prompts", paths[3], columns=2,
+                    header=f"<style>{plots.HEADER_CSS}</style><h2>Your prompts</h2>{html_tables(res)}")
+    return paths

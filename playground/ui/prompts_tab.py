@@ -1,0 +1,216 @@
+"""The Your prompts tab: a prompt file through the drafters, the report filling in as prompts finish.
+
+A study runs in a queue of its own (one at a time on the page), so that Playground and Comparison runs
+keep being served beside it: the engine interleaves them step by step, and each run's time counts only
+its own steps. Clicking a prompt of the report opens it in the Playground tab.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from playground.engines.protocol import Engine
+from playground.engines.request import K_RANGE, GenerationRequest
+from playground.engines.tree import TreeShape
+from playground.errors import PlaygroundError
+from playground.evaluation import prompt_report
+from playground.evaluation.prompt_files import PromptFile, PromptLimits, read_prompts
+from playground.evaluation.prompt_study import PromptResult, StudyConfig, measure
+from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
+from playground.plots import label
+from playground.ui import unchecked
+from playground.ui.endpoints import STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, input_validator, named_inputs, \
+    stream_handler
+from playground.ui.runs import LivePlots, Pacer, export_folder
+from playground.ui.streams import Limits, StopRequests, backend, failure_message, stop_handler
+
+DRAFTER_CHOICES = [(LABELS[EAGLE3], EAGLE3), (LABELS[EAGLE31], EAGLE31), (f"none ({LABELS[NONE]})", NONE)]
+DEFAULT_MAX_TOKENS = 64
+FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
+HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `system`, `category`, `id`) or ShareGPT "
+        "`conversations`; CSV with a `prompt` column; or plain text with prompts separated by blank lines. "
+        "Greedy: both drafters answer each prompt with the same tokens, so tau compares the same text.")
+SAMPLES = Path(__file__).resolve().parents[2] / "assets" / "prompts"
+
+
+def study_inputs(limits: Limits, settings: StudySettings, engine: Engine) -> tuple[PromptFile, StudyConfig]:
+    """The prompts and the study's configuration; every problem a PlaygroundError naming its control."""
+    if settings.file:
+        data = Path(settings.file).read_bytes()
+    elif (settings.pasted or "").strip():
+        data = settings.pasted
+    else:
+        raise PlaygroundError("upload a prompt file or paste prompts", "file")
+    sample = _whole(settings.sample, "sample")
+    prompt_limits = PromptLimits(max_prompts=limits.study_prompts, max_prompt_chars=limits.max_prompt_chars)
+    prompts = read_prompts(data, prompt_limits, sample or None)
+    drafters = tuple(d for _, d in DRAFTER_CHOICES if d in (settings.drafters or []))
+    if not drafters:
+        raise PlaygroundError("pick at least one drafter", "drafters")
+    if settings.draft not in ("chain", "tree"):
+        raise PlaygroundError(f"draft must be 'chain' or 'tree', got {settings.draft!r}", "draft")
+    k, max_tokens = _whole(settings.k, "k"), _whole(settings.max_tokens, "max_tokens")
+    tree = TreeShape() if settings.draft == "tree" else None
+    GenerationRequest(prompt="check", k=k, max_tokens=max_tokens, tree=tree).validate(limits.max_tokens)
+    config = StudyConfig(drafters=drafters, k=k, max_tokens=max_tokens, tree=tree, backend=engine.name)
+    return prompts, config.runnable_on(engine)
+
+
+def _whole(value, name: str) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PlaygroundError(f"{name.replace('_', ' ')} must be a number", name) from None
+    if not number.is_integer() or number < 0:
+        raise PlaygroundError(f"{name.replace('_', ' ')} must be a whole number, got {number:g}", name)
+    return int(number)
+
+
+def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playground: dict) -> None:
+    """The tab; `playground` holds the Playground tab's prompt, system and template controls, which a click
+    on a prompt of the report fills before it switches to `tabs`' "playground" tab."""
+    view = {}
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=300):
+            c = {"file": gr.File(label="Prompt file", file_types=[".jsonl", ".json", ".csv", ".txt"], type="filepath",
+                                 elem_id="study-file"),
+                 "pasted": gr.Textbox(label="…or paste prompts (any of the same formats)", lines=4, max_lines=10,
+                                      elem_id="study-pasted")}
+            gr.Markdown(HELP + f" At most {limits.study_prompts} prompts per file.", elem_classes=["study-help"])
+            gr.Examples([[str(SAMPLES / "chat.jsonl")], [str(SAMPLES / "sharegpt.json")]], [c["file"]],
+                                  label="Samples")
+            with gr.Row():
+                c["drafters"] = unchecked.CheckboxGroup(DRAFTER_CHOICES, value=[EAGLE3, EAGLE31], label="Drafters",
+                                                        elem_id="study-drafters")
+                c["backend_name"] = unchecked.Dropdown(list(backends), value=next(iter(backends)), label="Backend",
+                                                       visible=len(backends) > 1, elem_id="study-backend")
+            with gr.Row():
+                c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=5, step=1, label="k (drafts per step)",
+                                          elem_id="study-k")
+                c["max_tokens"] = unchecked.Slider(1, limits.max_tokens, value=min(DEFAULT_MAX_TOKENS, limits.max_tokens),
+                                                   step=1, label="max tokens", elem_id="study-max-tokens")
+            with gr.Row():
+                c["draft"] = unchecked.Radio(["chain", "tree"], value="chain", label="draft", elem_id="study-draft",
+                                             info="tree: each drafter drafts the default tree too")
+                c["sample"] = unchecked.Number(0, precision=0, minimum=0, label="sample (0: every prompt)",
+                                               elem_id="study-sample")
+            with gr.Row():
+                run = gr.Button("Run", variant="primary", elem_id="study-run", min_width=80)
+                stop = gr.Button("Stop", variant="stop", elem_id="study-stop", min_width=80)
+        with gr.Column(scale=3, min_width=300):
+            view["progress"] = gr.HTML(progress_html(0, 0, ""), elem_id="study-progress")
+            view["report"] = gr.Markdown(elem_id="study-report")
+    with gr.Row():
+        for name in STUDY_PLOTS[:3]:
+            view[name] = gr.Plot(show_label=False, elem_id=f"study-{name.replace('_', '-')}")
+    with gr.Row():
+        for name in STUDY_PLOTS[3:]:
+            view[name] = gr.Plot(show_label=False, elem_id=f"study-{name.replace('_', '-')}")
+    view["table"] = gr.Dataframe(label="Prompts (click one to open it in the Playground tab)", interactive=False,
+                                 wrap=True, elem_id="study-table")
+    view["files"] = gr.File(label="report: JSON, markdown, CSV per prompt, HTML (self-contained)",
+                            file_count="multiple", elem_id="study-files")
+    opened = gr.State([])   # the prompts of the last study, for the table's clicks
+
+    stops = StopRequests()
+
+    def stream(settings: StudySettings, session: str | None) -> Iterator[dict]:
+        stops.take(session)
+        try:
+            engine = backend(backends, settings.backend_name)
+            prompts, config = study_inputs(limits, settings, engine)
+        except Exception as e:
+            raise gr.Error(failure_message(e)) from None
+        results: list[PromptResult] = []
+        pacer, live, started = Pacer(text_every_s=0.5, plots_every_s=2.0), LivePlots(len(STUDY_PLOTS)), time.monotonic()
+        source = Path(settings.file).name if settings.file else "pasted prompts"
+        report = lambda intervals: prompt_report.results(config, prompts, source, results, intervals)
+        interim, texts = report(False), [(p.prompt, p.system or "") for p in prompts.prompts]
+        yield update(interim, progress_html(0, len(prompts.prompts), "starting"), live, True, None, texts)
+        updates, error, how = measure(engine, prompts, config), "", "finished"
+        try:
+            for u in updates:
+                if stops.take(session):   # the engine is free at once; the report with its intervals follows
+                    how = "stopped"
+                    line = f"stopped · {_clock(started)} · writing the report"
+                    yield update(interim, progress_html(u.done, u.total, line), live, False, None, texts)
+                    break
+                if u.result is not None:
+                    results.append(u.result)
+                if pacer.due("text"):
+                    redraw = pacer.due("plots")
+                    interim = report(False) if redraw else interim
+                    line = f"{u.current} · {_clock(started)}"
+                    yield update(interim, progress_html(u.done, u.total, line), live, redraw, None, texts)
+        except Exception as e:
+            error, how = failure_message(e), "failed"
+        finally:
+            updates.close()
+        final = report(True)
+        figures = prompt_report.figure_set(final)
+        files = [str(p) for p in prompt_report.write(final, export_folder(), figures)] if results else None
+        line = f"{how} · {_clock(started)}"
+        yield update(final, progress_html(len(results), len(prompts.prompts), line, error), live, True, files, texts,
+                     figures)
+
+    def update(res: dict, progress: str, live: LivePlots, redraw: bool, files, texts: list,
+               figures: dict | None = None) -> dict:
+        shown = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, go.Figure())
+                              for kind in FIGURES.values())
+        return {"progress": progress, "report": prompt_report.markdown(res) if res["pooled"] else "",
+                **dict(zip(STUDY_PLOTS, live.get(shown, redraw))), "table": table(res), "files": files,
+                "opened": texts}
+
+    outputs = [*(view[name] for name in STUDY_OUTPUTS), opened]
+    handler = stream_handler(StudySettings, (*STUDY_OUTPUTS, "opened"), stream)
+    validator = input_validator(StudySettings, lambda settings: study_inputs(
+        limits, settings, backend(backends, settings.backend_name)))
+    run.click(handler, inputs_kwargs=named_inputs(StudySettings, c), outputs=outputs, validator=validator,
+              api_name="study", concurrency_id="study", concurrency_limit=1)
+    stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
+
+    def open_prompt(prompts: list, event: gr.SelectData):
+        row = event.row_value or []
+        index = int(row[0]) if row and str(row[0]).isdigit() else -1
+        if not 0 <= index < len(prompts):
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        prompt, system = prompts[index]
+        return prompt, system, "model", gr.Tabs(selected="playground")
+
+    view["table"].select(open_prompt, opened, [playground["prompt"], playground["system"], playground["template"],
+                                              tabs], api_name=False, queue=False)
+
+
+def table(res: dict) -> pd.DataFrame:
+    """A row per prompt: its place, id, category, length, each method's tau, and the start of its text."""
+    methods = [p["method"] for p in res["pooled"]]
+    head = ["#", "id", "category", "prompt tokens", *(f"{label(m)} tau" for m in methods), "prompt"]
+    rows = [[p["index"], p["id"], p["category"] or "", p["prompt_tokens"] if not p["skipped"] else "–",
+             *(round(p["runs"][m]["mean_acceptance_length"], 2) if m in p["runs"] else "–" for m in methods),
+             p["preview"] if not p["skipped"] else f"skipped: {p['skipped']}"] for p in res["prompts"]]
+    return pd.DataFrame(rows, columns=head)
+
+
+def progress_html(done: int, total: int, line: str, error: str = "") -> str:
+    share = done / total if total else 0.0
+    failed = f"<div class='study-error'>{escape(error)}</div>" if error else ""
+    return (f"<div class='study-bar' role='progressbar' aria-valuemin='0' aria-valuemax='{total}' "
+            f"aria-valuenow='{done}'><div style='width:{100 * share:.1f}%'></div></div>"
+            f"<div class='study-line'>{done} of {total} prompts · {escape(line)}</div>{failed}")
+
+
+def _clock(started: float) -> str:
+    seconds = int(time.monotonic() - started)
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+CSS = (".study-bar { height: 10px; background: #e5e7eb; border-radius: 5px; overflow: hidden; } "
+       ".study-bar > div { height: 100%; background: #1d4ed8; transition: width 0.3s; } "
+       ".study-line { font-size: 13px; margin-top: 4px; } .study-error { color: #b91c1c; margin-top: 4px; }")

@@ -1,0 +1,142 @@
+"""Your prompts through both drafters: the pooled report equals the runs one by one, a stopped study goes
+on where it stopped, and the CLI's errors are one line."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+import playground.cli as command_line
+from playground.evaluation.prompt_files import read_prompts
+from playground.evaluation.prompt_study import StudyConfig, measure, run
+
+PROMPTS = [{"id": "sea", "prompt": "Write a haiku about the sea."},
+           {"id": "sort", "prompt": "Write a Python function that sorts a list of names.", "system": "Be brief."},
+           {"id": "math", "prompt": "What is 12 times 13?", "category": "math"}]
+MAX_TOKENS = 24
+
+
+def write_jsonl(path, records) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = command_line.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys):
+    too_long = {"id": "too-long", "prompt": "word " * 9000}   # past the 8,192-token context: skipped, with the reason
+    write_jsonl(tmp_path / "mine.jsonl", PROMPTS + [too_long])
+    code, out, err = run_cli(capsys, "bench", "--prompts", str(tmp_path / "mine.jsonl"), "--max-tokens", str(MAX_TOKENS),
+                             "--max-prompt-chars", "50000", "--out", str(tmp_path / "report"))
+    assert code == 0, err
+    res = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert res["source"] == {"file": "mine.jsonl", "format": "prompt records", "prompts": 4, "measured": 3, "skipped": 1}
+    assert "the context holds 8192" in res["prompts"][3]["skipped"] and "too-long" in out
+    assert res["lossless"] and {f.name for f in (tmp_path / "report").iterdir()} == {
+        "results.json", "results.md", "prompts.csv", "charts.html"}
+
+    for drafter in ("eagle3", "eagle3.1"):
+        summaries = []
+        for p in PROMPTS:
+            system = ["--system", p["system"]] if "system" in p else []
+            code, out, _ = run_cli(capsys, "generate", "--prompt", p["prompt"], *system, "--drafter", drafter,
+                                   "--max-tokens", str(MAX_TOKENS), "--json")
+            summaries.append(json.loads(out.strip().splitlines()[-1])["summary"])
+        for p, s in zip(res["prompts"], summaries):
+            assert p["runs"][drafter]["mean_acceptance_length"] == s["mean_acceptance_length"]
+            assert (p["prompt_tokens"], p["runs"][drafter]["tokens"]) == (s["prompt_tokens"], s["tokens"])
+        pooled = next(row for row in res["pooled"] if row["method"] == drafter)
+        steps = [s["drafting_steps"] for s in summaries]
+        accepted = sum(round((s["mean_acceptance_length"] - 1) * n) for s, n in zip(summaries, steps))
+        assert pooled["mean_acceptance_length"] == pytest.approx(1 + accepted / sum(steps), abs=1e-12)
+        assert pooled["tau_ci"][0] <= pooled["mean_acceptance_length"] <= pooled["tau_ci"][1]
+        depths = max(len(s["per_position_acceptance"]) for s in summaries)
+        acceptance = [sum(s["per_position_acceptance"][d] * n for s, n in zip(summaries, steps)
+                          if len(s["per_position_acceptance"]) > d) / sum(steps) for d in range(depths)]
+        assert pooled["acceptance"] == pytest.approx(acceptance, abs=1e-12)
+        for field, mean in (("sink_attention", "mean_sink_attention"), ("hidden_norm", "mean_hidden_norm")):
+            weights = [s["drafting_steps_by_depth"] for s in summaries]
+            expected = [sum(s[mean][d] * w[d] for s, w in zip(summaries, weights) if len(w) > d)
+                        / sum(w[d] for w in weights if len(w) > d) for d in range(len(pooled[field]))]
+            assert pooled[field] == pytest.approx(expected, rel=1e-9) and len(pooled[field]) == 5
+
+    ratio = res["ratios"][0]
+    assert (ratio["a"], ratio["b"]) == ("eagle3.1", "eagle3") and ratio["ci"][0] <= ratio["tau_ratio"] <= ratio["ci"][1]
+    assert [g["group"] for g in res["by_category"]] == ["–", "math"]
+    assert len(res["gains"]["most"]) == 1 and res["gains"]["better"] == "eagle3.1"
+    csv_lines = (tmp_path / "report" / "prompts.csv").read_text().splitlines()
+    assert len(csv_lines) == 5 and csv_lines[0].startswith("index,id,category,prompt_tokens,skipped,eagle3 tau")
+    html = (tmp_path / "report" / "charts.html").read_text()
+    assert "tau against prompt length" in html and 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000
+
+
+class Interrupted:
+    """The real engine, counting its runs and interrupted (like Ctrl-C) at run number `stop_at`."""
+
+    def __init__(self, engine, stop_at: int | None = None):
+        self.engine, self.stop_at, self.calls = engine, stop_at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, request):
+        self.calls += 1
+        if self.calls == self.stop_at:
+            raise KeyboardInterrupt
+        return self.engine.generate(request)
+
+
+def test_a_stopped_study_goes_on_where_it_stopped(engine, tmp_path):
+    prompts = read_prompts("\n\n".join(p["prompt"] for p in PROMPTS))
+    config = StudyConfig(max_tokens=6)
+    with pytest.raises(KeyboardInterrupt):   # in the second prompt's first run
+        run(Interrupted(engine, stop_at=3), config, prompts, "mine.txt", tmp_path)
+    resumed = Interrupted(engine)
+    res, _ = run(resumed, config, prompts, "mine.txt", tmp_path)
+    assert resumed.calls == 4 and [p["id"] for p in res["prompts"]] == ["prompt 1", "prompt 2", "prompt 3"]
+    fresh = [u.result for u in measure(engine, prompts, config) if u.result]
+    assert [p["runs"]["eagle3.1"]["mean_acceptance_length"] for p in res["prompts"]] == [
+        r.runs["eagle3.1"].tau for r in fresh]
+    assert not (tmp_path / "progress.pkl").exists()
+
+    with pytest.raises(KeyboardInterrupt):
+        run(Interrupted(engine, stop_at=3), config, prompts, "mine.txt", tmp_path)
+    other = Interrupted(engine)   # another configuration does not reuse the saved prompts
+    run(other, replace(config, max_tokens=5), prompts, "mine.txt", tmp_path)
+    assert other.calls == 6
+
+
+def test_closing_the_study_stops_it_within_a_step(engine):
+    prompts = read_prompts("\n\n".join(p["prompt"] for p in PROMPTS))
+    updates = measure(engine, prompts, StudyConfig(max_tokens=64))
+    first = next(updates)
+    assert first.result is None and first.current.startswith("prompt 1 · eagle3 · ")
+    updates.close()
+    assert next(updates, None) is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "ok"}\n{oops\n', "mine.jsonl: line 2: not JSON"),
+    ("", "mine.jsonl: the file is empty"),
+    (None, "cannot read"),
+])
+def test_a_bad_prompt_file_is_a_one_line_error(tmp_path, capsys, content, message):
+    path = tmp_path / "mine.jsonl"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = run_cli(capsys, "bench", "--prompts", str(path), "--out", str(tmp_path / "report"))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_out_of_range_study_options_are_one_line_errors(tmp_path, capsys):
+    write_jsonl(tmp_path / "mine.jsonl", PROMPTS)
+    for args, message in ((["--concurrency", "4"], "one prompt at a time"),
+                          (["--drafters", "eagle3", "medusa"], "has no medusa"),
+                          (["--sample", "0"], "at least 1 prompt"),
+                          (["--max-prompts", "2"], "the limit is 2")):
+        code, _, err = run_cli(capsys, "bench", "--prompts", str(tmp_path / "mine.jsonl"), *args,
+                               "--out", str(tmp_path / "report"))
+        assert code == 2 and message in err, (args, err)

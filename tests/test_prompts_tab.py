@@ -1,0 +1,73 @@
+"""The Your prompts tab through the page's API: a prompt file's report as the engine measures it, and every
+unreadable file a one-line message after which the page keeps serving."""
+
+import json
+
+import pytest
+from gradio_client import handle_file
+
+from playground.app_process import api_client
+from playground.evaluation.prompt_files import read_prompts
+from playground.evaluation.prompt_sets import ASSETS
+from playground.evaluation.prompt_study import StudyConfig, measure
+from playground.ui.endpoints import STUDY_OUTPUTS
+
+SHAREGPT = ASSETS / "prompts" / "sharegpt.json"
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return api_client(app_url)
+
+
+def study(client, file=None, pasted="", drafters=("eagle3", "eagle3.1"), k=5, draft="chain", max_tokens=8, sample=0):
+    out = client.predict(handle_file(str(file)) if file else None, pasted, "reference", list(drafters), k, draft,
+                         max_tokens, sample, api_name="/study")
+    assert len(out) == len(STUDY_OUTPUTS)
+    return dict(zip(STUDY_OUTPUTS, out))
+
+
+def test_a_sample_of_a_file_reports_what_the_engine_measures(client, engine):
+    out = study(client, SHAREGPT, sample=3)
+    assert "aria-valuenow='3'" in out["progress"] and "finished" in out["progress"]
+    assert out["report"].startswith("sharegpt.json (sharegpt): 3 of 3 prompts measured")
+    assert [row[1] for row in out["table"]["data"]] == ["sg-1", "sg-4", "sg-6"]   # seed 0's sample, in file order
+    assert all(out[name]["type"] == "plotly" for name in STUDY_OUTPUTS if name.endswith("_plot"))
+    files = {path.rsplit("/", 1)[1]: path for path in out["files"]}
+    assert set(files) == {"results.json", "results.md", "prompts.csv", "charts.html"}
+    res = json.loads(open(files["results.json"]).read())
+    prompts = read_prompts(SHAREGPT.read_bytes(), sample=3)
+    expected = [u.result for u in measure(engine, prompts, StudyConfig(max_tokens=8)) if u.result]
+    assert [[p["runs"][d]["mean_acceptance_length"] for d in ("eagle3", "eagle3.1")] for p in res["prompts"]] == [
+        [r.runs[d].tau for d in ("eagle3", "eagle3.1")] for r in expected]
+
+
+def test_pasted_prompts_run_with_trees_and_no_speculation(client):
+    out = study(client, pasted="Name three colours.\n\nWhat is 2 + 2?", drafters=("eagle3.1", "none"), draft="tree",
+                max_tokens=6)
+    assert out["table"]["headers"][4:7] == ["EAGLE 3.1 tau", "no speculation tau", "EAGLE 3.1 · tree 2/4/8 tau"]
+    assert "pasted prompts (text): 2 of 2 prompts measured" in out["report"] and "vs none" in out["report"]
+
+
+@pytest.mark.parametrize("content, kwargs, message", [
+    (None, {}, "upload a prompt file or paste prompts"),
+    (b'{"prompt": "ok"}\n{"prompt": 3}\n', {}, "line 2: prompt is not text"),
+    (b'{"prompt": "ok"}\n{oops\n', {}, "line 2: not JSON"),
+    (b"", {}, "the file is empty"),
+    ("caf\xe9".encode("latin-1"), {}, "not UTF-8"),
+    (b'[{"text": "no prompt here"}]', {}, "record 1: no prompt"),
+    ("\n\n".join(["x" * 30_000]).encode(), {}, "the limit is 20,000"),
+    ("\n\n".join(f"p{i}" for i in range(201)).encode(), {}, "the file has 201 prompts; the limit is 200"),
+    (b"Hi", {"drafters": ()}, "pick at least one drafter"),
+    (b"Hi", {"k": 11}, "k must be between 1 and 10"),
+    (b"Hi", {"max_tokens": 5000}, "max tokens is limited to 512"),
+    (b"Hi", {"sample": 2.5}, "sample must be a whole number"),
+])
+def test_an_unreadable_file_is_one_message_and_the_page_keeps_serving(client, tmp_path, content, kwargs, message):
+    path = None
+    if content is not None:
+        path = tmp_path / "mine.txt"
+        path.write_bytes(content)
+    with pytest.raises(Exception, match=message):
+        study(client, path, **kwargs)
+    assert "finished" in study(client, pasted="Hi", drafters=("eagle3",), max_tokens=2)["progress"]
