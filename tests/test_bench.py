@@ -13,6 +13,7 @@ from playground.evaluation import report, trees
 from playground.evaluation.benchmark import BenchConfig, collect, results
 from playground.evaluation.prompt_sets import CATEGORIES, EVAL_KINDS, suite
 from playground.training.prompts import conversations
+from tests.engines import CountingEngine
 
 
 def test_suite_covers_every_category_with_long_contexts_near_their_budget(engine):
@@ -64,19 +65,6 @@ def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
     assert "against a draft tree (2/4/8" in table and "| coding | EAGLE 3.1 |" in table
     assert table in proc.stdout
     assert "plotly" in (out / "charts.html").read_text()[:5_000_000]
-
-
-class CountingEngine:
-    """The real engine, counting its runs and interrupted (like Ctrl-C) at run number `stop_at`."""
-
-    def __init__(self, engine, stop_at: int | None = None):
-        self.engine, self.stop_at, self.calls = engine, stop_at, 0
-
-    def generate(self, request):
-        self.calls += 1
-        if self.calls == self.stop_at:
-            raise KeyboardInterrupt
-        return self.engine.generate(request)
 
 
 def test_an_interrupted_bench_goes_on_from_its_last_finished_prompt(engine, tmp_path):

@@ -53,10 +53,26 @@ def test_csv_with_a_prompt_column():
         ("q1", "Hello, there", "greet"), ("q2", "Two\nlines", None)]
 
 
+def test_csv_with_semicolons_or_tabs():
+    for sep in (";", "\t"):
+        f = read_prompts(f"prompt{sep}category\nHello, there{sep}greet\n".encode())
+        assert f.format == "csv" and [(p.prompt, p.category) for p in f.prompts] == [("Hello, there", "greet")]
+
+
 def test_plain_text_prompts_separated_by_blank_lines():
-    f = read_prompts("First prompt\nstill the first.\n\n\nSecond prompt\r\n\r\nThird".encode())
+    f = read_prompts("First prompt\nstill the first.\n\n\nSecond prompt\r\n \t\r\nThird\r\rFourth".encode())
     assert f.format == "text" and [p.prompt for p in f.prompts] == ["First prompt\nstill the first.", "Second prompt",
-                                                                    "Third"]
+                                                                    "Third", "Fourth"]
+    assert [p.prompt for p in read_prompts(b"[INST] Hi [/INST]\n\n{not a record}").prompts] == [
+        "[INST] Hi [/INST]", "{not a record}"]
+
+
+def test_json_lines_keep_unicode_line_separators_and_a_pretty_printed_object_is_one_record():
+    f = read_prompts(json.dumps({"prompt": "one\u2028two\u0085three"}, ensure_ascii=False).encode() + b"\n")
+    assert f.prompts[0].prompt == "one\u2028two\u0085three"
+    f = read_prompts(json.dumps({"messages": [{"role": "developer", "content": "Be brief."},
+                                              {"role": "user", "content": "Hi"}]}, indent=2).encode())
+    assert (f.format, f.prompts[0].id, f.prompts[0].system) == ("messages", "record 1", "Be brief.")
 
 
 def test_the_shipped_chat_sample_has_categories_and_long_documents():
@@ -82,6 +98,8 @@ def test_a_sample_is_seeded_and_keeps_file_order():
     (b'{"prompt": "  "}\n', "line 1: prompt is empty"),
     (b'[1, 2]', "record 1: not a JSON object"),
     (b'[{"prompt": "a",}]', "not JSON: Expecting property name"),
+    (b'{\n  "prompt": "a",\n  "id": \n}', "not JSON: Expecting value at line 4, column 1"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": null}]}]}\n', "line 1: turn 1 is empty"),
     (b'{"messages": [{"role": "assistant", "content": "x"}]}\n', "line 1: the conversation has no user turn"),
     (b'{"messages": [{"role": "robot", "content": "x"}]}\n', "line 1: turn 1 has the unknown role 'robot'"),
     (b'{"conversations": [{"from": "human"}]}\n', "line 1: turn 1 has no 'from' and 'value'"),
@@ -103,6 +121,6 @@ def test_the_limits_are_settings_with_clear_messages():
         read_prompts(data, PromptLimits(max_prompts=5))
     with pytest.raises(PromptFileError, match="long: the prompt is 300 characters; the limit is 200"):
         read_prompts(data, PromptLimits(max_prompt_chars=200))
-    with pytest.raises(PromptFileError, match="the limit is 0 MiB|the file is"):
+    with pytest.raises(PromptFileError, match=f"the file is {len(data)} bytes; the limit is 10 bytes"):
         read_prompts(data, PromptLimits(max_file_bytes=10))
     assert len(read_prompts(data, PromptLimits(max_prompts=5), sample=5).prompts) == 5   # the limit is on what runs

@@ -9,6 +9,7 @@ import pytest
 import playground.cli as command_line
 from playground.evaluation.prompt_files import read_prompts
 from playground.evaluation.prompt_study import StudyConfig, measure, run
+from tests.engines import CountingEngine
 
 PROMPTS = [{"id": "sea", "prompt": "Write a haiku about the sea."},
            {"id": "sort", "prompt": "Write a Python function that sorts a list of names.", "system": "Be brief."},
@@ -73,28 +74,12 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
     assert "tau against prompt length" in html and 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000
 
 
-class Interrupted:
-    """The real engine, counting its runs and interrupted (like Ctrl-C) at run number `stop_at`."""
-
-    def __init__(self, engine, stop_at: int | None = None):
-        self.engine, self.stop_at, self.calls = engine, stop_at, 0
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def generate(self, request):
-        self.calls += 1
-        if self.calls == self.stop_at:
-            raise KeyboardInterrupt
-        return self.engine.generate(request)
-
-
 def test_a_stopped_study_goes_on_where_it_stopped(engine, tmp_path):
     prompts = read_prompts("\n\n".join(p["prompt"] for p in PROMPTS))
     config = StudyConfig(max_tokens=6)
     with pytest.raises(KeyboardInterrupt):   # in the second prompt's first run
-        run(Interrupted(engine, stop_at=3), config, prompts, "mine.txt", tmp_path)
-    resumed = Interrupted(engine)
+        run(CountingEngine(engine, stop_at=3), config, prompts, "mine.txt", tmp_path)
+    resumed = CountingEngine(engine)
     res, _ = run(resumed, config, prompts, "mine.txt", tmp_path)
     assert resumed.calls == 4 and [p["id"] for p in res["prompts"]] == ["prompt 1", "prompt 2", "prompt 3"]
     fresh = [u.result for u in measure(engine, prompts, config) if u.result]
@@ -103,19 +88,34 @@ def test_a_stopped_study_goes_on_where_it_stopped(engine, tmp_path):
     assert not (tmp_path / "progress.pkl").exists()
 
     with pytest.raises(KeyboardInterrupt):
-        run(Interrupted(engine, stop_at=3), config, prompts, "mine.txt", tmp_path)
-    other = Interrupted(engine)   # another configuration does not reuse the saved prompts
+        run(CountingEngine(engine, stop_at=3), config, prompts, "mine.txt", tmp_path)
+    other = CountingEngine(engine)   # another configuration does not reuse the saved prompts
     run(other, replace(config, max_tokens=5), prompts, "mine.txt", tmp_path)
     assert other.calls == 6
 
 
 def test_closing_the_study_stops_it_within_a_step(engine):
     prompts = read_prompts("\n\n".join(p["prompt"] for p in PROMPTS))
-    updates = measure(engine, prompts, StudyConfig(max_tokens=64))
+    watched = CountingEngine(engine)
+    updates = measure(watched, prompts, StudyConfig(max_tokens=64))
     first = next(updates)
-    assert first.result is None and first.current.startswith("prompt 1 · eagle3 · ")
+    assert first.result is None and first.current.startswith("prompt 1 · eagle3 · ") and watched.ended == []
     updates.close()
-    assert next(updates, None) is None
+    assert watched.calls == 1 and watched.ended == [1]   # the engine's stream was closed after its first step
+
+
+def test_several_prompts_at_once_finish_all_and_stop_when_closed(engine):
+    prompts = read_prompts("\n\n".join(p["prompt"] for p in PROMPTS))
+    config = StudyConfig(max_tokens=8, concurrency=2)
+    results = sorted((u.result for u in measure(engine, prompts, config)), key=lambda r: r.index)
+    one_by_one = [u.result for u in measure(engine, prompts, replace(config, concurrency=1)) if u.result]
+    assert [(r.id, {m: run.tau for m, run in r.runs.items()}) for r in results] == [
+        (r.id, {m: run.tau for m, run in r.runs.items()}) for r in one_by_one]
+    watched = CountingEngine(engine)
+    updates = measure(watched, prompts, replace(config, max_tokens=64))
+    next(updates)
+    updates.close()
+    assert sorted(watched.ended) == list(range(1, watched.calls + 1))   # every stream started has ended
 
 
 @pytest.mark.parametrize("content, message", [

@@ -2,6 +2,7 @@
 unreadable file a one-line message after which the page keeps serving."""
 
 import json
+import time
 
 import pytest
 from gradio_client import handle_file
@@ -56,7 +57,7 @@ def test_pasted_prompts_run_with_trees_and_no_speculation(client):
     (b"", {}, "the file is empty"),
     ("caf\xe9".encode("latin-1"), {}, "not UTF-8"),
     (b'[{"text": "no prompt here"}]', {}, "record 1: no prompt"),
-    ("\n\n".join(["x" * 30_000]).encode(), {}, "the limit is 20,000"),
+    (b"x" * 30_000, {}, "the limit is 20,000"),
     ("\n\n".join(f"p{i}" for i in range(201)).encode(), {}, "the file has 201 prompts; the limit is 200"),
     (b"Hi", {"drafters": ()}, "pick at least one drafter"),
     (b"Hi", {"k": 11}, "k must be between 1 and 10"),
@@ -71,3 +72,15 @@ def test_an_unreadable_file_is_one_message_and_the_page_keeps_serving(client, tm
     with pytest.raises(Exception, match=message):
         study(client, path, **kwargs)
     assert "finished" in study(client, pasted="Hi", drafters=("eagle3",), max_tokens=2)["progress"]
+
+
+def test_the_playground_is_served_while_a_study_runs(client, app_url):
+    from playground.app_process import api_client as new_client
+
+    job = client.submit(None, "\n\n".join(f"Tell me about the number {i}." for i in range(6)), "reference",
+                        ["eagle3", "eagle3.1"], 5, "chain", 48, 0, api_name="/study")
+    while not job.outputs():   # the study has started
+        time.sleep(0.2)
+    run = new_client(app_url).predict("Say hi.", "", "model", "eagle3.1", 5, 0.0, 1.0, 8, "reference", api_name="/run")
+    assert run[1].strip() and not job.done(), "the run waited for the whole study"
+    assert "finished" in dict(zip(STUDY_OUTPUTS, job.result()))["progress"]

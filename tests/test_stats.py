@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from playground.engines.events import StepEvent, reconcile
@@ -36,7 +37,7 @@ def test_drafting_counts_skip_steps_that_did_not_draft():
 
 def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_units():
     values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    mean = lambda units: lambda idx: sum(units[i] for i in idx) / len(idx)
+    mean = lambda units: lambda idx: np.asarray(units)[idx].mean(-1)
     lo, hi = bootstrap_interval(mean(values), len(values))
     assert 1.0 < lo < 3.5 < hi < 6.0
     many = values * 16

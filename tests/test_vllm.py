@@ -213,6 +213,24 @@ def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
     assert "vLLM under load" in table and "the server without speculation" in table
 
 
+def test_a_prompt_file_runs_on_the_vllm_servers_several_at_once(vllm, engine, tmp_path):
+    # before the test below, which kills the `none` server
+    from playground.evaluation.prompt_files import read_prompts
+    from playground.evaluation.prompt_study import StudyConfig, measure, run
+
+    prompts = read_prompts("\n\n".join(PROMPTS))
+    config = StudyConfig(drafters=("eagle3", "eagle3.1", "none"), k=K, max_tokens=16, backend="vllm", concurrency=2)
+    res, paths = run(vllm, config, prompts, "mine.txt", tmp_path)
+    assert [p["id"] for p in res["prompts"]] == ["prompt 1", "prompt 2", "prompt 3"] and len(paths) == 4
+    ours = [u.result for u in measure(engine, prompts, StudyConfig(max_tokens=16)) if u.result]
+    assert [p["prompt_tokens"] for p in res["prompts"]] == [r.prompt_tokens for r in ours]
+    pooled = {row["method"]: row for row in res["pooled"]}
+    for drafter in ("eagle3", "eagle3.1"):   # the probe reports what the embedded engine would
+        assert len(pooled[drafter]["sink_attention"]) == len(pooled[drafter]["hidden_norm"]) == K
+        assert pooled[drafter]["speedup_ci"][0] <= pooled[drafter]["speedup_vs_none"] <= pooled[drafter]["speedup_ci"][1]
+    assert pooled["eagle3"]["hidden_norm"][-1] > 3 * pooled["eagle3.1"]["hidden_norm"][-1]
+
+
 def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine):
     vllm, launched, _, _ = servers
     urls = [f"--vllm-url={s.drafter}={s.url}" for s in vllm.servers.values()]

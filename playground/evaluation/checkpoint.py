@@ -16,10 +16,13 @@ class Checkpoint:
         self.path, self.key = Path(path), key
 
     def load(self) -> Any | None:
-        if not self.path.exists():
+        """The saved state; None when there is none, it is another configuration's, or it cannot be read
+        (written by another version of the code): the measurement then starts afresh."""
+        try:
+            saved = pickle.loads(self.path.read_bytes())
+            return saved["state"] if saved.get("key") == self.key else None
+        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, KeyError, TypeError):
             return None
-        saved = pickle.loads(self.path.read_bytes())
-        return saved["state"] if saved.get("key") == self.key else None
 
     def save(self, state: Any) -> None:
         """Written whole to a temporary file first, so that an interruption never leaves half a file."""

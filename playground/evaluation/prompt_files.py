@@ -18,13 +18,15 @@ import csv
 import io
 import json
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from playground.engines.request import GenerationRequest
 from playground.errors import PlaygroundError
 
-FORMATS = ("messages", "prompt records", "sharegpt", "csv", "text")
+CSV_DELIMITERS = (",", ";", "\t")
+OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
                   "assistant": "assistant", "model": "assistant", "system": "system"}
 
@@ -35,6 +37,10 @@ class PromptFileError(PlaygroundError):
 
 class NotJSONLines(PromptFileError):
     """A line that is not JSON, in a file that begins as JSON lines."""
+
+    def __init__(self, message: str, line: int):
+        super().__init__(message)
+        self.line = line
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,7 @@ def read_prompts(data: bytes | str, limits: PromptLimits = PromptLimits(), sampl
     in file order). The limits apply to what would run."""
     if isinstance(data, bytes):
         if len(data) > limits.max_file_bytes:
-            raise PromptFileError(f"the file is {len(data) / 2**20:.1f} MiB; the limit is "
-                                  f"{limits.max_file_bytes / 2**20:.0f} MiB")
+            raise PromptFileError(f"the file is {size(len(data))}; the limit is {size(limits.max_file_bytes)}")
         try:
             data = data.decode("utf-8-sig")
         except UnicodeDecodeError as e:
@@ -90,6 +95,10 @@ def read_prompts(data: bytes | str, limits: PromptLimits = PromptLimits(), sampl
     form, prompts = _parse(data)
     if not prompts:
         raise PromptFileError("the file holds no prompts")
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise PromptFileError(f"the id {twice!r} names two prompts")
     if sample is not None:
         if sample < 1:
             raise PromptFileError(f"the sample must be at least 1 prompt, got {sample}")
@@ -103,46 +112,54 @@ def read_prompts(data: bytes | str, limits: PromptLimits = PromptLimits(), sampl
         if p.chars > limits.max_prompt_chars:
             raise PromptFileError(f"{p.id}: the prompt is {p.chars:,} characters; the limit is "
                                   f"{limits.max_prompt_chars:,}")
-    ids = [p.id for p in prompts]
-    if len(set(ids)) != len(ids):
-        twice = next(i for i in ids if ids.count(i) > 1)
-        raise PromptFileError(f"the id {twice!r} names two prompts")
     return PromptFile(form, tuple(prompts))
 
 
+def size(n: int) -> str:
+    """A byte count for a message: 20 MiB, 300 KiB, 10 bytes."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
 def _parse(text: str) -> tuple[str, list[UserPrompt]]:
-    head = text.lstrip()[:1]
-    if head == "{":   # JSON lines; else one JSON object written over several lines
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    start = text.lstrip()
+    if re.match(r'\{\s*["}]', start):   # JSON lines; else one JSON object written over several lines
         try:
             return _records(_json_lines(text), "line")
         except NotJSONLines as e:
             try:
                 whole = json.loads(text)
-            except json.JSONDecodeError:
-                raise PromptFileError(str(e)) from None
+            except json.JSONDecodeError as whole_error:
+                raise (e if e.line > 1 else
+                       PromptFileError(f"not JSON: {whole_error.msg} at line {whole_error.lineno}, "
+                                       f"column {whole_error.colno}")) from None
             return _records([(1, whole)], "record")
-    if head == "[":
+    if re.match(r'\[\s*([{\["\]0-9-]|true|false|null)', start):   # a JSON array ("[INST] ..." is text)
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:
             raise PromptFileError(f"not JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
         return _records(list(enumerate(records, 1)), "record")
-    first_line = next(csv.reader(io.StringIO(text.lstrip().splitlines()[0])), [])
-    if "prompt" in (cell.strip().lower() for cell in first_line):
-        return "csv", _csv(text)
-    blocks = [b.strip() for b in text.replace("\r\n", "\n").split("\n\n")]
+    first_line = start.split("\n", 1)[0]
+    for delimiter in CSV_DELIMITERS:
+        if "prompt" in (cell.strip().lower() for cell in next(csv.reader([first_line], delimiter=delimiter), [])):
+            return "csv", _csv(start, delimiter)
+    blocks = (b.strip() for b in re.split(r"\n[ \t]*\n", text))
     return "text", [UserPrompt(f"prompt {i}", b) for i, b in enumerate((b for b in blocks if b), 1)]
 
 
 def _json_lines(text: str) -> list[tuple[int, Any]]:
     records = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):   # not splitlines: U+2028 and the like are legal in JSON strings
         if not line.strip():
             continue
         try:
             records.append((n, json.loads(line)))
         except json.JSONDecodeError:
-            raise NotJSONLines(f"line {n}: not JSON") from None
+            raise NotJSONLines(f"line {n}: not JSON", n) from None
     return records
 
 
@@ -174,7 +191,8 @@ def _text(where: str, value: Any, field: str) -> str:
     if value is None:
         raise PromptFileError(f"{where}: no {field}")
     if isinstance(value, list):
-        value = "".join(part.get("text", "") for part in value if isinstance(part, dict) and part.get("type") == "text")
+        value = "".join(part["text"] for part in value
+                        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
     if not isinstance(value, str):
         raise PromptFileError(f"{where}: {field} is not text")
     if not value.strip():
@@ -189,6 +207,7 @@ def _with_system(where: str, prompt: str, system: Any) -> UserPrompt:
 
 
 def _turns(where: str, turns: Any, role_key: str, text_key: str, roles: dict[str, str] | None) -> UserPrompt:
+    """`roles` maps the file's role names to system / user / assistant (None: OpenAI's)."""
     """The conversation up to its last user turn: the system turn, the earlier turns, and the prompt."""
     if not isinstance(turns, list) or not turns:
         raise PromptFileError(f"{where}: the conversation is not a list of turns")
@@ -196,7 +215,7 @@ def _turns(where: str, turns: Any, role_key: str, text_key: str, roles: dict[str
     for i, turn in enumerate(turns, 1):
         if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
             raise PromptFileError(f"{where}: turn {i} has no {role_key!r} and {text_key!r}")
-        role = turn[role_key] if roles is None else roles.get(str(turn[role_key]).lower())
+        role = (roles or OPENAI_ROLES).get(str(turn[role_key]).lower())
         if role not in ("system", "user", "assistant"):
             raise PromptFileError(f"{where}: turn {i} has the unknown {role_key} {turn[role_key]!r}")
         messages.append({"role": role, "content": _text(where, turn[text_key], f"turn {i}")})
@@ -215,8 +234,8 @@ def _identified(where: str, prompt: UserPrompt, given_id: Any, category: Any) ->
                       prompt.history, str(category) if category not in (None, "") else None)
 
 
-def _csv(text: str) -> list[UserPrompt]:
-    reader = csv.DictReader(io.StringIO(text.lstrip()))
+def _csv(text: str, delimiter: str) -> list[UserPrompt]:
+    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
     reader.fieldnames = [(f or "").strip().lower() for f in reader.fieldnames or []]
     prompts = []
     for row in reader:

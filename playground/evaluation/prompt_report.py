@@ -21,10 +21,11 @@ import plotly.graph_objects as go
 import torch
 
 from playground import plots
-from playground.engines.stats import bootstrap_interval, paired_ratio, pooled_tau, tau_of
-from playground.evaluation.prompt_files import PromptFile
+from playground.engines.stats import (bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of,
+                                      value_of)
+from playground.evaluation.prompt_files import PromptFile, UserPrompt
 from playground.evaluation.prompt_study import MethodRun, PromptResult, StudyConfig
-from playground.model.variants import NONE, SEPARATOR
+from playground.model.variants import NONE
 from playground.plots import label
 
 LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
@@ -37,13 +38,14 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
     """The JSON the report is written from. Without `intervals` (a report while prompts still run, for
     the page) every interval is None: the bootstrap is the one costly part."""
     interval = bootstrap_interval if intervals else lambda statistic, units: None
-    ratio = paired_ratio if intervals else lambda a, b, units: (a(range(units)) / b(range(units)), None)
+    ratio = paired_ratio if intervals else lambda a, b, units: (value_of(lambda idx: a(idx) / b(idx), units), None)
     measured = sorted(measured, key=lambda r: r.index)
     ran = [r for r in measured if r.skipped is None]
-    methods = list(config.methods())
-    drafting = [m for m in methods if config.methods()[m][0] != NONE]
-    chains = [m for m in drafting if SEPARATOR not in m]
-    text = {i: p for i, p in enumerate(prompts.prompts)}
+    how = config.methods()
+    methods = list(how)
+    drafting = [m for m in methods if how[m][0] != NONE]
+    chains = [m for m in drafting if how[m][1] is None]
+    text = prompts.prompts
     return {
         "config": asdict(config),
         "source": {"file": source, "format": prompts.format, "prompts": len(prompts.prompts),
@@ -73,23 +75,32 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
            "tau_ci": _listed(interval(tau_of(counts), len(runs))),
            "acceptance": [a / steps for a in reaching] if steps else [],
            "sink_attention": _mean_by_depth(runs, "sink_attention"), "hidden_norm": _mean_by_depth(runs, "hidden_norm")}
-    row["tokens_per_s"] = row["tokens"] / row["seconds"] if row["seconds"] else 0.0
+    row["tokens_per_s"] = value_of(_rate(ran, method), len(ran))
+    row["decode_tokens_per_s"] = value_of(_rate(ran, method, decode=True), len(ran))
     if baseline is not None:
         value, ci = ratio(_rate(ran, method), _rate(ran, baseline), len(ran))
-        row |= {"speedup_vs_none": value, "speedup_ci": _listed(ci)}
+        decode, decode_ci = ratio(_rate(ran, method, decode=True), _rate(ran, baseline, decode=True), len(ran))
+        row |= {"speedup_vs_none": value, "speedup_ci": _listed(ci), "decode_speedup_vs_none": decode,
+                "decode_speedup_ci": _listed(decode_ci)}
     return row
 
 
 def _mean_by_depth(runs: list[MethodRun], what: str) -> list[float]:
-    depths = max((len(run.reported) for run in runs), default=0)
-    sums = [sum(getattr(run, what)[d] for run in runs if len(run.reported) > d) for d in range(depths)]
-    counts = [sum(run.reported[d] for run in runs if len(run.reported) > d) for d in range(depths)]
-    return [s / n for s, n in zip(sums, counts) if n]
+    """The mean over all the runs' steps that report `what`, by depth ([] where none does)."""
+    rows = [getattr(run, what) for run in runs]
+    depths = max((len(row.sums) for row in rows), default=0)
+    sums = [sum(row.sums[d] for row in rows if len(row.sums) > d) for d in range(depths)]
+    counts = [sum(row.counts[d] for row in rows if len(row.counts) > d) for d in range(depths)]
+    return [total / n for total, n in zip(sums, counts)]
 
 
-def _rate(ran: list[PromptResult], method: str):
-    return lambda idx: (sum(ran[i].runs[method].tokens for i in idx)
-                        / max(1e-9, sum(ran[i].runs[method].seconds for i in idx)))
+def _rate(ran: list[PromptResult], method: str, decode: bool = False):
+    """Tokens per second of `method` pooled over the prompts at the given indices; with `decode`, after
+    each prompt's prefill step (long prompts' prefill otherwise dominates every method's time alike)."""
+    runs = [r.runs[method] for r in ran]
+    if decode:
+        return rate_of([run.decode_tokens for run in runs], [run.decode_seconds for run in runs])
+    return rate_of([run.tokens for run in runs], [run.seconds for run in runs])
 
 
 def _counts(ran: list[PromptResult], method: str) -> list[tuple[int, int]]:
@@ -133,7 +144,7 @@ def _groups(ran: list[PromptResult], methods: list[str], key, interval) -> list[
     return rows
 
 
-def _gains(ran: list[PromptResult], chains: list[str], text: dict) -> dict:
+def _gains(ran: list[PromptResult], chains: list[str], text: Sequence[UserPrompt]) -> dict:
     """The prompts where the last drafter's tau most exceeds the first's, and where it falls most short."""
     if len(chains) < 2:
         return {}
@@ -154,6 +165,7 @@ def _prompt_row(r: PromptResult, prompt) -> dict:
     return {"index": r.index, "id": r.id, "category": r.category, "prompt_tokens": r.prompt_tokens,
             "preview": _preview(prompt.prompt), "skipped": r.skipped,
             "runs": {m: {"mean_acceptance_length": run.tau, "tokens": run.tokens, "seconds": run.seconds,
+                         "decode_tokens": run.decode_tokens, "decode_seconds": run.decode_seconds,
                          "accepted": run.accepted, "drafting_steps": run.drafting_steps}
                      for m, run in r.runs.items()}}
 
@@ -174,10 +186,12 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     pooled = res["pooled"]
     if pooled:
         head = ["method", "prompts", "tau", "tau 95% CI", "acceptance by depth", "tok/s", "vs none (95% CI)",
-                "sink attention by depth", "fed-back RMS by depth"]
+                "decode tok/s", "decode vs none (95% CI)", "sink attention by depth", "fed-back RMS by depth"]
+        speedup = lambda p, key: (f"{p[key]:.2f}x ({_interval(p[key.replace('_vs_none', '_ci')])})" if key in p
+                                  else "–")
         rows = [[label(p["method"]), str(p["prompts"]), f"{p['mean_acceptance_length']:.2f}", _interval(p["tau_ci"]),
-                 _depths(p["acceptance"]), f"{p['tokens_per_s']:.1f}",
-                 f"{p['speedup_vs_none']:.2f}x ({_interval(p['speedup_ci'])})" if "speedup_vs_none" in p else "–",
+                 _depths(p["acceptance"]), f"{p['tokens_per_s']:.1f}", speedup(p, "speedup_vs_none"),
+                 f"{p['decode_tokens_per_s']:.1f}", speedup(p, "decode_speedup_vs_none"),
                  _depths(p["sink_attention"], "{:.3f}"), _depths(p["hidden_norm"])] for p in pooled]
         out.append(("Pooled over the prompts", head, rows))
     if res["ratios"]:
@@ -282,7 +296,8 @@ def figure_set(res: dict) -> dict[str, go.Figure]:
         figs["acceptance"] = plots.by_depth(series("acceptance"), "Acceptance by depth (unconditional)",
                                             "acceptance rate", [0, 1.05])
     if series("sink_attention"):
-        figs["sink"] = plots.by_depth(series("sink_attention"), "Drafter attention to the sink tokens", "attention mass")
+        figs["sink"] = plots.by_depth(series("sink_attention"), "Drafter attention to the sink tokens",
+                                      "attention mass")
     if series("hidden_norm"):
         figs["rms"] = plots.by_depth(series("hidden_norm"), "Fed-back hidden state RMS", "RMS")
     return figs
@@ -315,14 +330,16 @@ def csv_rows(res: dict) -> tuple[list[str], list[list]]:
     methods = [p["method"] for p in res["pooled"]] or sorted({m for p in res["prompts"] for m in p["runs"]})
     head = ["index", "id", "category", "prompt_tokens", "skipped"]
     for m in methods:
-        head += [f"{m} tau", f"{m} tokens", f"{m} seconds", f"{m} accepted", f"{m} drafting_steps"]
+        head += [f"{m} tau", f"{m} tokens", f"{m} seconds", f"{m} decode_tokens", f"{m} decode_seconds",
+                 f"{m} accepted", f"{m} drafting_steps"]
     rows = []
     for p in res["prompts"]:
         row = [p["index"], p["id"], p["category"] or "", p["prompt_tokens"], p["skipped"] or ""]
         for m in methods:
             run = p["runs"].get(m)
-            row += ([round(run["mean_acceptance_length"], 4), run["tokens"], round(run["seconds"], 3), run["accepted"],
-                     run["drafting_steps"]] if run else [""] * 5)
+            row += ([round(run["mean_acceptance_length"], 4), run["tokens"], round(run["seconds"], 3),
+                     run["decode_tokens"], round(run["decode_seconds"], 3), run["accepted"], run["drafting_steps"]]
+                    if run else [""] * 7)
         rows.append(row)
     return head, rows
 
@@ -339,6 +356,7 @@ def write(res: dict, out: Path, figures: dict[str, go.Figure] | None = None) -> 
         writer = csv.writer(f)
         writer.writerow(head)
         writer.writerows(rows)
-    plots.html_page(list((figures or figure_set(res)).values()), "EAGLE 3 and EAGLE 3.1 on your prompts", paths[3], columns=2,
+    plots.html_page(list((figures or figure_set(res)).values()), "Drafters on your prompts", paths[3],
+                    columns=2,
                     header=f"<style>{plots.HEADER_CSS}</style><h2>Your prompts</h2>{html_tables(res)}")
     return paths

@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from playground.engines.events import StepEvent, reconcile
 from playground.engines.protocol import Engine
@@ -62,29 +62,44 @@ class StudyConfig:
 
 
 @dataclass(frozen=True)
+class DepthSums:
+    """A value by draft depth summed over the steps that report it there, with their count: pooled over
+    prompts, sums / counts is the mean over all their steps (a backend may report one value and not another)."""
+    sums: tuple[float, ...] = ()
+    counts: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[float, ...]]) -> DepthSums:
+        rows = [row for row in rows if row]
+        depths = max(map(len, rows), default=0)
+        return cls(tuple(sum(r[d] for r in rows if len(r) > d) for d in range(depths)),
+                   tuple(sum(len(r) > d for r in rows) for d in range(depths)))
+
+
+@dataclass(frozen=True)
 class MethodRun:
     """One method's answer to one prompt, reduced to what pooling over prompts needs."""
     tokens: int
     seconds: float                        # engine time, prefill included
+    decode_tokens: int                    # after the prefill's step: what decode_seconds produced
+    decode_seconds: float
     accepted: int                         # drafts accepted
     drafting_steps: int
     reaching: tuple[int, ...]             # by depth d: drafting steps that accepted at least d drafts
-    sink_attention: tuple[float, ...]     # sums over the steps that report it, by depth
-    hidden_norm: tuple[float, ...]
-    reported: tuple[int, ...]             # those steps, by depth
+    sink_attention: DepthSums             # over the drafting steps that report it
+    hidden_norm: DepthSums
 
     @classmethod
     def of(cls, events: list[StepEvent]) -> MethodRun:
         events = reconcile(events)
         accepted, steps = drafting_counts(events)
         drafting = [e for e in events if e.drafted]
-        depths = max((len(e.hidden_norm) for e in drafting), default=0)
-        sums = lambda values: tuple(sum(v[d] for v in values if len(v) > d) for d in range(depths))
-        return cls(tokens=sum(len(e.token_ids) for e in events), seconds=events[-1].elapsed_s, accepted=accepted,
+        return cls(tokens=sum(len(e.token_ids) for e in events), seconds=events[-1].elapsed_s,
+                   decode_tokens=sum(len(e.token_ids) for e in events[1:]),
+                   decode_seconds=events[-1].elapsed_s - events[0].elapsed_s, accepted=accepted,
                    drafting_steps=steps, reaching=steps_accepting(events)[0],
-                   sink_attention=sums([e.sink_attention for e in drafting]),
-                   hidden_norm=sums([e.hidden_norm for e in drafting]),
-                   reported=tuple(sum(len(e.hidden_norm) > d for e in drafting) for d in range(depths)))
+                   sink_attention=DepthSums.of(e.sink_attention for e in drafting),
+                   hidden_norm=DepthSums.of(e.hidden_norm for e in drafting))
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -106,6 +121,10 @@ class PromptResult:
     skipped: str | None = None            # why the engine refused the prompt
 
 
+class Stopped(Exception):
+    """A prompt's runs abandoned because the study was closed."""
+
+
 @dataclass(frozen=True)
 class Progress:
     """What a running study reports: after every step of a prompt's runs, and with `result` when a
@@ -116,10 +135,14 @@ class Progress:
     result: PromptResult | None = None
 
 
+SAVED_FORMAT = 2   # of the PromptResults a study saves: a study saved in another format starts afresh
+
+
 def study_key(config: StudyConfig, prompts: PromptFile) -> str:
-    """What a saved study must match to be resumed: the configuration and every prompt."""
-    digest = hashlib.sha256(json.dumps([asdict(config) | {"concurrency": None},
-                                        [asdict(p) for p in prompts.prompts]], default=str).encode())
+    """What a saved study must match to be resumed: the format, the configuration and every prompt
+    (concurrency too: tokens/s measured under other loads do not pool)."""
+    digest = hashlib.sha256(json.dumps([SAVED_FORMAT, asdict(config), [asdict(p) for p in prompts.prompts]],
+                                       default=str).encode())
     return digest.hexdigest()
 
 
@@ -142,17 +165,22 @@ def measure(engine: Engine, prompts: PromptFile, config: StudyConfig,
     stop = threading.Event()
     drain = lambda i, p: next(u for u in _prompt_runs(engine, i, p, config, stop) if isinstance(u, PromptResult))
     with ThreadPoolExecutor(config.concurrency, thread_name_prefix="study") as pool:
-        pending: set[Future] = set()
+        pending: dict[Future, str] = {}
         queue = iter(todo)
         try:
             while True:
-                pending |= {pool.submit(drain, i, p) for i, p in _take(queue, config.concurrency - len(pending))}
+                pending |= {pool.submit(drain, i, p): p.id for i, p in _take(queue, config.concurrency - len(pending))}
                 if not pending:
                     return
-                ready, pending = wait(pending, return_when=FIRST_COMPLETED)
+                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                failed = [f for f in ready if f.exception() is not None]
                 for future in ready:
-                    count += 1
-                    yield Progress(count, total, result=future.result())
+                    del pending[future]
+                    if future.exception() is None:   # what finished is kept before an error ends the study
+                        count += 1
+                        yield Progress(count, total, f"{len(pending)} prompts in flight", future.result())
+                if failed:
+                    raise failed[0].exception()
         finally:
             stop.set()
             for future in pending:
@@ -163,15 +191,13 @@ def _take(queue: Iterator, n: int) -> list:
     return [item for _, item in zip(range(n), queue)]
 
 
-class Stopped(Exception):
-    """A prompt's runs abandoned because the study was closed."""
-
-
 def _prompt_runs(engine: Engine, index: int, prompt: UserPrompt, config: StudyConfig,
                  stop: threading.Event | None = None) -> Iterator[str | PromptResult]:
     """Every method on one prompt: a line of progress per step, then the prompt's result."""
     runs, mismatches, first_tokens, prompt_tokens = {}, [], None, 0
     for method, (drafter, tree) in config.methods().items():
+        if stop is not None and stop.is_set():
+            raise Stopped
         request = replace(prompt.request(drafter, config.k, config.max_tokens), tree=tree)
         try:
             engine.check(request)

@@ -85,7 +85,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
                                       elem_id="study-pasted")}
             gr.Markdown(HELP + f" At most {limits.study_prompts} prompts per file.", elem_classes=["study-help"])
             gr.Examples([[str(SAMPLES / "chat.jsonl")], [str(SAMPLES / "sharegpt.json")]], [c["file"]],
-                                  label="Samples")
+                        label="Samples")
             with gr.Row():
                 c["drafters"] = unchecked.CheckboxGroup(DRAFTER_CHOICES, value=[EAGLE3, EAGLE31], label="Drafters",
                                                         elem_id="study-drafters")
@@ -94,8 +94,9 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
             with gr.Row():
                 c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=5, step=1, label="k (drafts per step)",
                                           elem_id="study-k")
-                c["max_tokens"] = unchecked.Slider(1, limits.max_tokens, value=min(DEFAULT_MAX_TOKENS, limits.max_tokens),
-                                                   step=1, label="max tokens", elem_id="study-max-tokens")
+                c["max_tokens"] = unchecked.Slider(1, limits.max_tokens, step=1, label="max tokens",
+                                                   value=min(DEFAULT_MAX_TOKENS, limits.max_tokens),
+                                                   elem_id="study-max-tokens")
             with gr.Row():
                 c["draft"] = unchecked.Radio(["chain", "tree"], value="chain", label="draft", elem_id="study-draft",
                                              info="tree: each drafter drafts the default tree too")
@@ -137,13 +138,13 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
         updates, error, how = measure(engine, prompts, config), "", "finished"
         try:
             for u in updates:
+                if u.result is not None:
+                    results.append(u.result)
                 if stops.take(session):   # the engine is free at once; the report with its intervals follows
                     how = "stopped"
                     line = f"stopped · {_clock(started)} · writing the report"
                     yield update(interim, progress_html(u.done, u.total, line), live, False, None, texts)
                     break
-                if u.result is not None:
-                    results.append(u.result)
                 if pacer.due("text"):
                     redraw = pacer.due("plots")
                     interim = report(False) if redraw else interim
