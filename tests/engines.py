@@ -1,5 +1,7 @@
 """Engines for tests: the real engine, watched."""
 
+import threading
+
 
 class CountingEngine:
     """The real engine, counting its runs and interrupted (like Ctrl-C) at run number `stop_at`; it
@@ -7,15 +9,18 @@ class CountingEngine:
 
     def __init__(self, engine, stop_at: int | None = None):
         self.engine, self.stop_at, self.calls, self.ended = engine, stop_at, 0, []
+        self._counting = threading.Lock()   # studies run several prompts at once
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
     def generate(self, request):
-        self.calls += 1
-        if self.calls == self.stop_at:
+        with self._counting:
+            self.calls += 1
+            call = self.calls
+        if call == self.stop_at:
             raise KeyboardInterrupt
-        return self._watched(self.engine.generate(request), self.calls)
+        return self._watched(self.engine.generate(request), call)
 
     def _watched(self, stream, call: int):
         try:
