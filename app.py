@@ -39,6 +39,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="browser sessions whose page state is kept in memory")
     p.add_argument("--study-prompts", type=int, default=int(env("PLAYGROUND_STUDY_PROMPTS", Limits.study_prompts)),
                    help="prompts of one file the Your prompts tab runs")
+    p.add_argument("--watch-url", action="append", default=[], metavar="NAME=URL",
+                   help="a vLLM server the Your servers tab watches, beside the app's own; repeatable")
+    p.add_argument("--watch-any-url", action="store_true", default=bool(env("PLAYGROUND_WATCH_ANY_URL")),
+                   help="let visitors name any server in the Your servers tab (not on a public page: the app "
+                        "would fetch whatever URL they type)")
     add_vllm_options(p)
     # the GPU image sets these: the vLLM backend with servers started in the container, of the embedded
     # target or of PLAYGROUND_VLLM_MODEL with PLAYGROUND_VLLM_DRAFTERS ("eagle3=ID eagle3.1=ID")
@@ -67,10 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from playground.engines.reference import ReferenceEngine
+    from playground.engines.vllm.watch import parse_servers
     from playground.ui.app import create_ui, launch
 
     limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
-                    sessions=args.sessions, study_prompts=args.study_prompts)
+                    sessions=args.sessions, study_prompts=args.study_prompts, watch_any_url=args.watch_any_url)
+    watched = parse_servers(args.watch_url)   # bad URLs stop here, before the model loads
     engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
     for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
@@ -86,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         # and a server that cannot be reached is that run's message
         backends["vllm"] = StartingBackend(
             lambda status: vllm_backend(engine, args.vllm_url, spec, names=NAMES, status=status)[0], names)
-    launch(create_ui(backends, limits), args.host, args.port, limits)
+    launch(create_ui(backends, limits, watched), args.host, args.port, limits)
 
 
 if __name__ == "__main__":

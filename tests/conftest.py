@@ -19,7 +19,7 @@ def target(engine):
 def app_url():
     from playground.app_process import AppServer
 
-    server = AppServer("--max-tokens", "512")
+    server = AppServer("--max-tokens", "512", "--watch-any-url")
     yield server.url
     server.stop()
 

@@ -19,7 +19,8 @@ from playground.engines.stats import summarize
 from playground.evaluation.prompt_sets import LONG_CONTEXT, document_prompt, long_context
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
-from playground.engines.vllm.launch import healthy, spec_metrics
+from playground.engines.vllm.launch import healthy
+from playground.engines.vllm.watch import LIVE, NO_SPECULATION, Watch
 from playground.errors import PlaygroundError
 from playground.local_server import is_ephemeral, pick_port
 
@@ -119,23 +120,39 @@ def test_tau_agrees_with_the_reference_engine(vllm, engine):
         assert sum(theirs) / len(theirs) == pytest.approx(sum(ours) / len(ours), abs=TAU_TOLERANCE)
 
 
-def test_prometheus_counters_match_the_per_request_counts(vllm):
-    url = vllm.servers["eagle3.1"].url
-    before = spec_metrics(url)
-    events = list(vllm.generate(GenerationRequest(prompt=PROMPTS[2], drafter="eagle3.1", k=K, max_tokens=32)))
-    last = events[-1]
-    deadline = time.time() + 15   # the server publishes its counters a moment after the request ends
-    while True:
-        delta = {name: value - before.get(name, 0.0) for name, value in spec_metrics(url).items()}
-        if delta.get("vllm:spec_decode_num_drafts_total") == len(last.step_accepted) or time.time() > deadline:
-            break
-        time.sleep(0.5)
-    assert delta["vllm:spec_decode_num_drafts_total"] == len(last.step_accepted)
-    assert delta["vllm:spec_decode_num_draft_tokens_total"] == sum(last.step_drafted)
-    assert delta["vllm:spec_decode_num_accepted_tokens_total"] == sum(last.step_accepted)
-    for depth in range(K):
-        assert delta.get(f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{depth}]", 0.0) == \
-            sum(a > depth for a in last.step_accepted)
+def test_the_live_view_equals_the_per_request_counts_of_the_load_it_watched(vllm):
+    """Requests at once on two otherwise idle servers: the window's counter deltas are exactly the
+    sums of the requests' own per-step counts."""
+    names = ("eagle3", "eagle3.1")
+    watch = Watch({name: vllm.servers[name].url for name in names}, window=600)
+    try:
+        assert all(view.state == LIVE and view.positions == K for view in watch.read())
+        requests = [GenerationRequest(prompt=prompt, drafter=name, k=K, max_tokens=40)
+                    for name in names for prompt in PROMPTS]
+        with ThreadPoolExecutor(len(requests)) as pool:
+            finals = list(pool.map(lambda r: list(vllm.generate(r))[-1], requests))
+        deadline = time.time() + 15   # the server publishes its counters a moment after a request ends
+        while True:
+            views = {view.name: view for view in watch.read()}
+            steps = {name: sum(len(f.step_accepted) for r, f in zip(requests, finals) if r.drafter == name)
+                     for name in names}
+            if all(views[name].drafts == steps[name] for name in names) or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        for name in names:
+            accepted = [a for r, f in zip(requests, finals) if r.drafter == name for a in f.step_accepted]
+            drafted = sum(d for r, f in zip(requests, finals) if r.drafter == name for d in f.step_drafted)
+            view = views[name]
+            assert view.state == LIVE and view.drafts == len(accepted)
+            assert view.tau == pytest.approx(1 + sum(accepted) / len(accepted), abs=1e-12)
+            assert view.acceptance == pytest.approx(
+                tuple(sum(a > depth for a in accepted) / len(accepted) for depth in range(K)), abs=1e-12)
+            assert view.drafted_per_s * view.seconds == pytest.approx(drafted)
+            assert view.accepted_per_s * view.seconds == pytest.approx(sum(accepted))
+    finally:
+        watch.close()
+    none = Watch({"none": vllm.servers["none"].url}).read()[0]
+    assert none.state == NO_SPECULATION and none.positions == 0
 
 
 def test_unreachable_server_is_a_clear_error(engine, dead_port):
@@ -243,6 +260,10 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         assert out[1] == expected
         assert "drafts, rejected ones included" in out[0], "the drafter's view comes from the server's probe"
         assert 'class="tok rej"' in out[0]   # the rejected drafts the probe reported
+        # the Your servers tab watches the app's own servers, whatever a visitor types
+        shown, status, *_ = client.predict("evil=http://169.254.169.254", 60, api_name="/watch")
+        assert shown == "\n".join(f"{s.drafter}={s.url}" for s in vllm.servers.values())
+        assert status.count(">live<") == 2 and status.count(">no speculation<") == 1
 
         # kill the no-speculation server while it streams a long answer
         victim = launched.processes["none"].process
@@ -253,6 +274,8 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         victim.kill()   # the API server process dies; its engine process is reaped by launched.stop()
         with pytest.raises(Exception, match="vLLM server"):
             job.result()
+        status = client.predict("", 60, api_name="/watch")[1]
+        assert status.count(">live<") == 2 and ">unreachable<" in status and "<td>none</td>" in status
         # the app still serves other requests, on both backends
         assert client.predict(PROMPTS[0], "", "model", "eagle3", K, 0, 1, 16, "vllm", api_name="/run")[1]
         assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]

@@ -1,4 +1,5 @@
-"""The Gradio app: Playground and Comparison tabs over a set of named engines."""
+"""The Gradio app: Playground, Comparison and Your prompts tabs over a set of named engines, and Your
+servers over vLLM deployments."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Mapping
 import gradio as gr
 
 from playground.engines.protocol import Engine
-from playground.ui import compare_tab, playground_tab, prompts_tab, render, tree_view
+from playground.ui import compare_tab, playground_tab, prompts_tab, render, servers_tab, tree_view
 from playground.ui.explainer import explainer_markdown
 from playground.ui.streams import Limits
 
@@ -24,8 +25,9 @@ THEME = gr.themes.Default().set(
     button_cancel_background_fill_dark="#b91c1c", button_cancel_background_fill_hover_dark="#991b1b")   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
 
 
-def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.Blocks:
-    """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine."""
+def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(), watched: Mapping[str, str] = {}) -> gr.Blocks:
+    """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine; the Your servers
+    tab watches the vLLM backend's servers and `watched` (name -> URL)."""
     with gr.Blocks(title=TITLE, delete_cache=CACHE_SWEEP) as demo:
         gr.Markdown(f"# {TITLE}\nSpeculative decoding with an EAGLE 3.1 drafter next to an EAGLE 3 baseline, "
                     "verified token by token on SmolLM2-135M-Instruct.")
@@ -40,8 +42,15 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits()) -> gr.B
                 compare_tab.build(backends, limits)
             with gr.Tab("Your prompts", id="prompts"):
                 prompts_tab.build(backends, limits, tabs, playground)
+            with gr.Tab("Your servers", id="servers"):
+                servers_tab.build(lambda: {**_urls(backends.get("vllm")), **watched},
+                                  "vllm" in backends or bool(watched), limits.watch_any_url)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
     return demo
+
+
+def _urls(engine) -> dict[str, str]:
+    return engine.urls() if engine is not None else {}
 
 
 def servers_panel(engine, demo: gr.Blocks) -> None:
@@ -55,6 +64,6 @@ def servers_panel(engine, demo: gr.Blocks) -> None:
 
 
 def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:
-    demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS + prompts_tab.CSS, js=render.PAGE_JS,
+    demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS + prompts_tab.CSS + servers_tab.CSS, js=render.PAGE_JS,
                 theme=THEME, footer_links=["api"], allowed_paths=[str(prompts_tab.SAMPLES)],
                 show_error=True, state_session_capacity=limits.sessions, **kwargs)

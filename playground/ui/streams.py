@@ -30,6 +30,7 @@ class Limits:
     concurrency: int = 1        # runs computing at once (they take turns step by step)
     sessions: int = 500         # browser sessions whose page state the server keeps (Gradio's default is 10,000)
     study_prompts: int = 200    # prompts of one file the Your prompts tab runs
+    watch_any_url: bool = False  # whether the Your servers tab reads /metrics of any URL a visitor types
 
 
 DRAFT_MODES = ("chain", "tree")

@@ -152,6 +152,10 @@ class StartingBackend:
     def limitations(self, drafter: str) -> str:
         return self.ready().limitations(drafter)
 
+    def urls(self) -> dict[str, str]:
+        """The servers' URLs once they are up (none before)."""
+        return self.engine.urls() if self.engine is not None else {}
+
     def describe(self) -> list[tuple[str, str, str]]:
         if self.engine is not None:
             return self.engine.describe()

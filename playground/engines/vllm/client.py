@@ -230,6 +230,10 @@ class VLLMEngine:
                          "chunks and are approximate.")
         return " ".join(notes)
 
+    def urls(self) -> dict[str, str]:
+        """Each server's URL by its name."""
+        return {name: server.url for name, server in self.servers.items()}
+
     def describe(self) -> list[tuple[str, str, str]]:
         """(drafter, url, what the server serves, or why it cannot be used) for every server."""
         rows = []

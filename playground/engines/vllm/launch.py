@@ -14,7 +14,6 @@ import shlex
 import socket
 import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -164,18 +163,3 @@ class Launched:
 
 def healthy(url: str) -> bool:
     return answers(f"{url}/health")
-
-
-def spec_metrics(url: str) -> dict[str, float]:
-    """The server's Prometheus spec-decode counters (summed over label sets, per position kept)."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:spec_decode_"):
-            continue
-        name_labels, value = line.rsplit(" ", 1)
-        name = name_labels.split("{")[0]
-        if "position=" in name_labels:
-            name += "[" + name_labels.split('position="')[1].split('"')[0] + "]"
-        out[name] = out.get(name, 0.0) + float(value)
-    return out

@@ -1,0 +1,118 @@
+"""A vLLM server's Prometheus `/metrics`, read as the counters of its speculative decoding.
+
+vLLM counts, over all the traffic a server has served since it started: verify steps with drafts
+(`vllm:spec_decode_num_drafts_total`), draft tokens, accepted draft tokens, accepted tokens by
+draft position, and generated tokens; two gauges say how many requests run and wait. Every
+counter is summed over its label sets (one per engine of a data-parallel server).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import httpx
+
+from playground.engines.vllm.api import call
+from playground.errors import PlaygroundError
+
+COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+}
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
+STARTED = "process_start_time_seconds"   # prometheus_client's, for the API server's process
+
+class MetricsError(PlaygroundError):
+    """The server answered /metrics with something that is not vLLM's metrics."""
+
+
+SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
+                    r'\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$')
+LABEL = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """One reading of a server's counters. `drafts` is None on a server without speculation."""
+    drafts: float | None
+    draft_tokens: float
+    accepted: float
+    accepted_per_position: tuple[float, ...]   # by draft position, 0 first
+    generation_tokens: float
+    running: float
+    waiting: float
+    started: float | None = None   # when the server's process started (seconds since the epoch)
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafts is not None
+
+    def went_back_from(self, earlier: SpecCounters) -> bool:
+        """Whether the server restarted since `earlier`: it started at another time, or a counter is lower."""
+        if self.started is not None and earlier.started is not None and self.started != earlier.started:
+            return True
+        pairs = [(self.generation_tokens, earlier.generation_tokens), (self.draft_tokens, earlier.draft_tokens),
+                 (self.accepted, earlier.accepted), (self.drafts or 0.0, earlier.drafts or 0.0)]
+        pairs += [(self.position(d), earlier.position(d)) for d in range(len(earlier.accepted_per_position))]
+        return any(now < before for now, before in pairs)
+
+    def position(self, depth: int) -> float:
+        return self.accepted_per_position[depth] if depth < len(self.accepted_per_position) else 0.0
+
+
+def parse_metrics(text: str) -> SpecCounters:
+    """The counters in a Prometheus text page; a page that is not vLLM's, or a vLLM line that does
+    not parse, is a one-line MetricsError."""
+    totals: dict[str, float] = {}
+    per_position: dict[int, float] = {}
+    started = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith(STARTED + " "):
+            started = _number(line.split()[1])
+        if not line.startswith("vllm:"):
+            continue
+        sample = SAMPLE.match(line)
+        value = _number(sample["value"]) if sample else None
+        if value is None:
+            raise MetricsError(f"/metrics line {number} does not parse: {line[:80]!r}")
+        name = sample["name"]
+        if name == PER_POSITION:
+            labels = dict((m["key"], m["value"]) for m in LABEL.finditer(sample["labels"] or ""))
+            position = labels.get("position", "")
+            if not position.isdigit():
+                raise MetricsError(f"/metrics line {number}: {PER_POSITION} without a position")
+            per_position[int(position)] = per_position.get(int(position), 0.0) + value
+        else:
+            totals[name] = totals.get(name, 0.0) + value
+    if COUNTERS["generation_tokens"] not in totals:
+        raise MetricsError("/metrics has no vllm:generation_tokens_total: not a vLLM server's metrics")
+    positions = tuple(per_position.get(d, 0.0) for d in range(max(per_position) + 1)) if per_position else ()
+    return SpecCounters(drafts=totals.get(COUNTERS["drafts"]),
+                        draft_tokens=totals.get(COUNTERS["draft_tokens"], 0.0),
+                        accepted=totals.get(COUNTERS["accepted"], 0.0), accepted_per_position=positions,
+                        generation_tokens=totals[COUNTERS["generation_tokens"]],
+                        running=totals.get(GAUGES["running"], 0.0), waiting=totals.get(GAUGES["waiting"], 0.0),
+                        started=started)
+
+
+def read_counters(client: httpx.Client, url: str) -> SpecCounters:
+    """The counters of the server at `url` now: a PlaygroundError when it does not answer, a
+    MetricsError when its answer is not vLLM's metrics."""
+    text = call(client, "GET", url, "/metrics").text
+    try:
+        return parse_metrics(text)
+    except MetricsError as e:
+        raise MetricsError(f"{url}{e}") from None
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value

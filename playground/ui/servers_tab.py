@@ -1,0 +1,243 @@
+"""The Your servers tab: live acceptance of vLLM deployments, for all the traffic they serve.
+
+Every few seconds the page reads each server's /metrics (engines.vllm.watch) and plots, over a
+sliding window, acceptance by draft position, tau, drafted and accepted tokens per second, output
+tokens per second and the requests running and waiting. A server that restarted, stopped answering
+or answers with something other than vLLM's metrics is marked where it happened.
+
+The servers are the app's own vLLM servers and those given with --watch-url; visitors may name
+others only where the app was started with --watch-any-url (a public page must not fetch the URLs
+its visitors type).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+from html import escape
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from playground.engines.vllm.watch import LIVE, NO_SPECULATION, RESTARTED, Watch, WindowView, parse_servers
+from playground.errors import PlaygroundError
+from playground.plots import COLORS
+from playground.ui import unchecked
+
+EVERY_S = 5.0
+WINDOWS_S = (30, 60, 300, 900)
+HISTORY = 720                  # readings kept per page: an hour at EVERY_S
+PALETTE = ("#2563eb", "#ea580c", "#059669", "#7c3aed", "#db2777", "#0891b2", "#ca8a04", "#6b7280")
+PLOTS = ("acceptance", "tau", "draft_rates", "output_rate", "requests")
+
+
+class WatchSession:
+    """One page's watch: its servers, window and the readings so far."""
+
+    def __init__(self, servers: dict[str, str], window: float):
+        self.servers = dict(servers)
+        self.watch = Watch(servers, window=window)
+        self.history: deque[tuple[float, list[WindowView]]] = deque(maxlen=HISTORY)
+
+    def read(self) -> list[WindowView]:
+        at, views = time.time(), self.watch.read()
+        self.history.append((at, views))
+        return views
+
+    def close(self) -> None:
+        self.watch.close()
+
+
+def servers_text(servers: dict[str, str]) -> str:
+    return "\n".join(f"{name}={url}" for name, url in servers.items())
+
+
+def watched_servers(text: str, fixed: dict[str, str], any_url: bool) -> dict[str, str]:
+    """The servers to watch: those typed, where the app allows it, else the app's own."""
+    if not any_url:
+        if not fixed:
+            raise PlaygroundError("no server to watch: start the app with --backend vllm, or --watch-url NAME=URL",
+                                  "servers")
+        return dict(fixed)
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        raise PlaygroundError("name a server per line: NAME=URL", "servers")
+    return parse_servers(lines)
+
+
+def read(session: WatchSession | None, servers: dict[str, str], window_s) -> WatchSession:
+    """The page's session after one more reading (a new one when the servers changed)."""
+    try:
+        window = float(window_s)
+    except (TypeError, ValueError):
+        window = None
+    if window not in WINDOWS_S:
+        raise PlaygroundError(f"window must be one of {', '.join(map(str, WINDOWS_S))} seconds", "window")
+    if session is None or session.servers != servers:
+        if session is not None:
+            session.close()
+        session = WatchSession(servers, window)
+    for server in session.watch.windows:   # another window keeps the readings so far
+        server.window = window
+    session.read()
+    return session
+
+
+def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url: bool) -> None:
+    """The tab; `app_servers` gives the app's own servers (the vLLM backend's once they are up, and
+    --watch-url's; `has_servers` says whether there will be any), the list shown, and the only one
+    watched unless `any_url`."""
+    gr.Markdown("Acceptance of vLLM servers for **all** the traffic they serve, read from their Prometheus "
+                f"`/metrics` every {EVERY_S:g} seconds: each figure is a counter difference over the window. "
+                "A server that restarts, stops answering or serves no metrics is marked, not plotted as a spike.")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=280):
+            servers = gr.Textbox(servers_text(app_servers()), label="servers (NAME=URL, one per line)", lines=3,
+                                 interactive=any_url, elem_id="watch-servers",
+                                 info=None if any_url else "the app's servers (start it with --watch-any-url to "
+                                                           "name others, --watch-url NAME=URL to add some)")
+            window = unchecked.Dropdown([(f"{w} s" if w < 60 else f"{w // 60} min", w) for w in WINDOWS_S], value=60,
+                                 label="window", elem_id="watch-window")
+            with gr.Row():
+                start = gr.Button("Watch", variant="primary", elem_id="watch-start", min_width=80)
+                stop = gr.Button("Stop", variant="stop", elem_id="watch-stop", min_width=80)
+        with gr.Column(scale=3, min_width=300):
+            status = gr.HTML(status_html([], False) if any_url or has_servers else NOTHING_TO_WATCH,
+                             elem_id="watch-status")
+    views = {}
+    with gr.Row():
+        for name in PLOTS[:2]:
+            views[name] = gr.Plot(show_label=False, elem_id=f"watch-{name.replace('_', '-')}")
+    with gr.Row():
+        for name in PLOTS[2:]:
+            views[name] = gr.Plot(show_label=False, elem_id=f"watch-{name.replace('_', '-')}")
+    session = gr.State(None, delete_callback=lambda s: s and s.close())
+    timer = gr.Timer(EVERY_S, active=False)
+
+    def tick(text: str, window_s, current: WatchSession | None):
+        watched = watched_servers(text, app_servers(), any_url)
+        current = read(current, watched, window_s)
+        shown = gr.skip() if any_url else servers_text(watched)
+        return current, shown, status_html(current.history[-1][1], True), *figures(current)
+
+    def first(text: str, window_s, current: WatchSession | None):
+        try:
+            return tick(text, window_s, current)
+        except PlaygroundError as e:
+            raise gr.Error(str(e)) from None
+
+    def next_reading(text: str, window_s, current: WatchSession | None):
+        """A reading on the timer; settings changed into bad ones stop the watch with their reason."""
+        try:
+            return *tick(text, window_s, current), gr.skip()
+        except PlaygroundError as e:
+            return (current, gr.skip(), status_html([], False, str(e)), *(gr.skip() for _ in PLOTS),
+                    gr.Timer(active=False))
+
+    outputs = [session, servers, status, *(views[name] for name in PLOTS)]
+    start.click(first, [servers, window, session], outputs, api_name="watch", concurrency_id="watch",
+                concurrency_limit=None).success(lambda: gr.Timer(active=True), None, timer, api_name=False)
+    timer.tick(next_reading, [servers, window, session], [*outputs, timer], api_name=False, concurrency_id="watch",
+               concurrency_limit=None, show_progress="hidden")
+    stop.click(lambda s: (gr.Timer(active=False), status_html(s.history[-1][1] if s and s.history else [], False)),
+               session, [timer, status], api_name=False, queue=False)
+
+
+NOTHING_TO_WATCH = (
+    "<div class='watch-line'>This page watches no vLLM server. Run the playground beside your deployment "
+    "to watch it here (<code>python app.py --watch-url prod=http://host:8000</code>, or <code>--backend vllm</code>), "
+    "or in a terminal: <code>python -m playground watch --vllm-url prod=http://host:8000</code>.</div>")
+STATE_COLORS = {LIVE: "#047857", NO_SPECULATION: "#4b5563", RESTARTED: "#b45309"}
+
+
+def status_html(views: list[WindowView], watching: bool, error: str = "") -> str:
+    """A row per server: its state (marked in colour), tau and output rate over the window, and why
+    when it is not live."""
+    if error:
+        return f"<div class='watch-line watch-error'>stopped: {escape(error)}</div>"
+    if not views:
+        return "<div class='watch-line'>Press Watch to read the servers.</div>"
+    rows = "".join(
+        f"<tr><td>{escape(v.name)}</td><td><span class='watch-state' "
+        f"style='color:{STATE_COLORS.get(v.state, '#b91c1c')}'>"
+        f"{escape(v.state)}</span></td><td>{_figure(v.tau)}</td><td>{_figure(v.generation_per_s, 1)}</td>"
+        f"<td>{_figure(v.running, 0)} / {_figure(v.waiting, 0)}</td><td>{v.seconds:.0f} s</td>"
+        f"<td class='watch-note'>{escape(v.note)}</td></tr>" for v in views)
+    line = "watching" if watching else "stopped"
+    return (f"<div class='watch-line'>{line} · {time.strftime('%H:%M:%S')}</div><table class='watch-table'>"
+            "<tr><th>server</th><th>state</th><th>tau</th><th>output tok/s</th><th>running / waiting</th>"
+            f"<th>window</th><th></th></tr>{rows}</table>")
+
+
+def _figure(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def server_colors(names: list[str]) -> dict[str, str]:
+    return {name: COLORS.get(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(names)}
+
+
+def figures(session: WatchSession) -> tuple[go.Figure, ...]:
+    """The five plots of the session's readings: acceptance by position over the last window, and
+    the rest over time, marks where a server was not live."""
+    latest = session.history[-1][1]
+    colors = server_colors([v.name for v in latest])
+    window = session.watch.windows[0].window
+    acceptance = go.Figure()
+    for v in latest:
+        if v.acceptance:
+            acceptance.add_bar(x=list(range(1, len(v.acceptance) + 1)), y=list(v.acceptance), name=v.name,
+                               marker_color=colors[v.name],
+                               hovertemplate=f"{escape(v.name)}<br>position %{{x}}: %{{y:.3f}}<extra></extra>")
+    _style(acceptance, f"Acceptance by draft position · last {window:g} s", "accepted / drafts", "draft position",
+           [0, 1])
+    acceptance.update_xaxes(dtick=1)
+    over_time = {
+        "tau": ("Tau (1 + accepted / drafts)", "tokens per step", [("tau", "solid")]),
+        "draft_rates": ("Draft tokens per second: accepted (solid), drafted (dotted)", "tokens/s",
+                        [("accepted_per_s", "solid"), ("drafted_per_s", "dot")]),
+        "output_rate": ("Output tokens per second", "tokens/s", [("generation_per_s", "solid")]),
+        "requests": ("Requests running (solid), waiting (dotted)", "requests", [("running", "solid"),
+                                                                                ("waiting", "dot")]),
+    }
+    shown = [acceptance]
+    for title, y_title, fields in over_time.values():
+        fig = go.Figure()
+        for name, color in colors.items():
+            points = [(datetime.fromtimestamp(at), next((v for v in views if v.name == name), None))
+                      for at, views in session.history]
+            for field, dash in fields:
+                fig.add_scatter(x=[t for t, _ in points], y=[getattr(v, field) if v else None for _, v in points],
+                                mode="lines+markers", marker_size=4, line=dict(color=color, dash=dash),
+                                name=name, legendgroup=name, showlegend=dash == "solid",
+                                hovertemplate=f"{escape(name)} · {field.replace('_', ' ')}: %{{y:.2f}}<extra></extra>")
+            marks = [(t, v) for t, v in points if v is None or _marked(v)]
+            if marks:
+                fig.add_scatter(x=[t for t, _ in marks], y=[0] * len(marks), mode="markers", showlegend=False,
+                                marker=dict(symbol="x", size=10, color=color), legendgroup=name,
+                                text=[v.note if v else "not watched" for _, v in marks],
+                                hovertemplate=f"{escape(name)}: %{{text}}<extra></extra>")
+        _style(fig, title, y_title, "time")
+        shown.append(fig)
+    return tuple(shown)
+
+
+def _marked(view: WindowView) -> bool:
+    """Not live at this reading: unreachable, bad metrics, or the first reading after a restart."""
+    return view.state not in (LIVE, NO_SPECULATION, RESTARTED) or (view.state == RESTARTED and view.seconds == 0)
+
+
+def _style(fig: go.Figure, title: str, y_title: str, x_title: str, y_range: list[float] | None = None) -> None:
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=300, template="plotly_white",
+                      margin=dict(l=50, r=10, t=40, b=40), barmode="group",
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, font=dict(size=11)))
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, range=y_range, rangemode="tozero")
+
+
+CSS = (".watch-table { font-size: 13px; border-collapse: collapse; } .watch-table td, .watch-table th "
+       "{ padding: 2px 8px; text-align: left; } .watch-state { font-weight: 600; } "
+       ".watch-note { font-size: 12px; } .watch-line { font-size: 13px; margin-bottom: 4px; } "
+       ".watch-error { color: #b91c1c; }")
