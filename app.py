@@ -3,7 +3,8 @@
 The address comes from --host/--port, else PLAYGROUND_HOST/PLAYGROUND_PORT, else Gradio's own
 GRADIO_SERVER_NAME/GRADIO_SERVER_PORT, else 0.0.0.0:7860.
 Limits for a public deployment come from flags or environment variables (PLAYGROUND_MAX_TOKENS,
-PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE, PLAYGROUND_STUDY_PROMPTS); the defaults suit a public Space.
+PLAYGROUND_MAX_PROMPT_CHARS, PLAYGROUND_QUEUE_SIZE, PLAYGROUND_STUDY_PROMPTS, PLAYGROUND_WATCH_ANY_URL=1);
+the defaults suit a public Space.
 PLAYGROUND_BACKEND=vllm and PLAYGROUND_VLLM_LAUNCH=1 (the GPU image) start vLLM servers too: of the
 embedded target, or of PLAYGROUND_VLLM_MODEL with PLAYGROUND_VLLM_DRAFTERS="eagle3=ID eagle3.1=ID",
 each with PLAYGROUND_VLLM_ARGS (docs/vllm.md).
@@ -41,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prompts of one file the Your prompts tab runs")
     p.add_argument("--watch-url", action="append", default=[], metavar="NAME=URL",
                    help="a vLLM server the Your servers tab watches, beside the app's own; repeatable")
-    p.add_argument("--watch-any-url", action="store_true", default=bool(env("PLAYGROUND_WATCH_ANY_URL")),
+    p.add_argument("--watch-any-url", action="store_true",
+                   default=env("PLAYGROUND_WATCH_ANY_URL", "").lower() in ("1", "true", "yes"),
                    help="let visitors name any server in the Your servers tab (not on a public page: the app "
                         "would fetch whatever URL they type)")
     add_vllm_options(p)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
 
     limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
                     sessions=args.sessions, study_prompts=args.study_prompts, watch_any_url=args.watch_any_url)
-    watched = parse_servers(args.watch_url)   # bad URLs stop here, before the model loads
+    watched = parse_servers(args.watch_url, "--watch-url")   # bad URLs stop here, before the model loads
     engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
     for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives

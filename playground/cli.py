@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from playground.errors import PlaygroundError
@@ -583,8 +584,6 @@ def _add_watch(sub) -> None:
 
 
 def watch(args: argparse.Namespace) -> int:
-    import time
-
     from playground.engines.vllm.watch import Watch, parse_servers, text_table
 
     if args.every <= 0 or args.window <= 0 or (args.count is not None and args.count < 1):

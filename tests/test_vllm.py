@@ -20,9 +20,11 @@ from playground.evaluation.prompt_sets import LONG_CONTEXT, document_prompt, lon
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import healthy
+from playground.engines.vllm.metrics import read_counters
 from playground.engines.vllm.watch import LIVE, NO_SPECULATION, Watch
 from playground.errors import PlaygroundError
 from playground.local_server import is_ephemeral, pick_port
+from playground.ui.servers_tab import EVERY_S
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
 
@@ -124,6 +126,7 @@ def test_the_live_view_equals_the_per_request_counts_of_the_load_it_watched(vllm
     """Requests at once on two otherwise idle servers: the window's counter deltas are exactly the
     sums of the requests' own per-step counts."""
     names = ("eagle3", "eagle3.1")
+    settled(*(vllm.servers[name].url for name in names))   # the earlier tests' counts are all published
     watch = Watch({name: vllm.servers[name].url for name in names}, window=600)
     try:
         assert all(view.state == LIVE and view.positions == K for view in watch.read())
@@ -131,11 +134,11 @@ def test_the_live_view_equals_the_per_request_counts_of_the_load_it_watched(vllm
                     for name in names for prompt in PROMPTS]
         with ThreadPoolExecutor(len(requests)) as pool:
             finals = list(pool.map(lambda r: list(vllm.generate(r))[-1], requests))
+        steps = {name: sum(len(f.step_accepted) for r, f in zip(requests, finals) if r.drafter == name)
+                 for name in names}
         deadline = time.time() + 15   # the server publishes its counters a moment after a request ends
         while True:
             views = {view.name: view for view in watch.read()}
-            steps = {name: sum(len(f.step_accepted) for r, f in zip(requests, finals) if r.drafter == name)
-                     for name in names}
             if all(views[name].drafts == steps[name] for name in names) or time.time() > deadline:
                 break
             time.sleep(0.5)
@@ -151,8 +154,24 @@ def test_the_live_view_equals_the_per_request_counts_of_the_load_it_watched(vllm
             assert view.accepted_per_s * view.seconds == pytest.approx(sum(accepted))
     finally:
         watch.close()
-    none = Watch({"none": vllm.servers["none"].url}).read()[0]
-    assert none.state == NO_SPECULATION and none.positions == 0
+    plain = Watch({"none": vllm.servers["none"].url})
+    try:
+        assert plain.read()[0].state == NO_SPECULATION and plain.read()[0].positions == 0
+    finally:
+        plain.close()
+
+
+def settled(*urls: str, timeout_s: float = 30) -> None:
+    """Wait until the servers run no request and their counters stay the same for half a second."""
+    deadline = time.time() + timeout_s
+    with httpx.Client(timeout=5) as client:
+        while time.time() < deadline:
+            before = [read_counters(client, url) for url in urls]
+            time.sleep(0.5)
+            after = [read_counters(client, url) for url in urls]
+            if before == after and not any(c.running for c in after):
+                return
+    raise AssertionError(f"the servers at {urls} kept counting for {timeout_s} s")
 
 
 def test_unreachable_server_is_a_clear_error(engine, dead_port):
@@ -274,6 +293,7 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
         victim.kill()   # the API server process dies; its engine process is reaped by launched.stop()
         with pytest.raises(Exception, match="vLLM server"):
             job.result()
+        time.sleep(EVERY_S / 2)   # a reading younger than that is shared, not taken again
         status = client.predict("", 60, api_name="/watch")[1]
         assert status.count(">live<") == 2 and ">unreachable<" in status and "<td>none</td>" in status
         # the app still serves other requests, on both backends

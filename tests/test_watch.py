@@ -4,6 +4,7 @@ servers under load; these check the arithmetic and every failure, served over re
 import http.server
 import json
 import threading
+import time
 
 import pytest
 from gradio_client.exceptions import AppError
@@ -11,10 +12,10 @@ from gradio_client.exceptions import AppError
 from playground.app_process import api_client
 from playground.cli import main
 from playground.engines.vllm.metrics import MetricsError, parse_metrics
-from playground.engines.vllm.watch import (BAD_METRICS, LIVE, NO_SPECULATION, RESTARTED, UNREACHABLE,
-                                           ServerWindow, Watch, parse_servers, text_table)
+from playground.engines.vllm.watch import (BAD_METRICS, LIVE, MAX_NOTE, NO_SPECULATION, RESTARTED, UNREACHABLE,
+                                           RecentReadings, ServerWindow, Watch, parse_servers, text_table)
 from playground.errors import PlaygroundError
-from playground.ui.servers_tab import PLOTS
+from playground.ui.servers_tab import EVERY_S, PLOTS
 
 
 def metrics_page(drafts=0, accepted_by_position=(0, 0, 0), generated=0, running=0, waiting=0, started=1.7e9,
@@ -114,11 +115,12 @@ class MetricsServer:
     """A real HTTP server answering /metrics with whatever the test sets."""
 
     def __init__(self):
-        self.text, self.status = metrics_page(), 200
+        self.text, self.status, self.requests = metrics_page(), 200, 0
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
+                owner.requests += 1
                 body = owner.text.encode()
                 self.send_response(owner.status)
                 self.send_header("Content-Length", str(len(body)))
@@ -145,24 +147,34 @@ def metrics_server():
 
 
 def test_each_failure_is_a_mark_and_the_window_survives_it(metrics_server, dead_port):
-    clock = iter(range(0, 1000, 5))
+    now = [0.0]
     closed = f"http://127.0.0.1:{dead_port}"
-    watch = Watch({"canary": metrics_server.url, "gone": closed}, window=60, clock=lambda: next(clock))
+    watch = Watch({"canary": metrics_server.url, "gone": closed}, window=60, clock=lambda: now[0])
+
+    def read():
+        now[0] += 5
+        return watch.read()
+
     try:
-        canary, gone = watch.read()
+        canary, gone = read()
         assert canary.state == LIVE and gone.state == UNREACHABLE and "cannot reach" in gone.note
         metrics_server.text = metrics_page(drafts=4, accepted_by_position=(3, 1, 0), generated=20)
-        assert watch.read()[0].tau == pytest.approx(2.0)
+        assert read()[0].tau == pytest.approx(2.0)
         metrics_server.text = "<html>maintenance</html>"
-        bad = watch.read()[0]
+        bad = read()[0]
         assert bad.state == BAD_METRICS and bad.note.startswith(f"{metrics_server.url}/metrics has no")
-        assert bad.tau == pytest.approx(2.0), "the readings before stay"
-        metrics_server.status = 503
-        down = watch.read()[0]
-        assert down.state == UNREACHABLE and "503" in down.note
-        metrics_server.status, metrics_server.text = 200, metrics_page(generated=30, speculative=False)
-        assert watch.read()[0].state == RESTARTED   # its speculation counters went away: a restart
-        table = text_table(watch.read(), 0)
+        assert bad.tau is bad.generation_per_s is None, "no figures that are not this reading's"
+        metrics_server.status, metrics_server.text = 503, "down for\nmaintenance " * 100
+        down = read()[0]
+        assert down.state == UNREACHABLE and "503: down for maintenance" in down.note
+        assert "\n" not in down.note and len(down.note) == MAX_NOTE
+        metrics_server.status, metrics_server.text = 200, metrics_page(drafts=8, accepted_by_position=(5, 2, 1),
+                                                                       generated=30)
+        back = read()[0]
+        assert back.state == LIVE and back.tau == pytest.approx(2.0) and back.seconds == 20, "earlier readings stay"
+        metrics_server.text = metrics_page(generated=30, speculative=False)
+        assert read()[0].state == RESTARTED   # its speculation counters went away: a restart
+        table = text_table(read(), 0)
         assert "canary  restarted" in table and "gone: cannot reach" in table
     finally:
         watch.close()
@@ -185,10 +197,32 @@ def test_watch_on_the_command_line_prints_tables_and_json(metrics_server, capsys
 
 
 def test_servers_take_any_name_once():
-    assert parse_servers(["prod=http://a:1/", "http://b:2", "k=3 draft=https://c"]) == {
-        "prod": "http://a:1", "b:2": "http://b:2", "k=3 draft": "https://c"}
-    with pytest.raises(PlaygroundError, match="names prod twice"):
-        parse_servers(["prod=http://a:1", "prod=http://b:1"])
+    assert parse_servers(["prod=http://a:1/", "http://b:2/v1", "k=3 draft=https://c"]) == {
+        "prod": "http://a:1", "b:2": "http://b:2/v1", "k=3 draft": "https://c"}
+    with pytest.raises(PlaygroundError, match="--watch-url names prod twice"):
+        parse_servers(["prod=http://a:1", "prod=http://b:1"], "--watch-url")
+    for bad in ("prod=http://host:abc", "x=http://[::1", "x=http://", "ftp://a"):
+        with pytest.raises(PlaygroundError, match="^bad --vllm-url"):
+            parse_servers([bad])
+
+
+def test_a_reading_after_a_gap_longer_than_the_window_starts_it_again():
+    window = ServerWindow("prod", "http://x:8000", window=30)
+    window.add(0, parse_metrics(metrics_page(drafts=10, accepted_by_position=(5, 2, 1), generated=50)))
+    window.add(100, parse_metrics(metrics_page(drafts=90, accepted_by_position=(9, 4, 1), generated=900)))
+    assert window.view().state == LIVE and window.view().seconds == 0
+
+
+def test_pages_watching_one_server_share_its_readings(metrics_server):
+    shared = RecentReadings(fresh_s=60)
+    watches = [Watch({name: metrics_server.url}, shared=shared) for name in ("a", "b")]
+    try:
+        for _ in range(3):
+            assert [w.read()[0].state for w in watches] == [LIVE, LIVE]
+        assert metrics_server.requests == 1
+    finally:
+        for w in watches:
+            w.close()
 
 
 def test_the_page_watches_the_servers_a_visitor_names(app_url, metrics_server, dead_port):
@@ -196,6 +230,7 @@ def test_the_page_watches_the_servers_a_visitor_names(app_url, metrics_server, d
     servers = f"canary={metrics_server.url}\ngone=http://127.0.0.1:{dead_port}"
     metrics_server.text = metrics_page(drafts=10, accepted_by_position=(8, 4, 1), generated=40)
     client.predict(servers, 60, api_name="/watch")
+    time.sleep(EVERY_S / 2)   # readings younger than that are shared, not taken again
     metrics_server.text = metrics_page(drafts=20, accepted_by_position=(15, 9, 3), generated=90)
     shown, status, *plots = client.predict(servers, 60, api_name="/watch")   # the same page: its second reading
     assert "<td>canary</td>" in status and ">live</span></td><td>2.40</td>" in status
@@ -204,7 +239,8 @@ def test_the_page_watches_the_servers_a_visitor_names(app_url, metrics_server, d
     acceptance = json.loads(plots[0]["plot"])["data"]
     assert [trace["name"] for trace in acceptance] == ["canary"]
     assert acceptance[0]["y"] == pytest.approx([0.7, 0.5, 0.2])
-    for servers, window, message in [("canary=localhost:1", 60, "bad --vllm-url"), ("", 60, "name a server"),
+    for servers, window, message in [("canary=localhost:1", 60, "bad server"), ("", 60, "name a server"),
+                                     ("\n".join(f"s{i}=http://a:{i}" for i in range(9)), 60, "at most 8 servers"),
                                      (f"canary={metrics_server.url}", 7, "window must be one of")]:
         with pytest.raises(AppError, match=message):
             client.predict(servers, window, api_name="/watch")

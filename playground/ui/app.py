@@ -25,7 +25,8 @@ THEME = gr.themes.Default().set(
     button_cancel_background_fill_dark="#b91c1c", button_cancel_background_fill_hover_dark="#991b1b")   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
 
 
-def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(), watched: Mapping[str, str] = {}) -> gr.Blocks:
+def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(),
+              watched: Mapping[str, str] | None = None) -> gr.Blocks:
     """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine; the Your servers
     tab watches the vLLM backend's servers and `watched` (name -> URL)."""
     with gr.Blocks(title=TITLE, delete_cache=CACHE_SWEEP) as demo:
@@ -43,7 +44,7 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(), watched
             with gr.Tab("Your prompts", id="prompts"):
                 prompts_tab.build(backends, limits, tabs, playground)
             with gr.Tab("Your servers", id="servers"):
-                servers_tab.build(lambda: {**_urls(backends.get("vllm")), **watched},
+                servers_tab.build(lambda: {**(watched or {}), **_urls(backends.get("vllm"))},
                                   "vllm" in backends or bool(watched), limits.watch_any_url)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
     return demo

@@ -12,6 +12,7 @@ its visitors type).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from html import escape
 import gradio as gr
 import plotly.graph_objects as go
 
-from playground.engines.vllm.watch import LIVE, NO_SPECULATION, RESTARTED, Watch, WindowView, parse_servers
+from playground.engines.vllm.watch import (LIVE, NO_SPECULATION, RESTARTED, RecentReadings, Watch, WindowView,
+                                           figure_text, parse_servers)
 from playground.errors import PlaygroundError
 from playground.plots import COLORS
 from playground.ui import unchecked
@@ -29,25 +31,50 @@ from playground.ui import unchecked
 EVERY_S = 5.0
 WINDOWS_S = (30, 60, 300, 900)
 HISTORY = 720                  # readings kept per page: an hour at EVERY_S
+MAX_SERVERS = 8                # servers one page may name
+WATCHING_AT_ONCE = 4           # readings computing at once, over all pages
+TTL_S = 300                    # a page's watch ends this long after its last reading
 PALETTE = ("#2563eb", "#ea580c", "#059669", "#7c3aed", "#db2777", "#0891b2", "#ca8a04", "#6b7280")
 PLOTS = ("acceptance", "tau", "draft_rates", "output_rate", "requests")
 
 
 class WatchSession:
-    """One page's watch: its servers, window and the readings so far."""
+    """One page's watch: its servers, window and the readings so far. The Watch button and the
+    timer may overlap on one page, so both go through the lock."""
 
-    def __init__(self, servers: dict[str, str], window: float):
-        self.servers = dict(servers)
-        self.watch = Watch(servers, window=window)
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.servers: dict[str, str] = {}
+        self.watch: Watch | None = None
         self.history: deque[tuple[float, list[WindowView]]] = deque(maxlen=HISTORY)
 
-    def read(self) -> list[WindowView]:
-        at, views = time.time(), self.watch.read()
-        self.history.append((at, views))
-        return views
+    def read(self, servers: dict[str, str] | None, window: float) -> tuple[list[WindowView], tuple[go.Figure, ...]]:
+        """The views and figures after one more reading of `servers` (None: the ones watched), over
+        the last `window` seconds; other servers start a new watch."""
+        with self.lock:
+            if servers is not None and servers != self.servers:
+                self._close()
+                self.servers, self.history = dict(servers), deque(maxlen=HISTORY)
+                self.watch = Watch(self.servers, window=window, shared=SHARED)
+            if self.watch is None:
+                raise PlaygroundError("press Watch first", "servers")
+            for server in self.watch.windows:   # another window keeps the readings so far
+                server.window = window
+            at, views = time.time(), self.watch.read()
+            self.history.append((at, views))
+            return views, figures(self.history, window)
 
     def close(self) -> None:
-        self.watch.close()
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+
+
+SHARED = RecentReadings(fresh_s=EVERY_S / 2)   # every page's readings of one server, shared
 
 
 def servers_text(servers: dict[str, str]) -> str:
@@ -64,25 +91,19 @@ def watched_servers(text: str, fixed: dict[str, str], any_url: bool) -> dict[str
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if not lines:
         raise PlaygroundError("name a server per line: NAME=URL", "servers")
-    return parse_servers(lines)
+    if len(lines) > MAX_SERVERS:
+        raise PlaygroundError(f"watch at most {MAX_SERVERS} servers at once", "servers")
+    return parse_servers(lines, "server")
 
 
-def read(session: WatchSession | None, servers: dict[str, str], window_s) -> WatchSession:
-    """The page's session after one more reading (a new one when the servers changed)."""
+def window_seconds(value: object) -> float:
     try:
-        window = float(window_s)
+        window = float(value)
     except (TypeError, ValueError):
         window = None
     if window not in WINDOWS_S:
         raise PlaygroundError(f"window must be one of {', '.join(map(str, WINDOWS_S))} seconds", "window")
-    if session is None or session.servers != servers:
-        if session is not None:
-            session.close()
-        session = WatchSession(servers, window)
-    for server in session.watch.windows:   # another window keeps the readings so far
-        server.window = window
-    session.read()
-    return session
+    return window
 
 
 def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url: bool) -> None:
@@ -113,35 +134,38 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
     with gr.Row():
         for name in PLOTS[2:]:
             views[name] = gr.Plot(show_label=False, elem_id=f"watch-{name.replace('_', '-')}")
-    session = gr.State(None, delete_callback=lambda s: s and s.close())
+    session = gr.State(None, time_to_live=TTL_S, delete_callback=lambda s: s and s.close())
     timer = gr.Timer(EVERY_S, active=False)
 
-    def tick(text: str, window_s, current: WatchSession | None):
-        watched = watched_servers(text, app_servers(), any_url)
-        current = read(current, watched, window_s)
-        shown = gr.skip() if any_url else servers_text(watched)
-        return current, shown, status_html(current.history[-1][1], True), *figures(current)
+    def reading(page: WatchSession | None, servers: dict[str, str] | None, window_s: object):
+        page = page or WatchSession()
+        views, shown = page.read(servers, window_seconds(window_s))
+        listed = gr.skip() if any_url else servers_text(page.servers)
+        return page, listed, status_html(views, True), *shown
 
-    def first(text: str, window_s, current: WatchSession | None):
+    def first(text: str, window_s: object, page: WatchSession | None):
         try:
-            return tick(text, window_s, current)
+            return reading(page, watched_servers(text, app_servers(), any_url), window_s)
         except PlaygroundError as e:
             raise gr.Error(str(e)) from None
 
-    def next_reading(text: str, window_s, current: WatchSession | None):
-        """A reading on the timer; settings changed into bad ones stop the watch with their reason."""
+    def next_reading(window_s: object, page: WatchSession | None):
+        """A reading on the timer, of the servers Watch started (the app's own as they are now); a
+        problem stops the watch with its reason."""
         try:
-            return *tick(text, window_s, current), gr.skip()
+            servers = None if any_url else watched_servers("", app_servers(), any_url)
+            return *reading(page, servers, window_s), gr.skip()
         except PlaygroundError as e:
-            return (current, gr.skip(), status_html([], False, str(e)), *(gr.skip() for _ in PLOTS),
+            return (page, gr.skip(), status_html([], False, str(e)), *(gr.skip() for _ in PLOTS),
                     gr.Timer(active=False))
 
     outputs = [session, servers, status, *(views[name] for name in PLOTS)]
     start.click(first, [servers, window, session], outputs, api_name="watch", concurrency_id="watch",
-                concurrency_limit=None).success(lambda: gr.Timer(active=True), None, timer, api_name=False)
-    timer.tick(next_reading, [servers, window, session], [*outputs, timer], api_name=False, concurrency_id="watch",
-               concurrency_limit=None, show_progress="hidden")
-    stop.click(lambda s: (gr.Timer(active=False), status_html(s.history[-1][1] if s and s.history else [], False)),
+                concurrency_limit=WATCHING_AT_ONCE).success(lambda: gr.Timer(active=True), None, timer, api_name=False)
+    timer.tick(next_reading, [window, session], [*outputs, timer], api_name=False, concurrency_id="watch",
+               concurrency_limit=WATCHING_AT_ONCE, show_progress="hidden")
+    stop.click(lambda page: (gr.Timer(active=False), status_html(page.history[-1][1] if page and page.history else [],
+                                                                 False)),
                session, [timer, status], api_name=False, queue=False)
 
 
@@ -162,8 +186,8 @@ def status_html(views: list[WindowView], watching: bool, error: str = "") -> str
     rows = "".join(
         f"<tr><td>{escape(v.name)}</td><td><span class='watch-state' "
         f"style='color:{STATE_COLORS.get(v.state, '#b91c1c')}'>"
-        f"{escape(v.state)}</span></td><td>{_figure(v.tau)}</td><td>{_figure(v.generation_per_s, 1)}</td>"
-        f"<td>{_figure(v.running, 0)} / {_figure(v.waiting, 0)}</td><td>{v.seconds:.0f} s</td>"
+        f"{escape(v.state)}</span></td><td>{figure_text(v.tau)}</td><td>{figure_text(v.generation_per_s, 1)}</td>"
+        f"<td>{figure_text(v.running, 0)} / {figure_text(v.waiting, 0)}</td><td>{v.seconds:.0f} s</td>"
         f"<td class='watch-note'>{escape(v.note)}</td></tr>" for v in views)
     line = "watching" if watching else "stopped"
     return (f"<div class='watch-line'>{line} · {time.strftime('%H:%M:%S')}</div><table class='watch-table'>"
@@ -171,20 +195,15 @@ def status_html(views: list[WindowView], watching: bool, error: str = "") -> str
             f"<th>window</th><th></th></tr>{rows}</table>")
 
 
-def _figure(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
 def server_colors(names: list[str]) -> dict[str, str]:
     return {name: COLORS.get(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(names)}
 
 
-def figures(session: WatchSession) -> tuple[go.Figure, ...]:
-    """The five plots of the session's readings: acceptance by position over the last window, and
-    the rest over time, marks where a server was not live."""
-    latest = session.history[-1][1]
+def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tuple[go.Figure, ...]:
+    """The five plots of a page's readings: acceptance by position over the last window, and the
+    rest over time, a cross where a server was not live."""
+    latest = history[-1][1]
     colors = server_colors([v.name for v in latest])
-    window = session.watch.windows[0].window
     acceptance = go.Figure()
     for v in latest:
         if v.acceptance:
@@ -206,18 +225,17 @@ def figures(session: WatchSession) -> tuple[go.Figure, ...]:
     for title, y_title, fields in over_time.values():
         fig = go.Figure()
         for name, color in colors.items():
-            points = [(datetime.fromtimestamp(at), next((v for v in views if v.name == name), None))
-                      for at, views in session.history]
+            points = [(datetime.fromtimestamp(at), next(v for v in views if v.name == name)) for at, views in history]
             for field, dash in fields:
-                fig.add_scatter(x=[t for t, _ in points], y=[getattr(v, field) if v else None for _, v in points],
+                fig.add_scatter(x=[t for t, _ in points], y=[getattr(v, field) for _, v in points],
                                 mode="lines+markers", marker_size=4, line=dict(color=color, dash=dash),
                                 name=name, legendgroup=name, showlegend=dash == "solid",
                                 hovertemplate=f"{escape(name)} · {field.replace('_', ' ')}: %{{y:.2f}}<extra></extra>")
-            marks = [(t, v) for t, v in points if v is None or _marked(v)]
+            marks = [(t, v) for t, v in points if _marked(v)]
             if marks:
                 fig.add_scatter(x=[t for t, _ in marks], y=[0] * len(marks), mode="markers", showlegend=False,
                                 marker=dict(symbol="x", size=10, color=color), legendgroup=name,
-                                text=[v.note if v else "not watched" for _, v in marks],
+                                text=[v.note for _, v in marks],
                                 hovertemplate=f"{escape(name)}: %{{text}}<extra></extra>")
         _style(fig, title, y_title, "time")
         shown.append(fig)

@@ -17,6 +17,8 @@ def call(client: httpx.Client, method: str, url: str, path: str, **kwargs) -> ht
         raise PlaygroundError(f"cannot reach the vLLM server at {url}: is it running?") from None
     except httpx.HTTPError as e:
         raise PlaygroundError(f"the vLLM server at {url} did not answer {path}: {type(e).__name__}") from None
+    except httpx.InvalidURL as e:
+        raise PlaygroundError(f"{url} is not a URL: {e}") from None
     if response.status_code != 200:
         raise PlaygroundError(f"the server at {url} answered {path} with {response.status_code}: "
                               f"{error_text(response.content)}")

@@ -25,7 +25,11 @@ COUNTERS = {
 }
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
-STARTED = "process_start_time_seconds"   # prometheus_client's, for the API server's process
+READ = {*COUNTERS.values(), PER_POSITION, *GAUGES.values()}
+# prometheus_client's, for the API server's process; absent where vLLM runs several API server
+# processes (their metrics are then gathered from files and carry no start time)
+STARTED = "process_start_time_seconds"
+
 
 class MetricsError(PlaygroundError):
     """The server answered /metrics with something that is not vLLM's metrics."""
@@ -53,9 +57,13 @@ class SpecCounters:
         return self.drafts is not None
 
     def went_back_from(self, earlier: SpecCounters) -> bool:
-        """Whether the server restarted since `earlier`: it started at another time, or a counter is lower."""
+        """Whether the server restarted since `earlier`: it started at another time, with other
+        speculative settings, or a counter is lower."""
         if self.started is not None and earlier.started is not None and self.started != earlier.started:
             return True
+        if self.speculative != earlier.speculative or len(self.accepted_per_position) != len(
+                earlier.accepted_per_position):
+            return True   # started again with other speculative settings
         pairs = [(self.generation_tokens, earlier.generation_tokens), (self.draft_tokens, earlier.draft_tokens),
                  (self.accepted, earlier.accepted), (self.drafts or 0.0, earlier.drafts or 0.0)]
         pairs += [(self.position(d), earlier.position(d)) for d in range(len(earlier.accepted_per_position))]
@@ -74,13 +82,13 @@ def parse_metrics(text: str) -> SpecCounters:
     for number, line in enumerate(text.splitlines(), 1):
         if line.startswith(STARTED + " "):
             started = _number(line.split()[1])
-        if not line.startswith("vllm:"):
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in READ:
             continue
         sample = SAMPLE.match(line)
         value = _number(sample["value"]) if sample else None
         if value is None:
             raise MetricsError(f"/metrics line {number} does not parse: {line[:80]!r}")
-        name = sample["name"]
         if name == PER_POSITION:
             labels = dict((m["key"], m["value"]) for m in LABEL.finditer(sample["labels"] or ""))
             position = labels.get("position", "")

@@ -3,18 +3,22 @@ say over a sliding window, for all the traffic the servers serve.
 
     python -m playground watch --vllm-url prod=http://10.0.0.5:8000 --vllm-url canary=http://10.0.0.6:8000
 
-Every figure is a counter delta between the oldest and newest reading in the window. A counter
-that goes down means the server restarted: the window starts again from that reading and the view
-says so, rather than showing a negative rate. A server that does not answer, or answers with
-something other than vLLM's metrics, keeps its readings and is marked so until it answers again.
+Every figure is a counter delta between the oldest and newest reading in the window. A server
+that restarted (a counter went back, its process start time or its draft positions changed)
+starts the window again from that reading, and the view says so, rather than showing a negative
+rate; so does a reading after a gap longer than the window. A server that does not answer, or
+answers with something other than vLLM's metrics, is marked so, without figures, until it
+answers again; its earlier readings stay.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 
 import httpx
 
@@ -26,6 +30,7 @@ RESTARTED = "restarted"
 UNREACHABLE = "unreachable"
 BAD_METRICS = "bad metrics"
 NO_SPECULATION = "no speculation"
+MAX_NOTE = 200   # characters of a server's error shown: its own words, not a page of them
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class WindowView:
     waiting: float | None
 
     def as_json(self) -> dict:
-        return {field: (list(value) if isinstance(value, tuple) else value) for field, value in vars(self).items()}
+        return asdict(self)
 
 
 class ServerWindow:
@@ -60,9 +65,13 @@ class ServerWindow:
         self.restarted_at: float | None = None
 
     def add(self, at: float, counters: SpecCounters) -> None:
+        if self.readings and at <= self.readings[-1][0]:
+            return   # a reading already added (shared between watches)
         if self.readings and counters.went_back_from(self.readings[-1][1]):
             self.readings.clear()
             self.restarted_at = at
+        elif self.readings and at - self.readings[-1][0] > self.window:
+            self.readings.clear()   # figures over the gap would pass for the window's
         self.readings.append((at, counters))
         while len(self.readings) > 1 and self.readings[1][0] <= at - self.window:
             self.readings.popleft()   # keep the last reading at or before the window's start
@@ -70,10 +79,10 @@ class ServerWindow:
             self.restarted_at = None
 
     def view(self, problem: tuple[str, str] | None = None) -> WindowView:
-        """The window's figures; `problem` (state, note) when the last reading failed."""
+        """The window's figures, or only `problem` (state, note) when the last reading failed."""
         empty = dict(positions=0, seconds=0.0, drafts=None, tau=None, acceptance=None, drafted_per_s=None,
                      accepted_per_s=None, generation_per_s=None, running=None, waiting=None)
-        if not self.readings:
+        if problem or not self.readings:
             state, note = problem or (UNREACHABLE, "no reading yet")
             return WindowView(self.name, self.url, state, note, **empty)
         (first_at, first), (last_at, last) = self.readings[0], self.readings[-1]
@@ -91,9 +100,7 @@ class ServerWindow:
             figures["tau"] = 1 + (last.accepted - first.accepted) / drafts
             figures["acceptance"] = tuple((last.position(d) - first.position(d)) / drafts
                                           for d in range(len(last.accepted_per_position)))
-        if problem:
-            state, note = problem
-        elif self.restarted_at is not None:
+        if self.restarted_at is not None:
             state, note = RESTARTED, (f"counters reset {time.strftime('%H:%M:%S', time.localtime(self.restarted_at))}"
                                       ": the window starts there")
         elif not last.speculative:
@@ -103,48 +110,88 @@ class ServerWindow:
         return WindowView(self.name, self.url, state, note, **figures)
 
 
+class RecentReadings:
+    """The latest reading of each URL, shared by the watches of one process (a page's visitors), so
+    that a server is read at most once per `fresh_s` however many watch it: its /metrics is
+    rendered on the loop that streams its tokens."""
+
+    def __init__(self, fresh_s: float):
+        self.fresh_s = fresh_s
+        self.lock = threading.Lock()
+        self.latest: dict[str, tuple[float, SpecCounters | PlaygroundError]] = {}
+
+    def read(self, client: httpx.Client, url: str, clock: Callable[[], float]) -> tuple[float, SpecCounters]:
+        """(when, counters) of a recent reading or a new one; a failed reading raises its error."""
+        with self.lock:
+            at, result = self.latest.get(url, (None, None))
+        now = clock()
+        if at is None or now - at >= self.fresh_s:
+            try:
+                result = read_counters(client, url)
+            except PlaygroundError as e:
+                result = e
+            at = now
+            with self.lock:
+                self.latest[url] = (at, result)
+        if isinstance(result, PlaygroundError):
+            raise result
+        return at, result
+
+
 class Watch:
-    """Servers (name -> URL) watched together; `read()` reads each once and returns their views."""
+    """Servers (name -> URL) watched together; `read()` reads them all at once and returns their views."""
 
     def __init__(self, servers: dict[str, str], window: float = 60.0, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, shared: RecentReadings | None = None):
         if not servers:
-            raise PlaygroundError("watch needs at least one server: --vllm-url NAME=URL")
+            raise PlaygroundError("watch needs at least one server: NAME=URL")
         self.windows = [ServerWindow(name, url, window) for name, url in servers.items()]
-        self.client = httpx.Client(timeout=timeout)
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)))
+        self.pool = ThreadPoolExecutor(len(self.windows), thread_name_prefix="watch")
         self.clock = clock
+        self.readings = shared or RecentReadings(fresh_s=0.0)
 
     def read(self) -> list[WindowView]:
-        views = []
-        for window in self.windows:
-            try:
-                counters = read_counters(self.client, window.url)
-            except MetricsError as e:
-                views.append(window.view((BAD_METRICS, str(e))))
-                continue
-            except PlaygroundError as e:
-                views.append(window.view((UNREACHABLE, str(e))))
-                continue
-            window.add(self.clock(), counters)
-            views.append(window.view())
-        return views
+        return list(self.pool.map(self._read, self.windows))
+
+    def _read(self, window: ServerWindow) -> WindowView:
+        try:
+            at, counters = self.readings.read(self.client, window.url, self.clock)
+        except MetricsError as e:
+            return window.view((BAD_METRICS, _short(str(e))))
+        except PlaygroundError as e:
+            return window.view((UNREACHABLE, _short(str(e))))
+        window.add(at, counters)
+        return window.view()
 
     def close(self) -> None:
+        self.pool.shutdown(wait=False)
         self.client.close()
 
 
-def parse_servers(specs: list[str]) -> dict[str, str]:
-    """NAME=URL pairs under any names; a bare URL is named by its host and port."""
+def _short(message: str) -> str:
+    """One line of at most MAX_NOTE characters."""
+    line = " ".join(message.split())
+    return line if len(line) <= MAX_NOTE else line[:MAX_NOTE - 1] + "…"
+
+
+def parse_servers(specs: list[str], flag: str = "--vllm-url") -> dict[str, str]:
+    """NAME=URL pairs under any names; a bare URL is named by its host and port. `flag` names where
+    they came from, in the messages."""
     servers: dict[str, str] = {}
     for spec in specs:
         head, sep, rest = spec.partition("://")
         name, _, scheme = head.rpartition("=")
         url = (scheme + sep + rest).strip().rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise PlaygroundError(f"bad --vllm-url {spec!r}: use NAME=URL, the URL starting with http:// or https://")
-        name = name.strip() or url.split("://", 1)[1]
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL:
+            parsed = None
+        if not url.startswith(("http://", "https://")) or parsed is None or not parsed.host:
+            raise PlaygroundError(f"bad {flag} {spec!r}: use NAME=URL, the URL starting with http:// or https://")
+        name = name.strip() or (f"{parsed.host}:{parsed.port}" if parsed.port else parsed.host)
         if name in servers:
-            raise PlaygroundError(f"--vllm-url names {name} twice")
+            raise PlaygroundError(f"{flag} names {name} twice")
         servers[name] = url
     return servers
 
@@ -155,9 +202,9 @@ def text_table(views: list[WindowView], at: float) -> str:
     header = ["server", "state", "tau", *(f"pos {d}" for d in range(depths)),
               "drafted/s", "accepted/s", "output tok/s", "running", "waiting", "window"]
     padded = lambda v: (v.acceptance or ()) + (None,) * (depths - len(v.acceptance or ()))
-    rows = [[v.name, v.state, _figure(v.tau), *(_figure(a) for a in padded(v)),
-             _figure(v.drafted_per_s, 1), _figure(v.accepted_per_s, 1), _figure(v.generation_per_s, 1),
-             _figure(v.running, 0), _figure(v.waiting, 0), f"{v.seconds:.0f} s"] for v in views]
+    rows = [[v.name, v.state, figure_text(v.tau), *(figure_text(a) for a in padded(v)),
+             figure_text(v.drafted_per_s, 1), figure_text(v.accepted_per_s, 1), figure_text(v.generation_per_s, 1),
+             figure_text(v.running, 0), figure_text(v.waiting, 0), f"{v.seconds:.0f} s"] for v in views]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = [time.strftime("%H:%M:%S", time.localtime(at))]
     aligned = lambda i, cell: str(cell).ljust(widths[i]) if i < 2 else str(cell).rjust(widths[i])
@@ -166,5 +213,6 @@ def text_table(views: list[WindowView], at: float) -> str:
     return "\n".join(lines)
 
 
-def _figure(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def figure_text(value: float | None, digits: int = 2) -> str:
+    """A figure as shown, "–" where there is none."""
+    return "–" if value is None else f"{value:.{digits}f}"
