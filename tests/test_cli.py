@@ -101,6 +101,7 @@ COMMANDS = {
     "bench --k 3 profile": command_line.bench_profile,
     "bench memory --runs 2": command_line.bench_memory,
     "bench probe --rounds 2": command_line.bench_probe,
+    "watch --vllm-url http://a:1": command_line.watch,
 }
 
 
