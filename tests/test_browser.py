@@ -52,13 +52,22 @@ def phone(browser, app_url):
 
 
 def set_number(page: Page, slider_id: str, value: int) -> None:
-    """Type into a slider's number box, opening the settings panel it sits in when it is closed."""
+    """Type into a slider's number box, opening the settings panel it sits in when it is closed.
+    A panel that has just opened may draw its controls once more, with their values as they were:
+    what was typed is checked, and typed again if it was dropped."""
     box = page.locator(f"#{slider_id} input[type=number]")
     if not box.is_visible():
         prefix = slider_id.split("-")[0]
         page.locator(f"#{prefix}-settings .label-wrap").click()
-    box.fill(str(value))
-    box.press("Enter")
+        expect(box).to_be_visible()
+    before = box.input_value()
+    for _ in range(3):
+        box.fill(str(value))
+        box.press("Enter")
+        page.wait_for_timeout(300)
+        if box.input_value() != before or str(value) == before:
+            return
+    raise AssertionError(f"#{slider_id} kept {before} after {value} was typed three times")
 
 
 def run_playground(page: Page, prompt: str, max_tokens: int) -> float:
