@@ -18,7 +18,7 @@ import signal
 import sys
 
 from playground.errors import PlaygroundError
-from playground.model.variants import NAMES, SHIPPED
+from playground.model.variants import SHIPPED
 from playground.options import add_vllm_options, launch_spec
 from playground.settings import server_host, server_port
 from playground.ui.streams import Limits
@@ -85,16 +85,16 @@ def main(argv: list[str] | None = None) -> None:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
     backends = {"reference": engine}
     if args.backend == "vllm":
-        from playground.engines.vllm.backend import StartingBackend, parse_urls, vllm_backend
+        from playground.engines.vllm.backend import StartingBackend, parse_urls, planned_names, vllm_backend
 
         spec = launch_spec(args, 5)
-        names = NAMES if spec else tuple(s.drafter for s in parse_urls(args.vllm_url))   # bad URLs stop here
+        names = planned_names(spec) if spec else tuple(s.drafter for s in parse_urls(args.vllm_url))   # bad ones stop here
         if not names:
             raise PlaygroundError("the vLLM backend needs --vllm-url NAME=URL (repeatable) or --launch")
         # the page comes up at once; runs on vllm report the servers' start-up until they are healthy,
         # and a server that cannot be reached is that run's message
         backends["vllm"] = StartingBackend(
-            lambda status: vllm_backend(engine, args.vllm_url, spec, names=NAMES, status=status)[0], names)
+            lambda status: vllm_backend(engine, args.vllm_url, spec, status=status)[0], names)
     launch(create_ui(backends, limits, watched), args.host, args.port, limits)
 
 

@@ -62,7 +62,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
     p.add_argument("--system", default=None, help="system prompt (default: the model's own)")
     p.add_argument("--template", default="model", choices=list(TEMPLATES), help="prompt format")
-    p.add_argument("--drafter", default=EAGLE31, help=f"{' | '.join(NAMES)} | a checkpoint folder")
+    p.add_argument("--drafter", default=EAGLE31, help=f"{' | '.join(NAMES)} | a checkpoint folder; on vLLM, the "
+                                                        "name of a server (--vllm-url NAME=URL, --vllm-drafter)")
     p.add_argument("--k", type=int, default=5, help="draft tokens per step (1..10)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

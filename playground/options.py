@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from playground.model.variants import NAMES, SHIPPED
+from playground.model.variants import SHIPPED
 
 
 def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) -> None:
@@ -13,16 +13,19 @@ def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) ->
     p.add_argument("--backend", default=default("reference"), choices=["reference", "vllm"],
                    help="reference: the embedded PyTorch engine; vllm: vLLM servers (see --vllm-url, --launch)")
     p.add_argument("--vllm-url", action="append", default=default([]), metavar="NAME=URL",
-                   help=f"a running vLLM server, serving any model, for drafter NAME ({', '.join(NAMES)}; none: "
-                        "a server without speculation); repeatable")
+                   help="a running vLLM server, serving any model with any speculative method, under any NAME (none: "
+                        "the baseline without speculation; eagle3, eagle3.1: servers of those drafters); repeatable")
     p.add_argument("--launch", action="store_true", default=default(False),
                    help="start the vLLM servers (with .venv-vllm, see scripts/setup-vllm.sh) and stop them on exit")
     p.add_argument("--vllm-model", default=default(None), metavar="FOLDER_OR_HUB_ID",
                    help="with --launch: the target to serve (default: the embedded SmolLM2 with the shipped drafters)")
-    p.add_argument("--vllm-drafter", action="append", default=default([]), metavar="NAME=FOLDER_OR_HUB_ID",
-                   help=f"with --launch: an EAGLE-3 or EAGLE 3.1 drafter (plain or speculators format) for NAME "
-                        f"({', '.join(SHIPPED)}); repeatable")
-    p.add_argument("--vllm-k", type=int, default=default(None), help="with --launch: drafts per step of the servers")
+    p.add_argument("--vllm-drafter", action="append", default=default([]), metavar="NAME=SOURCE[:k=N][:lookup=MIN-MAX]",
+                   help="with --launch: a server NAME to start beside the shipped two (or instead of one of them), "
+                        "SOURCE being an EAGLE-3 or EAGLE 3.1 drafter's folder or hub id (plain or speculators "
+                        f"format), {' or '.join(SHIPPED)} (the shipped drafters), ngram (prompt lookup) or none (no "
+                        "speculation); :k=N its drafts per step, :lookup=MIN-MAX the n-gram sizes; repeatable")
+    p.add_argument("--vllm-k", type=int, default=default(None),
+                   help="with --launch: drafts per step of the servers whose entry does not say")
     p.add_argument("--vllm-args", default=default(""), metavar="'ARGS'",
                    help="with --launch: more `vllm serve` arguments for every server, as one value, e.g. "
                         "--vllm-args='--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")

@@ -4,6 +4,7 @@ says how many, and a point over fewer than FEW_SAMPLES is drawn hollow."""
 
 from __future__ import annotations
 
+import threading
 from html import escape
 from typing import Iterable, Mapping, Sequence
 
@@ -15,7 +16,11 @@ from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, SEPARATOR
 
 COLORS = {EAGLE31: "#2563eb", EAGLE3: "#ea580c", NONE: "#6b7280"}
 TREE_COLOR = "#7c3aed"       # a run that drafts trees beside the same drafter's chain
-FALLBACK_COLOR = "#0d9488"
+# other names (servers named freely) take these in the order they are first drawn, and keep their
+# colour in every plot and tab from then on
+PALETTE = ("#0d9488", "#db2777", "#b45309", "#0e7490", "#15803d", "#be123c", "#4d7c0f", "#1e3a8a")
+_assigned: dict[str, str] = {}
+_assigning = threading.Lock()
 FEW_SAMPLES = 5              # a mean over fewer steps than this is drawn hollow: too few to trust
 
 
@@ -26,7 +31,14 @@ def label(name: str) -> str:
 
 def color(name: str) -> str:
     drafter, _, how = name.partition(SEPARATOR)
-    return TREE_COLOR if how.startswith("tree") else COLORS.get(drafter, FALLBACK_COLOR)
+    if how.startswith("tree"):
+        return TREE_COLOR
+    if drafter in COLORS:
+        return COLORS[drafter]
+    with _assigning:
+        if drafter not in _assigned:
+            _assigned[drafter] = PALETTE[len(_assigned) % len(PALETTE)]
+        return _assigned[drafter]
 
 
 def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None,

@@ -133,7 +133,8 @@ def test_run_and_inspect_take_their_values_in_a_fixed_order(client):
 def test_compare_takes_its_values_in_a_fixed_order(client):
     assert api_parameters(client, "/compare") == ["prompt", "system", "template", "k", "temperature", "top_p",
                                                   "max_tokens", "with_none", "backend_name", "draft", "tree_top_k",
-                                                  "tree_depth", "tree_nodes", "compare", "drafter", "seed"]
+                                                  "tree_depth", "tree_nodes", "compare", "drafter", "seed",
+                                                  "first", "second", "baseline"]
     drafters = named(client.predict("Name a colour.", "Answer in one word.", "model", 3, 0.5, 0.9, 6, False,
                                     "reference", "tree", 3, 2, 5, "drafters", "eagle3", api_name="/compare"),
                      COMPARE_OUTPUTS)
@@ -146,6 +147,35 @@ def test_compare_takes_its_values_in_a_fixed_order(client):
                                          api_name="/compare"), COMPARE_OUTPUTS)
     assert [chain_vs_tree[column(slot, "heading")] for slot in SLOTS] == [
         "#### EAGLE 3 · chain k=3", "#### EAGLE 3 · tree 3/2/5", "#### no speculation"]
+
+
+def test_compare_runs_the_two_drafters_it_names_in_its_order(client):
+    """Named runs (the trailing first, second and baseline): EAGLE 3.1 first, and no speculation
+    against EAGLE 3 with no baseline column."""
+    common = ("Name a colour.", "Answer in one word.", "model", 3, 0, 1, 6)
+    named_pair = named(client.predict(*common, True, "reference", "chain", 3, 2, 5, "drafters", "eagle3", 0,
+                                      "eagle3.1", "eagle3", "", api_name="/compare"), COMPARE_OUTPUTS)
+    assert [named_pair[column(slot, "heading")] for slot in SLOTS] == [
+        "#### EAGLE 3.1", "#### EAGLE 3", "#### no speculation"]
+    assert [row[0] for row in named_pair["table"]["data"]] == ["EAGLE 3.1", "EAGLE 3", "no speculation"]
+    against_none = named(client.predict(*common, False, "reference", "chain", 3, 2, 5, "drafters", "eagle3", 0,
+                                        "none", "eagle3", "", api_name="/compare"), COMPARE_OUTPUTS)
+    assert [against_none[column(slot, "heading")] for slot in SLOTS] == [
+        "#### no speculation", "#### EAGLE 3", "#### not run"]
+    assert against_none[column("first", "text")] == against_none[column("second", "text")]   # greedy: lossless
+
+
+@pytest.mark.parametrize("names, message", [
+    (("eagle3", "eagle3", ""), "the first and second runs are both 'eagle3'"),
+    (("k3", "eagle3", ""), "unknown first run 'k3'; this backend runs eagle3, eagle3.1, none"),
+    (("eagle3", "/etc", ""), "unknown second run '/etc'"),
+    (("eagle3", "eagle3.1", "eagle3"), "the baseline 'eagle3' is already a column"),
+    (("eagle3", "eagle3.1", "plain"), "unknown baseline 'plain'"),
+])
+def test_compare_refuses_names_it_cannot_run(client, names, message):
+    with pytest.raises(Exception, match=message):
+        client.predict("Name a colour.", "", "model", 3, 0, 1, 6, True, "reference", "chain", 3, 2, 5, "drafters",
+                       "eagle3", 0, *names, api_name="/compare")
 
 
 def test_a_seed_repeats_a_sampled_run_and_minus_one_draws_a_new_one(client):

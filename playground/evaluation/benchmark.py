@@ -62,7 +62,11 @@ class BenchConfig:
             raise PlaygroundError("the suite measures speedups over a server without speculation: add "
                                   "--vllm-url none=URL, or run `bench vllm`")
         vllm = self.backend == "vllm"
-        return replace(self, drafters=tuple(d for d in self.drafters if d in engine.drafter_names),
+        missing = [d for d in self.drafters if d not in engine.drafter_names and (vllm or not Path(d).is_dir())]
+        if missing:
+            raise PlaygroundError(f"no drafter named {', '.join(missing)} here: the backend runs "
+                                  f"{', '.join(engine.drafter_names)} (pick with --drafters)")
+        return replace(self, drafters=self.drafters,
                        sweep_ks=() if vllm else self.sweep_ks, compare_generate=self.compare_generate and not vllm,
                        tree=None if vllm else self.tree)
 

@@ -22,7 +22,6 @@ from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import VLLMEngine
 from playground.evaluation.prompt_sets import CHAT, CODING, MATH, WRITING
-from playground.model.variants import NAMES
 
 EVERYDAY = [p for four in zip(CHAT, CODING, MATH, WRITING) for p in four]   # 16: one of each kind in turn
 
@@ -45,7 +44,7 @@ class Servers:
 @contextmanager
 def serving(reference: ReferenceEngine, servers: Servers) -> Iterator[VLLMEngine]:
     """The vLLM engine over `servers`; the servers it started stop on leaving."""
-    engine, launched = vllm_backend(reference, list(servers.urls), servers.launch, names=NAMES, status=servers.status)
+    engine, launched = vllm_backend(reference, list(servers.urls), servers.launch, status=servers.status)
     try:
         yield engine
     finally:

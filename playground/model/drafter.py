@@ -33,6 +33,15 @@ SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def variant_of(fc_norm: bool, norm_output: bool) -> str:
+    """EAGLE 3.1 is EAGLE 3 with both switches on; one alone is named by its switches."""
+    if fc_norm and norm_output:
+        return EAGLE31
+    if not fc_norm and not norm_output:
+        return EAGLE3
+    return f"eagle3 (fc_norm={fc_norm}, norm_output={norm_output})"
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     hidden_size: int
@@ -52,11 +61,7 @@ class DrafterConfig:
 
     @property
     def variant(self) -> str:
-        if self.fc_norm and self.norm_output:
-            return EAGLE31
-        if not self.fc_norm and not self.norm_output:
-            return EAGLE3
-        return f"eagle3 (fc_norm={self.fc_norm}, norm_output={self.norm_output})"
+        return variant_of(self.fc_norm, self.norm_output)
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: tuple[int, ...],

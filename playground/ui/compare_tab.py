@@ -1,6 +1,6 @@
-"""The Comparison tab: one prompt through two runs streaming side by side (EAGLE 3 against EAGLE 3.1,
-or one drafter's chain against its tree) and optionally no speculation, with overlaid plots and a
-summary table."""
+"""The Comparison tab: one prompt through two runs streaming side by side (any two drafters or servers
+by name, EAGLE 3 against EAGLE 3.1 by default, or one drafter's chain against its tree) and optionally
+a baseline without speculation, with overlaid plots and a summary table."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
 from playground.errors import PlaygroundError
-from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, run_name
+from playground.model.variants import EAGLE31, NONE, run_name
 from playground.ui import render, unchecked
-from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, preset_dropdown, prompt_box, run_note,
-                                    settings_panel, wire_presets)
+from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_pair, drafter_choices, follow_backend,
+                                    preset_dropdown, prompt_box, run_note, settings_panel, wire_presets)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, stream_handler)
 from playground.ui.explainer import STORED_RESULTS
@@ -28,7 +28,7 @@ from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, bac
                                    interleave, make_request, stop_handler, stopped)
 
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
-MODES = [(f"{LABELS[EAGLE3]} vs {LABELS[EAGLE31]}", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
+MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
 STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
 TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tau", "draft ms/step", "verify ms/step",
                  "steps", "tokens", "acceptance by depth"]
@@ -44,10 +44,31 @@ def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSett
         if drafter == NONE or drafter not in available:
             raise PlaygroundError(f"chain vs tree needs a drafter this backend runs ({', '.join(plots.label(n) for n in available if n != NONE)}), "
                                   f"got {drafter!r}", "drafter")
-        pair = [settings.lane(drafter, "chain"), settings.lane(drafter, "tree")]
+        pair, columns = [settings.lane(drafter, "chain"), settings.lane(drafter, "tree")], ()
     else:
-        pair = [settings.lane(name, settings.draft) if name in available else None for name in (EAGLE3, EAGLE31)]
-    return pair + [settings.lane(NONE, "chain") if settings.with_none and NONE in available else None]
+        defaults = default_pair(available)
+        columns = (settings.first or defaults[0], settings.second or defaults[1])
+        for slot, name in zip(("first", "second"), columns):
+            if name and name not in available:
+                raise PlaygroundError(f"unknown {slot} run {name!r}; this backend runs {', '.join(available)}", slot)
+        if columns[0] and columns[0] == columns[1]:
+            raise PlaygroundError(f"the first and second runs are both {columns[0]!r}: pick two", "second")
+        pair = [settings.lane(name, settings.draft) if name else None for name in columns]
+    baseline = baseline_name(settings, available, columns) if settings.with_none else ""
+    return pair + [settings.lane(baseline, "chain") if baseline else None]
+
+
+def baseline_name(settings: CompareSettings, available: tuple[str, ...], columns: tuple[str, ...]) -> str:
+    """The baseline column's run: the one named, else none where the backend runs it and it is not
+    already a column ("": no baseline)."""
+    if not settings.baseline:
+        return NONE if NONE in available and NONE not in columns else ""
+    if settings.baseline not in available:
+        raise PlaygroundError(f"unknown baseline {settings.baseline!r}; this backend runs {', '.join(available)}",
+                              "baseline")
+    if settings.baseline in columns:
+        raise PlaygroundError(f"the baseline {settings.baseline!r} is already a column: pick another", "baseline")
+    return settings.baseline
 
 
 def one_seed(settings: CompareSettings) -> CompareSettings:
@@ -57,17 +78,17 @@ def one_seed(settings: CompareSettings) -> CompareSettings:
     return replace(settings, seed=random.randint(0, MAX_SEED))
 
 
-def lane_name(mode: str, request: GenerationRequest) -> str:
+def lane_name(mode: str, request: GenerationRequest, baseline: bool) -> str:
     """What keys a run's log, plots and exports: the drafter, and how it drafted when that differs."""
-    if mode != CHAIN_VS_TREE or request.drafter == NONE:
+    if mode != CHAIN_VS_TREE or baseline:
         return request.drafter
     return run_name(request.drafter, request.drafting)
 
 
-def summary_table(summaries: Mapping[str, RunSummary]) -> list[list]:
+def summary_table(summaries: Mapping[str, RunSummary], baseline: str | None = NONE) -> list[list]:
     """A row per run under TABLE_HEADERS: rates as text in fixed decimals, counts as integers; the
-    times per verify step are means (the prefill excluded)."""
-    base = summaries.get(NONE)
+    times per verify step are means (the prefill excluded); speedups are over the run `baseline`."""
+    base = summaries.get(baseline) if baseline else None
     rows = []
     for name, s in summaries.items():
         speedup = f"{s.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s > 0 else "–"
@@ -107,22 +128,38 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     with gr.Row():
         c["preset"] = preset_dropdown("cmp")
         c["compare"] = unchecked.Radio(MODES, value=DRAFTERS, label="compare", elem_id="cmp-mode", min_width=200, scale=2)
-        c["drafter"] = unchecked.Dropdown([(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3)], value=EAGLE31,
-                                   label="drafter (chain vs tree)", visible=False, min_width=120,
-                                   elem_id="cmp-drafter")
         c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)",
                                      min_width=160)
+    first_engine = next(iter(backends.values()))
+    names, pair = first_engine.drafter_names, default_pair(first_engine.drafter_names)
+    with gr.Row():
+        c["first"] = unchecked.Dropdown(drafter_choices(first_engine), value=pair[0], label="first", min_width=120,
+                                        elem_id="cmp-first")
+        c["second"] = unchecked.Dropdown(drafter_choices(first_engine), value=pair[1], label="second", min_width=120,
+                                         elem_id="cmp-second")
+        c["drafter"] = unchecked.Dropdown(drafter_choices(first_engine), value=EAGLE31 if EAGLE31 in names else pair[0],
+                                          label="drafter (chain vs tree)", visible=False, min_width=120,
+                                          elem_id="cmp-drafter")
+        c["baseline"] = unchecked.Dropdown(drafter_choices(first_engine), value=NONE if NONE in names else None,
+                                           label="baseline (without speculation)", min_width=120,
+                                           elem_id="cmp-baseline")
     with gr.Row():
         run = gr.Button("Compare", variant="primary", elem_id="compare-run", min_width=80)
         guided = gr.Button("See attention drift", elem_id="see-drift", min_width=80)
         stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", min_width=80)
     c |= settings_panel(limits, backends, "cmp")
-    c["compare"].change(lambda mode: gr.update(visible=mode == CHAIN_VS_TREE), c["compare"], c["drafter"],
-                        api_name=False, queue=False)
+    follow_backend(c, backends, "first", lambda names, current: current if current in names else default_pair(names)[0])
+    follow_backend(c, backends, "second", lambda names, current: current if current in names else default_pair(names)[1])
+    follow_backend(c, backends, "drafter", lambda names, current: current if current in names else default_pair(names)[1])
+    follow_backend(c, backends, "baseline", lambda names, current: current if current in names
+                   else NONE if NONE in names else None)
+    c["compare"].change(lambda mode: (gr.update(visible=mode == CHAIN_VS_TREE),
+                                      *[gr.update(visible=mode != CHAIN_VS_TREE)] * 2),
+                        c["compare"], [c["drafter"], c["first"], c["second"]], api_name=False, queue=False)
     answer_header("cmp")
     view = {}
     with gr.Row(equal_height=False):
-        for slot, name in zip(SLOTS, (EAGLE3, EAGLE31, NONE)):
+        for slot, name in zip(SLOTS, (*pair, NONE)):
             with gr.Column():
                 view[column(slot, "heading")] = gr.Markdown(f"#### {plots.label(name)}", elem_id=f"heading-{slot}")
                 view[column(slot, "cards")] = gr.HTML(render.figures_html(None), elem_id=f"cards-{slot}")
@@ -141,15 +178,16 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     stops = StopRequests()
 
     def column_requests(settings: CompareSettings) -> list[GenerationRequest | None]:
-        lanes_ = lanes(settings, backend(backends, settings.backend_name).drafter_names)
-        return [make_request(limits, lane) if lane else None for lane in lanes_]
+        engine = backend(backends, settings.backend_name)
+        return [make_request(limits, lane, engine) if lane else None for lane in lanes(settings, engine.drafter_names)]
 
     def stream(settings: CompareSettings, session: str | None) -> Iterator[dict]:
         stops.take(session)   # a Stop pressed before this run started is not for it
         try:
             engine = backend(backends, settings.backend_name)
             columns = column_requests(one_seed(settings))
-            names = [lane_name(settings.compare, r) if r else None for r in columns]
+            names = [lane_name(settings.compare, r, slot == "none") if r else None for slot, r in zip(SLOTS, columns)]
+            baseline = names[-1]
             requests = {n: r for n, r in zip(names, columns) if r}
             notes = {n: run_note(engine, r) for n, r in requests.items()}
             streams = {n: engine.generate(r) for n, r in requests.items()}
@@ -157,7 +195,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             raise gr.Error(failure_message(e)) from None
         logs = {name: RunLog(r) for name, r in requests.items()}
         pacer, live = Pacer(), LivePlots()
-        yield update(logs, notes, names, live, True, False)
+        yield update(logs, notes, names, baseline, live, True, False)
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
@@ -168,22 +206,22 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                             log.events[-1] = stopped(log.events[-1])
                 final = stopping or all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
-                    yield update(logs, notes, names, live, final or pacer.due("plots"), final)
+                    yield update(logs, notes, names, baseline, live, final or pacer.due("plots"), final)
                 if final:
                     return
         except Exception as e:
-            yield update(logs, notes, names, live, True, True)
+            yield update(logs, notes, names, baseline, live, True, True)
             raise gr.Error(failure_message(e)) from None
 
-    def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], live: LivePlots,
-               redraw: bool, final: bool) -> dict:
+    def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
+               live: LivePlots, redraw: bool, final: bool) -> dict:
         summaries = {n: log.summary for n, log in logs.items() if log.events}
-        drafted = {n: s for n, s in summaries.items() if n != NONE}
+        drafted = {n: s for n, s in summaries.items() if n != baseline}
         out = {}
         for slot, name in zip(SLOTS, names):
             out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name))
         out |= dict(zip(PLOTS, live.get(lambda: plots.all_figures(drafted), redraw)))
-        out["table"] = summary_table(summaries)
+        out["table"] = summary_table(summaries, baseline)
         out["note"] = outputs_note(logs) if final else ""
         out["files"] = export(logs, plots.all_figures(drafted)) if final else None
         return out

@@ -3,7 +3,7 @@ colour key, and the note above an answer."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import gradio as gr
 
@@ -12,7 +12,7 @@ from playground.engines.chat import TEMPLATES
 from playground.engines.protocol import Engine
 from playground.engines.request import K_RANGE, MAX_TEMPERATURE, GenerationRequest
 from playground.engines.tree import LIMITS, TreeShape
-from playground.model.variants import NONE
+from playground.model.variants import EAGLE3, EAGLE31, NONE
 from playground.ui import render, unchecked
 from playground.ui.presets import PRESETS
 from playground.ui.streams import NEW_SEED, Limits
@@ -25,14 +25,49 @@ DEFAULT_MAX_TOKENS = 128
 def run_note(engine: Engine, request: GenerationRequest) -> str:
     """What the page says above a run's answer: an untrained drafter, what the engine cannot show, the seed."""
     notes = []
-    if request.drafter != NONE and not engine.drafter_info(request.drafter).trained:
-        notes.append(f"{plots.label(request.drafter)} is a randomly initialised drafter: expect almost every draft "
-                     "to be rejected.")
-    if request.drafter != NONE and engine.limitations(request.drafter):
-        notes.append(engine.limitations(request.drafter))
+    if engine.drafter_info(request.drafter).variant != NONE:
+        if not engine.drafter_info(request.drafter).trained:
+            notes.append(f"{plots.label(request.drafter)} is a randomly initialised drafter: expect almost every "
+                         "draft to be rejected.")
+        if engine.limitations(request.drafter):
+            notes.append(engine.limitations(request.drafter))
     if request.temperature > 0:
         notes.append(f"Sampled with seed {request.seed}.")
     return " ".join(notes)
+
+
+def drafter_label(name: str) -> str:
+    return f"none ({plots.label(NONE)})" if name == NONE else plots.label(name)
+
+
+def drafter_choices(engine: Engine) -> list[tuple[str, str]]:
+    """What a drafter control offers for `engine`: every name it runs, labelled."""
+    return [(drafter_label(name), name) for name in engine.drafter_names]
+
+
+def default_drafter(names: tuple[str, ...]) -> str:
+    return EAGLE31 if EAGLE31 in names else names[0]
+
+
+def default_pair(names: tuple[str, ...]) -> tuple[str, str]:
+    """The two runs a comparison shows unless it names them: EAGLE 3 and EAGLE 3.1 where both run, else
+    the first two names other than none."""
+    if EAGLE3 in names and EAGLE31 in names:
+        return EAGLE3, EAGLE31
+    drafting = [n for n in names if n != NONE] + ["", ""]
+    return drafting[0], drafting[1]
+
+
+def follow_backend(c: dict, backends: Mapping[str, Engine], control: str,
+                   pick: Callable[[tuple[str, ...], object], object]) -> None:
+    """Keep `c[control]` offering the drafters of the backend chosen in `c["backend_name"]`; its value
+    becomes `pick(names, current value)`."""
+    def offer(name: str, current: object):
+        if name not in backends:
+            return gr.skip()
+        engine = backends[name]
+        return gr.update(choices=drafter_choices(engine), value=pick(engine.drafter_names, current))
+    c["backend_name"].change(offer, [c["backend_name"], c[control]], c[control], api_name=False, queue=False)
 
 
 def prompt_box(limits: Limits, prefix: str) -> gr.Textbox:

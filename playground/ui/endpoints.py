@@ -59,6 +59,9 @@ class CompareSettings:
     compare: str          # compare_tab.DRAFTERS or compare_tab.CHAIN_VS_TREE
     drafter: str          # the drafter of chain vs tree
     seed: float = -1      # one seed for every column
+    first: str = ""       # the two runs compared (by name; empty: EAGLE 3 and EAGLE 3.1 where the backend runs
+    second: str = ""      # them, else its first two drafters)
+    baseline: str = ""    # the run without speculation (empty: `none` where the backend runs it)
 
     def lane(self, drafter: str, draft: str) -> RunSettings:
         """One column: the run /run would make of these settings with this drafter, drafting this way."""

@@ -8,15 +8,14 @@ import gradio as gr
 
 from playground import plots
 from playground.engines.protocol import Engine
-from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
 from playground.ui import render, tree_view, unchecked
-from playground.ui.controls import answer_header, preset_dropdown, prompt_box, run_note, settings_panel, wire_presets
+from playground.ui.controls import (answer_header, default_drafter, drafter_choices, follow_backend, preset_dropdown, prompt_box,
+                                    run_note, settings_panel, wire_presets)
 from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, stream_handler
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import (Limits, StopRequests, backend, failure_message, make_request,
                                    stop_handler, stopped)
 
-DRAFTER_CHOICES = [(LABELS[EAGLE31], EAGLE31), (LABELS[EAGLE3], EAGLE3), (f"none ({LABELS[NONE]})", NONE)]
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
 
@@ -28,12 +27,15 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
             c = {"prompt": prompt_box(limits, "pg")}
             with gr.Row():
                 c["preset"] = preset_dropdown("pg")
-                c["drafter"] = unchecked.Dropdown(DRAFTER_CHOICES, value=EAGLE31, label="Drafter", min_width=120,
-                                                  elem_id="pg-drafter")
+                first = next(iter(backends.values()))
+                c["drafter"] = unchecked.Dropdown(drafter_choices(first), value=default_drafter(first.drafter_names),
+                                                  label="Drafter", min_width=120, elem_id="pg-drafter")
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
                 stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
             c |= settings_panel(limits, backends, "pg")
+            follow_backend(c, backends, "drafter", lambda names, current: current if current in names
+                           else default_drafter(names))
         with gr.Column(scale=3, min_width=300):
             answer_header("pg")
             view["answer"] = gr.HTML(render.answer_html([]), elem_id="answer",
@@ -60,8 +62,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     def stream(settings: RunSettings, session: str | None) -> Iterator[dict]:
         stops.take(session)   # a Stop pressed before this run started is not for it
         try:
-            request = make_request(limits, settings)
             engine = backend(backends, settings.backend_name)
+            request = make_request(limits, settings, engine)
             note = run_note(engine, request)
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
@@ -94,8 +96,11 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                 "tree": tree_view.tree_html(run_log.events[-1] if run_log.events else None)}
 
     handler = stream_handler(RunSettings, OUTPUTS, stream)
-    validator = input_validator(RunSettings, lambda settings: backend(backends, settings.backend_name).check(
-        make_request(limits, settings)))
+    def check(settings: RunSettings) -> None:
+        engine = backend(backends, settings.backend_name)
+        engine.check(make_request(limits, settings, engine))
+
+    validator = input_validator(RunSettings, check)
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
     for trigger, api_name in ((run.click, "run"), (c["prompt"].submit, False), (wire_presets(c).then, False)):
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,

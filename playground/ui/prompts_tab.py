@@ -23,15 +23,14 @@ from playground.errors import PlaygroundError
 from playground.evaluation import prompt_report
 from playground.evaluation.prompt_files import PromptFile, PromptLimits, read_prompts
 from playground.evaluation.prompt_study import PromptResult, StudyConfig, measure
-from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE
 from playground.plots import label
 from playground.ui import unchecked
+from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, input_validator, named_inputs, \
     stream_handler
 from playground.ui.runs import LivePlots, Pacer, export_folder
 from playground.ui.streams import Limits, StopRequests, backend, failure_message, stop_handler
 
-DRAFTER_CHOICES = [(LABELS[EAGLE3], EAGLE3), (LABELS[EAGLE31], EAGLE31), (f"none ({LABELS[NONE]})", NONE)]
 DEFAULT_MAX_TOKENS = 64
 FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
 HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `system`, `category`, `id`) or ShareGPT "
@@ -51,7 +50,12 @@ def study_inputs(limits: Limits, settings: StudySettings, engine: Engine) -> tup
     sample = _whole(settings.sample, "sample")
     prompt_limits = PromptLimits(max_prompts=limits.study_prompts, max_prompt_chars=limits.max_prompt_chars)
     prompts = read_prompts(data, prompt_limits, sample or None)
-    drafters = tuple(d for _, d in DRAFTER_CHOICES if d in (settings.drafters or []))
+    picked = list(settings.drafters or [])
+    unknown = [d for d in picked if d not in engine.drafter_names]
+    if unknown:
+        raise PlaygroundError(f"unknown drafter {unknown[0]!r}; this backend runs {', '.join(engine.drafter_names)}",
+                              "drafters")
+    drafters = tuple(d for d in engine.drafter_names if d in picked)
     if not drafters:
         raise PlaygroundError("pick at least one drafter", "drafters")
     if settings.draft not in ("chain", "tree"):
@@ -87,10 +91,14 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
             gr.Examples([[str(SAMPLES / "chat.jsonl")], [str(SAMPLES / "sharegpt.json")]], [c["file"]],
                         label="Samples")
             with gr.Row():
-                c["drafters"] = unchecked.CheckboxGroup(DRAFTER_CHOICES, value=[EAGLE3, EAGLE31], label="Drafters",
+                first = next(iter(backends.values()))
+                c["drafters"] = unchecked.CheckboxGroup(drafter_choices(first), label="Drafters",
+                                                        value=[n for n in default_pair(first.drafter_names) if n],
                                                         elem_id="study-drafters")
                 c["backend_name"] = unchecked.Dropdown(list(backends), value=next(iter(backends)), label="Backend",
                                                        visible=len(backends) > 1, elem_id="study-backend")
+            follow_backend(c, backends, "drafters", lambda names, current: [n for n in current or [] if n in names]
+                           or [n for n in default_pair(names) if n])
             with gr.Row():
                 c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=5, step=1, label="k (drafts per step)",
                                           elem_id="study-k")

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from playground.engines.vllm.watch import (LIVE, NO_SPECULATION, RESTARTED, RecentReadings, Watch, WindowView,
                                            figure_text, parse_servers)
 from playground.errors import PlaygroundError
-from playground.plots import COLORS
+from playground.plots import COLORS, PALETTE
 from playground.ui import unchecked
 
 EVERY_S = 5.0
@@ -34,7 +34,6 @@ HISTORY = 720                  # readings kept per page: an hour at EVERY_S
 MAX_SERVERS = 8                # servers one page may name
 WATCHING_AT_ONCE = 4           # readings computing at once, over all pages
 TTL_S = 300                    # a page's watch ends this long after its last reading
-PALETTE = ("#2563eb", "#ea580c", "#059669", "#7c3aed", "#db2777", "#0891b2", "#ca8a04", "#6b7280")
 PLOTS = ("acceptance", "tau", "draft_rates", "output_rate", "requests")
 
 

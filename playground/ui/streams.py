@@ -15,7 +15,6 @@ from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
-from playground.model.variants import NAMES
 from playground.ui.endpoints import RunSettings
 
 log = logging.getLogger("playground.ui")
@@ -38,11 +37,13 @@ MAX_SEED = 2**31 - 1
 NEW_SEED = -1   # the seed control's value for "a new seed every run"
 
 
-def make_request(limits: Limits, settings: RunSettings) -> GenerationRequest:
-    """A validated request; every problem is a PlaygroundError with a one-line reason and the setting at fault."""
+def make_request(limits: Limits, settings: RunSettings, engine: Engine) -> GenerationRequest:
+    """A validated request for `engine`; every problem is a PlaygroundError with a one-line reason and the
+    setting at fault."""
     prompt, system = settings.prompt or "", settings.system or ""
-    if settings.drafter not in NAMES:   # the page never loads a checkpoint from a path it is given
-        raise PlaygroundError(f"unknown drafter {settings.drafter!r}; choose {', '.join(NAMES)}", "drafter")
+    if settings.drafter not in engine.drafter_names:   # the page never loads a checkpoint from a path it is given
+        raise PlaygroundError(f"unknown drafter {settings.drafter!r}; this backend runs "
+                              f"{', '.join(engine.drafter_names)}", "drafter")
     if settings.draft not in DRAFT_MODES:
         raise PlaygroundError(f"draft must be {' or '.join(map(repr, DRAFT_MODES))}, got {settings.draft!r}", "draft")
     if len(prompt) > limits.max_prompt_chars:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -14,23 +14,28 @@ from playground.engines.events import StepEvent
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.client import Server, VLLMEngine
-from playground.engines.vllm.launch import LaunchConfig, Launched, env_server_args
+from playground.engines.vllm.launch import (EAGLE3_METHOD, NGRAM_METHOD, LaunchConfig, Launched, ServerSpec,
+                                           env_server_args)
 from playground.errors import PlaygroundError
 from playground.model.drafter import save_drafter
 from playground.model.target import embedded_target_folder
-from playground.model.variants import NAMES, NONE, SHIPPED, shipped_path
+from playground.model.variants import NONE, SHIPPED, bad_name, shipped_path
 
+MAX_LAUNCH_K = 16
 VLLM_MAX_CONTEXT = 8192  # the embedded target's own; long-context benchmark prompts reach about 4.1k tokens
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to start: the embedded target with the shipped drafters (the default), or any model
-    with the drafters given for it (a folder or hub id each); a server without speculation too."""
+    with the servers given for it; a server without speculation too."""
     model: str | None = None                  # None: the embedded SmolLM2
-    drafters: tuple[str, ...] = ()            # NAME=FOLDER_OR_HUB_ID
-    k: int = 5
+    drafters: tuple[str, ...] = ()            # NAME=SOURCE[:k=N][:lookup=MIN-MAX], see parse_launch_entry
+    k: int = 5                                # drafts per step where an entry does not say
     server_args: tuple[str, ...] = ()         # passed on to every `vllm serve`
+
+
+LAUNCH_ENTRY = "NAME=SOURCE[:k=N][:lookup=MIN-MAX]"
 
 
 def drafter_folder(engine: ReferenceEngine, name: str) -> tuple[Path, bool]:
@@ -45,13 +50,21 @@ def drafter_folder(engine: ReferenceEngine, name: str) -> tuple[Path, bool]:
     return folder, False
 
 
-def parse_pairs(specs: list[str] | tuple[str, ...], flag: str, names: tuple[str, ...], value: str) -> dict[str, str]:
-    """`NAME=VALUE` pairs, e.g. eagle3.1=http://127.0.0.1:8101."""
+def parse_name(spec: str, flag: str, value: str) -> tuple[str, str]:
+    """`NAME=VALUE` as (name, value), e.g. eagle3.1=http://127.0.0.1:8101."""
+    name, sep, given = spec.partition("=")
+    if not sep or not name or not given:
+        raise PlaygroundError(f"bad {flag} {spec!r}: use NAME={value}")
+    if why := bad_name(name):
+        raise PlaygroundError(f"bad {flag} {spec!r}: {why}")
+    return name, given
+
+
+def parse_pairs(specs: list[str] | tuple[str, ...], flag: str, value: str) -> dict[str, str]:
+    """`NAME=VALUE` pairs by name; a name given twice is an error."""
     pairs = {}
     for spec in specs:
-        name, sep, given = spec.partition("=")
-        if not sep or name not in names or not given:
-            raise PlaygroundError(f"bad {flag} {spec!r}: use NAME={value} with NAME one of {', '.join(names)}")
+        name, given = parse_name(spec, flag, value)
         if name in pairs:
             raise PlaygroundError(f"{flag} names {name} twice")
         pairs[name] = given
@@ -59,43 +72,97 @@ def parse_pairs(specs: list[str] | tuple[str, ...], flag: str, names: tuple[str,
 
 
 def parse_urls(specs: list[str]) -> list[Server]:
-    urls = parse_pairs(specs, "--vllm-url", NAMES, "URL")
+    urls = parse_pairs(specs, "--vllm-url", "URL")
     for name, url in urls.items():
         if not url.startswith(("http://", "https://")):
             raise PlaygroundError(f"bad --vllm-url {name}={url}: the URL starts with http:// or https://")
     return [Server(name, url.rstrip("/")) for name, url in urls.items()]
 
 
-def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str, ...]) -> LaunchConfig:
-    """One server per drafter in `names` (a given checkpoint, else the shipped one for the embedded
-    target; another model has only the drafters given), and one without speculation when `names` has none."""
-    given = parse_pairs(spec.drafters, "--vllm-drafter", tuple(SHIPPED), "FOLDER_OR_HUB_ID")
-    baseline = {NONE: (None, False)} if NONE in names else {}
+def parse_launch_entry(entry: str, k: int) -> tuple[str, ServerSpec]:
+    """One --vllm-drafter entry: SOURCE is `ngram` (prompt lookup), `none` (no speculation), a shipped
+    drafter's name (eagle3, eagle3.1: the embedded target's) or an EAGLE-3 drafter's folder or hub id;
+    `:k=N` sets its drafts per step, `:lookup=MIN-MAX` the n-gram sizes ngram matches."""
+    flag = "--vllm-drafter"
+    name, value = parse_name(entry, flag, "SOURCE[:k=N][:lookup=MIN-MAX]")
+    source, *options = value.split(":")
+    settings = {}
+    for option in options:
+        key, sep, given = option.partition("=")
+        if key not in ("k", "lookup") or not sep or key in settings:
+            raise PlaygroundError(f"bad {flag} {entry!r}: after the source come :k=N and (ngram) :lookup=MIN-MAX")
+        settings[key] = given
+    if "k" in settings:
+        if not settings["k"].isdigit() or not 1 <= int(settings["k"]) <= MAX_LAUNCH_K:
+            raise PlaygroundError(f"bad {flag} {entry!r}: k is a whole number from 1 to {MAX_LAUNCH_K}")
+        k = int(settings["k"])
+    lookup = None
+    if "lookup" in settings:
+        low, _, high = settings["lookup"].partition("-")
+        if source != NGRAM_METHOD or not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+            raise PlaygroundError(f"bad {flag} {entry!r}: lookup=MIN-MAX (1 <= MIN <= MAX) is for ngram")
+        lookup = (int(low), int(high))
+    if source == NGRAM_METHOD:
+        return name, ServerSpec(NGRAM_METHOD, k=k, lookup=lookup)
+    if source == NONE:
+        if "k" in settings:
+            raise PlaygroundError(f"bad {flag} {entry!r}: a server without speculation has no k")
+        return name, ServerSpec(None)
+    return name, ServerSpec(EAGLE3_METHOD, source, k)
+
+
+def launch_entries(spec: LaunchSpec) -> dict[str, ServerSpec]:
+    """The servers `spec` names: the embedded target's shipped drafters and none unless given otherwise,
+    then the entries given; another model has only the entries given and a server without speculation."""
+    given = {}
+    for entry in spec.drafters:
+        name, server = parse_launch_entry(entry, spec.k)
+        if name in given:
+            raise PlaygroundError(f"--vllm-drafter names {name} twice")
+        given[name] = server
+    shipped = {name: ServerSpec(EAGLE3_METHOD, name, spec.k) for name in SHIPPED} if spec.model is None else {}
+    for name, server in given.items():
+        if server.source in SHIPPED and spec.model is not None:
+            raise PlaygroundError(f"--vllm-drafter {name}={server.source}: the shipped drafters are the embedded "
+                                  "target's; another model needs its own drafter's folder or hub id")
+    none = {} if any(s.method is None for s in given.values()) else {NONE: ServerSpec(None)}
+    return {**{n: s for n, s in shipped.items() if n not in given}, **given, **none}
+
+
+def planned_names(spec: LaunchSpec) -> tuple[str, ...]:
+    """The names of the servers `spec` starts (they start in this order)."""
+    return tuple(launch_entries(spec))
+
+
+def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str, ...] | None = None) -> LaunchConfig:
+    """The servers of `spec` (all of them, or those in `names`), a shipped drafter's name resolved to its
+    checkpoint (or the seeded random drafter standing in for it)."""
+    entries = launch_entries(spec)
+    if spec.model is not None and all(s.method is None for s in entries.values()) and set(names or ()) != {NONE}:
+        raise PlaygroundError(f"--vllm-model needs a drafter to compare: --vllm-drafter {LAUNCH_ENTRY}")
+    if names is not None:
+        unknown = [n for n in names if n not in entries]
+        if unknown:
+            raise PlaygroundError(f"no server to start for {', '.join(unknown)}: --launch starts "
+                                  f"{', '.join(entries)}; add one with --vllm-drafter {LAUNCH_ENTRY}")
+        entries = {n: entries[n] for n in names}
+    servers = {}
+    for name, server in entries.items():
+        if server.source in SHIPPED:
+            folder, trained = drafter_folder(reference, server.source)
+            server = replace(server, source=str(folder), trained=trained)
+        servers[name] = server
     if spec.model is None:
-        drafters = {}
-        for name in names:
-            if name in given:
-                drafters[name] = (given[name], True)
-            elif name != NONE:
-                folder, trained = drafter_folder(reference, name)
-                drafters[name] = (str(folder), trained)
-        return LaunchConfig(target=str(embedded_target_folder()), k=spec.k, max_model_len=VLLM_MAX_CONTEXT,
-                            drafters={**drafters, **baseline},
+        return LaunchConfig(target=str(embedded_target_folder()), servers=servers, max_model_len=VLLM_MAX_CONTEXT,
                             extra_args=env_server_args() + spec.server_args)
-    drafters = {name: (source, True) for name, source in given.items() if name in names}
-    if not drafters and set(names) != {NONE}:
-        raise PlaygroundError(f"--vllm-model needs a drafter for {' or '.join(n for n in names if n != NONE)}: "
-                              "--vllm-drafter NAME=FOLDER_OR_HUB_ID")
-    return LaunchConfig(target=spec.model, served_name=Path(spec.model.rstrip("/")).name, k=spec.k,
-                        drafters={**drafters, **baseline}, dtype=None, max_model_len=None,
-                        extra_args=env_server_args() + spec.server_args)
+    return LaunchConfig(target=spec.model, served_name=Path(spec.model.rstrip("/")).name, servers=servers,
+                        dtype=None, max_model_len=None, extra_args=env_server_args() + spec.server_args)
 
 def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: LaunchSpec | None,
-                 names: tuple[str, ...] = NAMES, status: Callable[[str], None] = print,
+                 names: tuple[str, ...] | None = None, status: Callable[[str], None] = print,
                  ports: dict[str, int] | None = None) -> tuple[VLLMEngine, Launched | None]:
-    """The vLLM engine over the servers at `urls` (NAME=URL), or over servers it starts (the embedded
-    target: one per name in `names`; another model: one per drafter given and one without speculation)
-    on free local ports, or on `ports[name]` as given."""
+    """The vLLM engine over the servers at `urls` (NAME=URL), or over servers it starts (those of
+    `launch`, or only those in `names`) on free local ports, or on `ports[name]` as given."""
     launched = None
     if launch is not None:
         launched = Launched(launch_config(reference, launch, names), status, ports)

@@ -32,12 +32,13 @@ from playground.engines.vllm.introspect import ServerInfo, inspect_server
 from playground.engines.vllm.probe import ProbedRequest
 from playground.engines.vllm.tokens import ServerTokenizer
 from playground.errors import PlaygroundError
-from playground.model.variants import NONE
+from playground.model.variants import NONE, SHIPPED
 
 log = logging.getLogger("playground.vllm")
 OBSERVED = ("counts",)          # the server reported every step's counts
 OBSERVED_CHUNKS = ("chunks",)   # it did not: steps are the stream's chunks, counts estimated from them
 FINISH = {"stop": "eos", "length": "length"}
+DRAFTER_MODELS = ("eagle3",)   # methods whose drafter's internals the probe measures; it sees every method's drafts
 
 
 def chains_only(request: GenerationRequest) -> None:
@@ -48,8 +49,8 @@ def chains_only(request: GenerationRequest) -> None:
 
 @dataclass(frozen=True)
 class Server:
-    """A vLLM server given the runs of one drafter."""
-    drafter: str                 # eagle3 | eagle3.1 | none: the part it plays in a comparison
+    """A vLLM server, named for the runs it serves."""
+    drafter: str                 # its name: any (variants.NAME); eagle3, eagle3.1 and none claim what it runs
     url: str                     # e.g. http://127.0.0.1:8101
     source: str = ""             # the drafter checkpoint, when this playground started the server
     trained: bool = True
@@ -192,14 +193,17 @@ class VLLMEngine:
         if server.drafter == NONE and info.speculative:
             raise PlaygroundError(f"the server for 'none' at {server.url} speculates (k = {info.k}); the baseline "
                                   "must be a server without --speculative-config")
-        if server.drafter != NONE and not info.speculative:
+        if server.drafter in SHIPPED and not info.speculative:
             raise PlaygroundError(f"the server for {server.drafter} at {server.url} runs without speculation: "
-                                  "start it with --speculative-config, or name it none")
+                                  "start it with --speculative-config, or name it otherwise (none: the baseline)")
         return Connection(server, info, ServerTokenizer(server.url, info.model, self.client))
 
     def drafter_info(self, name: str) -> DrafterInfo:
+        """What the server runs: its variant is none, eagle3, eagle3.1, vLLM's method (ngram, ...), or
+        "unknown" where the server does not say."""
         s, info = self.server(name), self.connection(name).info
-        return DrafterInfo(name, name, s.source or info.drafter_source or "not published by the server",
+        source = s.source or info.drafter_source or (info.method if info.speculative else "")
+        return DrafterInfo(name, info.variant or "unknown", source or "not published by the server",
                            trained=s.trained)
 
     def check(self, request: GenerationRequest) -> None:
@@ -215,9 +219,12 @@ class VLLMEngine:
     def limitations(self, drafter: str) -> str:
         c = self.connection(drafter)
         notes = [f"Served by vLLM: {c.info.describe()}."]
-        if drafter == NONE:
+        if not c.info.speculative:
             return notes[0]
-        if c.info.probe:
+        if c.info.probe and c.info.method not in (None, *DRAFTER_MODELS):
+            notes.append(f"The server's probe reports each step's drafts, rejected ones included; {c.info.method} "
+                         "drafting runs no drafter model, so there are no probabilities, attention or fed-back state.")
+        elif c.info.probe:
             notes.append("The server's probe reports each step's drafts, rejected ones included, the drafter's "
                          "probabilities, its attention and the fed-back RMS as the answer streams.")
         else:

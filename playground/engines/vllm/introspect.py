@@ -4,21 +4,27 @@ Every server tells its served name, the model it loaded and its context (`/v1/mo
 whether it speculates and with how many draft positions (the spec-decode counters of
 `/metrics`). Which drafter it runs, and whether it reports per-step counts, only a server
 started with VLLM_SERVER_DEV_MODE=1 publishes (`/server_info`); the launcher starts its own
-servers so. What a server does not publish stays None, and the page says so.
+servers so. An EAGLE-3 drafter is EAGLE 3 or EAGLE 3.1 by the switches of its config.json, read
+where this machine can read it (its folder, or the Hugging Face cache). What a server does not
+publish stays None, and the page says so.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
-from pathlib import PurePosixPath
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
 
 import httpx
 
 from playground.engines.vllm.api import call, call_json
 from playground.engines.vllm.probe import probe_version
 from playground.errors import PlaygroundError
+from playground.model.drafter import variant_of
+from playground.model.variants import NONE
 
+EAGLE_METHODS = ("eagle3",)   # vLLM's method for EAGLE-3 drafters, whichever format their checkpoint has
 DRAFT_POSITION = re.compile(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{.*position="(\d+)"')
 
 
@@ -32,6 +38,7 @@ class ServerInfo:
     k: int | None            # draft positions, when it speculates
     config: dict | None      # /server_info's vllm_config, when published
     probe: str | None = None  # the eagle_probe plugin's version, when the server runs it
+    switches: tuple[bool, bool] | None = None   # the EAGLE-3 drafter's (fc_norm, norm_output), when readable
 
     @property
     def target(self) -> str:
@@ -40,12 +47,28 @@ class ServerInfo:
         return PurePosixPath(self.root.rstrip("/")).name or self.root
 
     @property
+    def speculative_config(self) -> dict:
+        return (self.config or {}).get("speculative_config") or {}
+
+    @property
     def drafter_source(self) -> str | None:
-        return ((self.config or {}).get("speculative_config") or {}).get("model")
+        """The drafter's folder or hub id (None for methods without a model, which vLLM names by the method)."""
+        model = self.speculative_config.get("model")
+        return model if model != self.method else None
 
     @property
     def method(self) -> str | None:
-        return ((self.config or {}).get("speculative_config") or {}).get("method")
+        return self.speculative_config.get("method")
+
+    @property
+    def variant(self) -> str | None:
+        """none, eagle3 or eagle3.1 (by the drafter's switches), or vLLM's method (ngram, ...); None for
+        a drafter the server does not describe."""
+        if not self.speculative:
+            return NONE
+        if self.method in EAGLE_METHODS:
+            return variant_of(*self.switches) if self.switches else None
+        return self.method
 
     @property
     def reports_steps(self) -> bool | None:
@@ -59,7 +82,10 @@ class ServerInfo:
         if not self.speculative:
             drafting = "no speculation"
         else:
-            drafter = (f"{self.method} drafter {self.drafter_source}" if self.drafter_source
+            lookup = [self.speculative_config.get(f"prompt_lookup_{end}") for end in ("min", "max")]
+            drafter = (f"{self.variant or self.method} drafter {self.drafter_source}" if self.drafter_source
+                       else f"n-gram prompt lookup ({lookup[0]}-{lookup[1]} tokens)" if self.method == "ngram"
+                       else f"{self.method} drafting" if self.method
                        else "a drafter it does not name (start it with VLLM_SERVER_DEV_MODE=1 to publish it)")
             drafting = f"{drafter}, k = {self.k}"
         probe = f"; eagle_probe {self.probe}" if self.probe else ""
@@ -83,7 +109,31 @@ def inspect_server(url: str, client: httpx.Client) -> ServerInfo:
         config = None
     k = ((config or {}).get("speculative_config") or {}).get("num_speculative_tokens") or (
         max(positions) + 1 if positions else None)
-    return ServerInfo(url=url, model=card["id"], root=str(card.get("root") or card["id"]),
+    info = ServerInfo(url=url, model=card["id"], root=str(card.get("root") or card["id"]),
                       max_model_len=int(card.get("max_model_len") or 0), speculative=speculative,
                       k=k if speculative else None, config=config if isinstance(config, dict) else None,
                       probe=probe_version(client, url))
+    if info.speculative and info.method in EAGLE_METHODS and isinstance(info.drafter_source, str):
+        return replace(info, switches=drafter_switches(info.drafter_source))
+    return info
+
+
+def drafter_switches(source: str) -> tuple[bool, bool] | None:
+    """(fc_norm, norm_output) from the config.json of the drafter `source` (a folder, or a hub id in the
+    Hugging Face cache), in the plain or the speculators format; None where it cannot be read here."""
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(source, "config.json")
+        except Exception:   # not a hub id
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return (bool(data.get("fc_norm")), bool(data.get("norm_output"))) if isinstance(data, dict) else None

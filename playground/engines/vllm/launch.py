@@ -22,7 +22,6 @@ from typing import Callable
 from playground.engines.vllm.client import Server
 from playground.errors import PlaygroundError
 from playground.local_server import ServerProcess, answers, pick_port
-from playground.model.variants import NONE
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -30,12 +29,34 @@ DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 SERVERS_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / "playground-vllm-servers.json"
 
 
+EAGLE3_METHOD, NGRAM_METHOD = "eagle3", "ngram"   # vLLM's names; EAGLE 3.1 drafters run as eagle3
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How one server speculates: an EAGLE-3 drafter (EAGLE 3 or 3.1), n-gram prompt lookup, or not at all."""
+    method: str | None                  # EAGLE3_METHOD, NGRAM_METHOD, or None: no speculation
+    source: str | None = None           # the drafter's folder or hub id (EAGLE3_METHOD)
+    k: int = 5
+    trained: bool = True                # False: a seeded random drafter standing in for a missing checkpoint
+    lookup: tuple[int, int] | None = None   # n-gram sizes matched in the context (None: vLLM's defaults)
+
+    def speculative_config(self) -> dict | None:
+        if self.method is None:
+            return None
+        config = {"method": self.method, "num_speculative_tokens": self.k}
+        if self.source is not None:
+            config["model"] = self.source
+        if self.lookup is not None:
+            config["prompt_lookup_min"], config["prompt_lookup_max"] = self.lookup
+        return config
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     target: str                                    # a model folder, or a hub id vLLM downloads
-    drafters: dict[str, tuple[str | None, bool]]   # name -> (checkpoint folder or hub id, trained); NONE -> None
+    servers: dict[str, ServerSpec]                 # name -> how it speculates
     served_name: str = "smollm2"
-    k: int = 5
     base_port: int = 8101
     # the vLLM interpreter and extra server flags may come from the environment (the GPU image sets
     # PLAYGROUND_VLLM_ARGS="--dtype bfloat16 --gpu-memory-utilization 0.28" for three servers on one GPU)
@@ -59,10 +80,9 @@ def server_command(config: LaunchConfig, name: str, port: int) -> list[str]:
            "--served-model-name", config.served_name, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--dtype", config.dtype] if config.dtype else []
     cmd += ["--max-model-len", str(config.max_model_len)] if config.max_model_len else []
-    if name != NONE:   # vLLM refuses per-request spec-decode metrics without speculation
-        source, _ = config.drafters[name]
-        spec = {"method": "eagle3", "model": source, "num_speculative_tokens": config.k}
-        cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
+    speculative = config.servers[name].speculative_config()
+    if speculative is not None:   # vLLM refuses per-request spec-decode metrics without speculation
+        cmd += ["--speculative-config", json.dumps(speculative), "--per-request-spec-decode-metrics", "detailed"]
     return cmd + list(config.extra_args)   # last, so that they override the flags above
 
 
@@ -94,7 +114,7 @@ def check_available(source: str, what: str) -> None:
 
 
 class Launched:
-    """Running servers, one per drafter, each on its own free local port; `stop()` (also run at exit)
+    """Running servers, one per name, each on its own free local port; `stop()` (also run at exit)
     terminates them."""
 
     def __init__(self, config: LaunchConfig, status: Callable[[str], None] = print,
@@ -103,9 +123,9 @@ class Launched:
             raise PlaygroundError(f"no vLLM interpreter at {config.python}: run `bash scripts/setup-vllm.sh --cpu` "
                                   "(or --gpu), or pass its python")
         check_available(config.target, "model")
-        for name, (source, _) in config.drafters.items():
-            if source is not None:
-                check_available(source, f"{name} drafter")
+        for name, spec in config.servers.items():
+            if spec.source is not None:
+                check_available(spec.source, f"{name} drafter")
         self.config = config
         self.processes: dict[str, ServerProcess] = {}
         # vLLM 0.32 never loads its AOT compile cache back ("'function' object has no attribute
@@ -120,7 +140,7 @@ class Launched:
                "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
         atexit.register(self.stop)
         taken: set[int] = set()
-        for i, name in enumerate(config.drafters):
+        for i, name in enumerate(config.servers):
             port = (ports or {}).get(name) or pick_port(config.base_port + i, avoid=frozenset(taken))
             taken.add(port)
             server = ServerProcess(f"vllm-{name}", partial(server_command, config, name), Path(config.log_dir),
@@ -149,8 +169,8 @@ class Launched:
         return self.servers()
 
     def servers(self) -> list[Server]:
-        return [Server(name, process.url, source=self.config.drafters[name][0] or "",
-                       trained=self.config.drafters[name][1]) for name, process in self.processes.items()]
+        return [Server(name, process.url, source=self.config.servers[name].source or "",
+                       trained=self.config.servers[name].trained) for name, process in self.processes.items()]
 
     def stop(self) -> None:
         """Terminate each server's whole process group (the API server and its engine process)."""
