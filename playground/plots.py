@@ -106,9 +106,12 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
 
 
 def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
-    """Drafter attention mass on the sink tokens (solid) and on its own drafts (dotted)."""
+    """Drafter attention mass on the sink tokens (solid) and on its own drafts (dotted); a run that
+    measured none (no drafter model, or a server without the probe) has no line."""
     fig = go.Figure()
     for name, s in runs.items():
+        if not s.mean_sink_attention:
+            continue
         shade, samples = color(name), s.drafting_steps_by_depth
         fig.add_scatter(x=_depths(s.mean_sink_attention), y=list(s.mean_sink_attention), mode="lines+markers",
                         line=dict(color=shade), marker=_markers(shade, samples),
@@ -127,6 +130,8 @@ def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
     drafter), the hover says n and thin points are hollow."""
     fig, samples = go.Figure(), samples or {}
     for name, values in series.items():
+        if not values:   # nothing measured: no empty entry in the legend
+            continue
         shade, counts = color(name), samples.get(name)
         fig.add_scatter(x=_depths(values), y=list(values), mode="lines+markers", line=dict(color=shade),
                         marker=_markers(shade, counts), **_drafter_traces(name, y_title, counts))

@@ -5,6 +5,7 @@ a baseline without speculation, with overlaid plots and a summary table."""
 from __future__ import annotations
 
 import random
+from functools import partial
 from dataclasses import replace
 from typing import Iterator, Mapping, Sequence
 
@@ -15,10 +16,11 @@ from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
 from playground.errors import PlaygroundError
-from playground.model.variants import EAGLE31, NONE, run_name
+from playground.model.variants import NONE, run_name
 from playground.ui import render, unchecked
-from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_pair, drafter_choices, follow_backend,
-                                    preset_dropdown, prompt_box, run_note, settings_panel, wire_presets)
+from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_drafter, default_pair, drafter_choices,
+                                    follow_backend, preset_dropdown, prompt_box, run_note, settings_panel,
+                                    wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, stream_handler)
 from playground.ui.explainer import STORED_RESULTS
@@ -56,6 +58,13 @@ def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSett
         pair = [settings.lane(name, settings.draft) if name else None for name in columns]
     baseline = baseline_name(settings, available, columns) if settings.with_none else ""
     return pair + [settings.lane(baseline, "chain") if baseline else None]
+
+
+def run_choices(engine: Engine, slot: str) -> list[tuple[str, str]]:
+    """A run control's choices on `engine`: its default (what the empty value resolves to), then every name."""
+    names = engine.drafter_names
+    resolved = (NONE if NONE in names else "") if slot == "baseline" else default_pair(names)[slot == "second"]
+    return with_default(drafter_choices(engine), resolved)
 
 
 def baseline_name(settings: CompareSettings, available: tuple[str, ...], columns: tuple[str, ...]) -> str:
@@ -131,35 +140,31 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)",
                                      min_width=160)
     first_engine = next(iter(backends.values()))
-    names, pair = first_engine.drafter_names, default_pair(first_engine.drafter_names)
+    pick = lambda names, current: current if current in names else ""
     with gr.Row():
-        c["first"] = unchecked.Dropdown(drafter_choices(first_engine), value=pair[0], label="first", min_width=120,
-                                        elem_id="cmp-first")
-        c["second"] = unchecked.Dropdown(drafter_choices(first_engine), value=pair[1], label="second", min_width=120,
-                                         elem_id="cmp-second")
-        c["drafter"] = unchecked.Dropdown(drafter_choices(first_engine), value=EAGLE31 if EAGLE31 in names else pair[0],
-                                          label="drafter (chain vs tree)", visible=False, min_width=120,
-                                          elem_id="cmp-drafter")
-        c["baseline"] = unchecked.Dropdown(drafter_choices(first_engine), value=NONE if NONE in names else None,
-                                           label="baseline (without speculation)", min_width=120,
-                                           elem_id="cmp-baseline")
+        for slot in ("first", "second", "baseline"):
+            c[slot] = unchecked.Dropdown(run_choices(first_engine, slot), value="", min_width=120,
+                                         label="baseline (without speculation)" if slot == "baseline" else slot,
+                                         elem_id=f"cmp-{slot}")
+        c["drafter"] = unchecked.Dropdown(drafter_choices(first_engine), label="drafter (chain vs tree)",
+                                          value=default_drafter(first_engine.drafter_names), visible=False,
+                                          min_width=120, elem_id="cmp-drafter")
     with gr.Row():
         run = gr.Button("Compare", variant="primary", elem_id="compare-run", min_width=80)
         guided = gr.Button("See attention drift", elem_id="see-drift", min_width=80)
         stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", min_width=80)
     c |= settings_panel(limits, backends, "cmp")
-    follow_backend(c, backends, "first", lambda names, current: current if current in names else default_pair(names)[0])
-    follow_backend(c, backends, "second", lambda names, current: current if current in names else default_pair(names)[1])
-    follow_backend(c, backends, "drafter", lambda names, current: current if current in names else default_pair(names)[1])
-    follow_backend(c, backends, "baseline", lambda names, current: current if current in names
-                   else NONE if NONE in names else None)
+    for slot in ("first", "second", "baseline"):
+        follow_backend(c, backends, slot, pick, partial(run_choices, slot=slot))
+    follow_backend(c, backends, "drafter", lambda names, current: current if current in names
+                   else default_drafter(names))
     c["compare"].change(lambda mode: (gr.update(visible=mode == CHAIN_VS_TREE),
                                       *[gr.update(visible=mode != CHAIN_VS_TREE)] * 2),
                         c["compare"], [c["drafter"], c["first"], c["second"]], api_name=False, queue=False)
     answer_header("cmp")
     view = {}
     with gr.Row(equal_height=False):
-        for slot, name in zip(SLOTS, (*pair, NONE)):
+        for slot, name in zip(SLOTS, (*default_pair(first_engine.drafter_names), NONE)):
             with gr.Column():
                 view[column(slot, "heading")] = gr.Markdown(f"#### {plots.label(name)}", elem_id=f"heading-{slot}")
                 view[column(slot, "cards")] = gr.HTML(render.figures_html(None), elem_id=f"cards-{slot}")
@@ -242,7 +247,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         trigger(None, js=render.scroll_into_view_js("answer-first"), api_name=False, queue=False)
     # the settings the README's figures for the example were measured with
     example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,
-               "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS}
+               "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS,
+               "first": "", "second": "", "baseline": ""}   # EAGLE 3 and EAGLE 3.1, whatever was picked before
     guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
                  api_name=False).then(
         handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=False, concurrency_id="engine",

@@ -58,15 +58,23 @@ def default_pair(names: tuple[str, ...]) -> tuple[str, str]:
     return drafting[0], drafting[1]
 
 
+def with_default(choices: list[tuple[str, str]], resolved: str) -> list[tuple[str, str]]:
+    """`choices` led by the empty value, labelled with the name it stands for on this backend (an API
+    caller that leaves a setting out gets its control's initial value: the empty one, so that what
+    it resolves to follows the backend)."""
+    return [(f"default: {drafter_label(resolved) if resolved else 'not run'}", ""), *choices]
+
+
 def follow_backend(c: dict, backends: Mapping[str, Engine], control: str,
-                   pick: Callable[[tuple[str, ...], object], object]) -> None:
-    """Keep `c[control]` offering the drafters of the backend chosen in `c["backend_name"]`; its value
+                   pick: Callable[[tuple[str, ...], object], object],
+                   choices: Callable[[Engine], list[tuple[str, str]]] = drafter_choices) -> None:
+    """Keep `c[control]` offering `choices` of the backend chosen in `c["backend_name"]`; its value
     becomes `pick(names, current value)`."""
     def offer(name: str, current: object):
         if name not in backends:
             return gr.skip()
         engine = backends[name]
-        return gr.update(choices=drafter_choices(engine), value=pick(engine.drafter_names, current))
+        return gr.update(choices=choices(engine), value=pick(engine.drafter_names, current))
     c["backend_name"].change(offer, [c["backend_name"], c[control]], c[control], api_name=False, queue=False)
 
 

@@ -39,6 +39,7 @@ class ProbedRequest:
         self.client, self.url, self.key = client, url, uuid.uuid4().hex
         self.records: list[dict] = []
         self.fetched_at = float("-inf")
+        self.finished = False   # the probe said the request finished and gave its last records: it holds none now
 
     @property
     def body(self) -> dict:
@@ -49,7 +50,7 @@ class ProbedRequest:
 
     def fetch(self, final: bool = False) -> list[dict]:
         """The records made so far; at most every FETCH_EVERY_S while streaming, always when final."""
-        if final or time.monotonic() - self.fetched_at >= FETCH_EVERY_S:
+        if not self.finished and (final or time.monotonic() - self.fetched_at >= FETCH_EVERY_S):
             self.fetched_at = time.monotonic()
             answer = call_json(self.client, "GET", self.url, f"{PREFIX}/records/{self.key}",
                                params={"final": "true"} if final else None)
@@ -57,4 +58,5 @@ class ProbedRequest:
             if any(errors):   # refused (the probe is full), or the server schedules asynchronously
                 raise PlaygroundError(f"the probe in the vLLM server at {self.url}: {next(filter(None, errors))}")
             self.records += answer.get("records") or []
+            self.finished = bool(answer.get("finished"))
         return self.records
