@@ -18,7 +18,7 @@ COLORS = {EAGLE31: "#2563eb", EAGLE3: "#ea580c", NONE: "#6b7280"}
 TREE_COLOR = "#7c3aed"       # a run that drafts trees beside the same drafter's chain
 # other names (servers named freely) take these in the order they are first drawn, and keep their
 # colour in every plot and tab from then on
-PALETTE = ("#0d9488", "#db2777", "#b45309", "#0e7490", "#15803d", "#be123c", "#4d7c0f", "#1e3a8a")
+PALETTE = ("#0d9488", "#db2777", "#65a30d", "#ca8a04", "#0891b2", "#9f1239", "#4d7c0f", "#1e293b")
 _assigned: dict[str, str] = {}
 _assigning = threading.Lock()
 FEW_SAMPLES = 5              # a mean over fewer steps than this is drawn hollow: too few to trust

@@ -195,7 +195,10 @@ def status_html(views: list[WindowView], watching: bool, error: str = "") -> str
 
 
 def server_colors(names: list[str]) -> dict[str, str]:
-    return {name: COLORS.get(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(names)}
+    """The drafters' own colours for their names; other names (typed by visitors, so kept out of the
+    app-wide colours of plots.color) take the palette in order."""
+    others = [name for name in names if name not in COLORS]
+    return {name: COLORS.get(name) or PALETTE[others.index(name) % len(PALETTE)] for name in names}
 
 
 def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tuple[go.Figure, ...]:
@@ -236,7 +239,7 @@ def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tu
                                 marker=dict(symbol="x", size=10, color=color), legendgroup=name,
                                 text=[v.note for _, v in marks],
                                 hovertemplate=f"{escape(name)}: %{{text}}<extra></extra>")
-        _style(fig, title, y_title, "time")
+        _style(fig, title, y_title, "")   # the ticks are clock times
         shown.append(fig)
     return tuple(shown)
 
