@@ -41,17 +41,17 @@ def color(name: str) -> str:
         return _assigned[drafter]
 
 
-def _layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None,
-            key: Sequence[str] = ()) -> go.Figure:
-    """`key` says what the line styles mean, a line each under the title (empty lines are left out);
-    the legend then names only drafters, one row for any number of them."""
+def layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None = None,
+           key: Sequence[str] = (), x_title: str = "draft depth", x_step: int | None = 1) -> go.Figure:
+    """The playground's plot style. `key` says what the line styles mean, a line each under the title
+    (empty lines are left out); the legend then names only drafters, one row for any number of them."""
     lines = [line for line in key if line]
     text = title + "".join(f"<br><span style='font-size:11px'>{line}</span>" for line in lines)
     fig.update_layout(title=dict(text=text, font=dict(size=14)), height=300,
                       margin=dict(l=50, r=10, t=40 + 15 * len(lines), b=40),
                       legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template="plotly_white",
                       barmode="group")
-    fig.update_xaxes(title_text="draft depth", dtick=1)
+    fig.update_xaxes(title_text=x_title, dtick=x_step)
     # without a fixed range the axis still starts at 0, so that sizes compare at a glance: a line
     # from 1.6 to 2.2 does not fill the plot as if it had grown tenfold
     fig.update_yaxes(title_text=y_title, range=y_range, rangemode="tozero")
@@ -100,7 +100,7 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
                         showlegend=False,
                         **_drafter_traces(name, "given depth d-1 accepted", s.conditional_acceptance_steps))
     samples = [n for s in runs.values() for n in (s.drafting_steps, *s.conditional_acceptance_steps)]
-    return _layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05],
+    return layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05],
                    key=("bars: drafting steps that accepted ≥ d drafts (vLLM's rule) · dashed: given d-1 accepted",
                         _few_samples_key(samples)))
 
@@ -119,7 +119,7 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
         fig.add_scatter(x=_depths(s.mean_self_attention), y=list(s.mean_self_attention), mode="lines+markers",
                         line=dict(color=shade, dash="dot"), marker=_markers(shade, samples), showlegend=False,
                         **_drafter_traces(name, "own drafts", samples))
-    return _layout(fig, "Drafter attention by depth", "attention mass",
+    return layout(fig, "Drafter attention by depth", "attention mass",
                    key=("solid: the sink tokens · dotted: its own drafts",
                         _few_samples_key(n for s in runs.values() for n in s.drafting_steps_by_depth)))
 
@@ -135,7 +135,7 @@ def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
         shade, counts = color(name), samples.get(name)
         fig.add_scatter(x=_depths(values), y=list(values), mode="lines+markers", line=dict(color=shade),
                         marker=_markers(shade, counts), **_drafter_traces(name, y_title, counts))
-    return _layout(fig, title, y_title, y_range, key=(_few_samples_key(n for c in samples.values() for n in c),))
+    return layout(fig, title, y_title, y_range, key=(_few_samples_key(n for c in samples.values() for n in c),))
 
 
 def hidden_norm(runs: Mapping[str, RunSummary]) -> go.Figure:

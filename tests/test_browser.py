@@ -363,3 +363,31 @@ def test_stop_ends_a_study_within_a_second_and_keeps_its_report(page, tmp_path):
     assert 0 < done < 200 and error_states(page) == 0
     expect(page.locator("#study-tau-plot .js-plotly-plot")).to_be_visible()
     expect(page.locator("#study-table [role=grid]")).to_have_attribute("aria-rowcount", str(done + 1))   # and a head
+
+
+def test_your_servers_reads_the_named_servers_every_few_seconds_until_stopped(page, tmp_path):
+    """A stand-in for a vLLM server's /metrics (tests/test_vllm.py watches real ones through the API):
+    Watch reads it at once, the page's timer reads it again, Stop ends the readings."""
+    from playground.ui.servers_tab import EVERY_S
+    from tests.metrics_server import MetricsServer, metrics_page
+
+    server = MetricsServer()
+    try:
+        page.get_by_role("tab", name="Your servers").click()
+        page.locator("#watch-servers textarea").fill(f"canary={server.url}")
+        server.text = metrics_page(drafts=10, accepted_by_position=(8, 4, 1), generated=40)
+        page.locator("#watch-start").click()
+        status = page.locator("#watch-status")
+        expect(status).to_contain_text("watching", timeout=20_000)
+        expect(status).to_contain_text("live")
+        server.text = metrics_page(drafts=20, accepted_by_position=(15, 9, 3), generated=90)
+        expect(status).to_contain_text("2.40", timeout=4 * EVERY_S * 1000)   # the timer's reading: tau 1 + 14/10
+        expect(page.locator("#watch-acceptance .js-plotly-plot")).to_be_visible()
+        screenshot(page, tmp_path, "your-servers-stand-in.png")
+        page.locator("#watch-stop").click()
+        expect(status).to_contain_text("stopped")
+        readings = server.requests
+        page.wait_for_timeout(1.5 * EVERY_S * 1000)
+        assert server.requests == readings, "Stop ends the readings"
+    finally:
+        server.close()

@@ -1,9 +1,7 @@
 """Reading vLLM's /metrics and the live window over it (tests/test_vllm.py checks it against real
 servers under load; these check the arithmetic and every failure, served over real HTTP)."""
 
-import http.server
 import json
-import threading
 import time
 
 import pytest
@@ -16,31 +14,7 @@ from playground.engines.vllm.watch import (BAD_METRICS, LIVE, MAX_NOTE, NO_SPECU
                                            RecentReadings, ServerWindow, Watch, parse_servers, text_table)
 from playground.errors import PlaygroundError
 from playground.ui.servers_tab import EVERY_S, PLOTS
-
-
-def metrics_page(drafts=0, accepted_by_position=(0, 0, 0), generated=0, running=0, waiting=0, started=1.7e9,
-                 engines=1, speculative=True) -> str:
-    """A /metrics page as vLLM 0.32 writes it (the lines that matter, and others around them),
-    the counts split over `engines` engines of a data-parallel server."""
-    lines = ["# HELP python_gc_objects_collected_total Objects collected during gc",
-             "# TYPE python_gc_objects_collected_total counter",
-             'python_gc_objects_collected_total{generation="0"} 1234.0',
-             f"process_start_time_seconds {started}"]
-    for engine in range(engines):
-        labels = f'engine="{engine}",model_name="smollm2 {{a}}, \\"b\\""'
-        share = lambda value: value / engines
-        lines += [f"vllm:num_requests_running{{{labels}}} {share(running)}",
-                  f"vllm:num_requests_waiting{{{labels}}} {share(waiting)}",
-                  f"vllm:generation_tokens_total{{{labels}}} {share(generated)}",
-                  f"vllm:generation_tokens_created{{{labels}}} 1.7e9"]
-        if speculative:
-            lines += [f"vllm:spec_decode_num_drafts_total{{{labels}}} {share(drafts)}",
-                      f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} "
-                      f"{share(drafts * len(accepted_by_position))}",
-                      f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {share(sum(accepted_by_position))}"]
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{d}"}} {share(a)}'
-                      for d, a in enumerate(accepted_by_position)]
-    return "\n".join(lines) + "\n"
+from tests.metrics_server import MetricsServer, metrics_page
 
 
 def test_counters_are_summed_over_engines_and_kept_by_position():
@@ -109,34 +83,6 @@ def test_a_restart_with_more_traffic_than_before_is_seen_by_its_start_time():
     window.add(5, parse_metrics(metrics_page(drafts=20, accepted_by_position=(9, 4, 1), generated=90,
                                              started=1.7e9 + 3)))
     assert window.view().state == RESTARTED and window.view().seconds == 0
-
-
-class MetricsServer:
-    """A real HTTP server answering /metrics with whatever the test sets."""
-
-    def __init__(self):
-        self.text, self.status, self.requests = metrics_page(), 200, 0
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                owner.requests += 1
-                body = owner.text.encode()
-                self.send_response(owner.status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

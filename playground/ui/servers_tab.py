@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from playground.engines.vllm.watch import (LIVE, NO_SPECULATION, RESTARTED, RecentReadings, Watch, WindowView,
                                            figure_text, parse_servers)
 from playground.errors import PlaygroundError
-from playground.plots import COLORS, PALETTE
+from playground.plots import COLORS, PALETTE, layout
 from playground.ui import unchecked
 
 EVERY_S = 5.0
@@ -212,9 +212,8 @@ def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tu
             acceptance.add_bar(x=list(range(1, len(v.acceptance) + 1)), y=list(v.acceptance), name=v.name,
                                marker_color=colors[v.name],
                                hovertemplate=f"{escape(v.name)}<br>position %{{x}}: %{{y:.3f}}<extra></extra>")
-    _style(acceptance, f"Acceptance by draft position · last {window:g} s", "accepted / drafts", "draft position",
-           [0, 1])
-    acceptance.update_xaxes(dtick=1)
+    layout(acceptance, f"Acceptance by draft position · last {window:g} s", "accepted / drafts", [0, 1],
+           x_title="draft position")
     over_time = {
         "tau": ("Tau (1 + accepted / drafts)", "tokens per step", [("tau", "solid")]),
         "draft_rates": ("Draft tokens per second: accepted (solid), drafted (dotted)", "tokens/s",
@@ -239,7 +238,7 @@ def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tu
                                 marker=dict(symbol="x", size=10, color=color), legendgroup=name,
                                 text=[v.note for _, v in marks],
                                 hovertemplate=f"{escape(name)}: %{{text}}<extra></extra>")
-        _style(fig, title, y_title, "")   # the ticks are clock times
+        layout(fig, title, y_title, x_title="", x_step=None)   # the ticks are clock times
         shown.append(fig)
     return tuple(shown)
 
@@ -247,14 +246,6 @@ def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tu
 def _marked(view: WindowView) -> bool:
     """Not live at this reading: unreachable, bad metrics, or the first reading after a restart."""
     return view.state not in (LIVE, NO_SPECULATION, RESTARTED) or (view.state == RESTARTED and view.seconds == 0)
-
-
-def _style(fig: go.Figure, title: str, y_title: str, x_title: str, y_range: list[float] | None = None) -> None:
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=300, template="plotly_white",
-                      margin=dict(l=50, r=10, t=40, b=40), barmode="group",
-                      legend=dict(orientation="h", yanchor="top", y=-0.25, font=dict(size=11)))
-    fig.update_xaxes(title_text=x_title)
-    fig.update_yaxes(title_text=y_title, range=y_range, rangemode="tozero")
 
 
 CSS = (".watch-table { font-size: 13px; border-collapse: collapse; } .watch-table td, .watch-table th "
