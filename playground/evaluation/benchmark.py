@@ -66,8 +66,7 @@ class BenchConfig:
         if missing:
             raise PlaygroundError(f"no drafter named {', '.join(missing)} here: the backend runs "
                                   f"{', '.join(engine.drafter_names)} (pick with --drafters)")
-        return replace(self, drafters=self.drafters,
-                       sweep_ks=() if vllm else self.sweep_ks, compare_generate=self.compare_generate and not vllm,
+        return replace(self, sweep_ks=() if vllm else self.sweep_ks, compare_generate=self.compare_generate and not vllm,
                        tree=None if vllm else self.tree)
 
 

@@ -5,8 +5,8 @@ a baseline without speculation, with overlaid plots and a summary table."""
 from __future__ import annotations
 
 import random
-from functools import partial
 from dataclasses import replace
+from functools import partial
 from typing import Iterator, Mapping, Sequence
 
 import gradio as gr
@@ -19,7 +19,7 @@ from playground.errors import PlaygroundError
 from playground.model.variants import NONE, run_name
 from playground.ui import render, unchecked
 from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_drafter, default_pair, drafter_choices,
-                                    follow_backend, preset_dropdown, prompt_box, run_note, settings_panel,
+                                    follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
                                     wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, stream_handler)
@@ -140,7 +140,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)",
                                      min_width=160)
     first_engine = next(iter(backends.values()))
-    pick = lambda names, current: current if current in names else ""
     with gr.Row():
         for slot in ("first", "second", "baseline"):
             c[slot] = unchecked.Dropdown(run_choices(first_engine, slot), value="", min_width=120,
@@ -155,9 +154,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", min_width=80)
     c |= settings_panel(limits, backends, "cmp")
     for slot in ("first", "second", "baseline"):
-        follow_backend(c, backends, slot, pick, partial(run_choices, slot=slot))
-    follow_backend(c, backends, "drafter", lambda names, current: current if current in names
-                   else default_drafter(names))
+        follow_backend(c, backends, slot, keep_or(lambda names: ""), partial(run_choices, slot=slot))
+    follow_backend(c, backends, "drafter", keep_or(default_drafter))
     c["compare"].change(lambda mode: (gr.update(visible=mode == CHAIN_VS_TREE),
                                       *[gr.update(visible=mode != CHAIN_VS_TREE)] * 2),
                         c["compare"], [c["drafter"], c["first"], c["second"]], api_name=False, queue=False)

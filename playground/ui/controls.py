@@ -25,8 +25,9 @@ DEFAULT_MAX_TOKENS = 128
 def run_note(engine: Engine, request: GenerationRequest) -> str:
     """What the page says above a run's answer: an untrained drafter, what the engine cannot show, the seed."""
     notes = []
-    if engine.drafter_info(request.drafter).variant != NONE:
-        if not engine.drafter_info(request.drafter).trained:
+    info = engine.drafter_info(request.drafter)
+    if info.variant != NONE:
+        if not info.trained:
             notes.append(f"{plots.label(request.drafter)} is a randomly initialised drafter: expect almost every "
                          "draft to be rejected.")
         if engine.limitations(request.drafter):
@@ -63,6 +64,11 @@ def with_default(choices: list[tuple[str, str]], resolved: str) -> list[tuple[st
     caller that leaves a setting out gets its control's initial value: the empty one, so that what
     it resolves to follows the backend)."""
     return [(f"default: {drafter_label(resolved) if resolved else 'not run'}", ""), *choices]
+
+
+def keep_or(default: Callable[[tuple[str, ...]], str]) -> Callable[[tuple[str, ...], object], object]:
+    """A `follow_backend` pick: the current value where the backend runs it, else `default(names)`."""
+    return lambda names, current: current if current in names else default(names)
 
 
 def follow_backend(c: dict, backends: Mapping[str, Engine], control: str,

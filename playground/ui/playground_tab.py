@@ -9,8 +9,8 @@ import gradio as gr
 from playground import plots
 from playground.engines.protocol import Engine
 from playground.ui import render, tree_view, unchecked
-from playground.ui.controls import (answer_header, default_drafter, drafter_choices, follow_backend, preset_dropdown, prompt_box,
-                                    run_note, settings_panel, wire_presets)
+from playground.ui.controls import (answer_header, default_drafter, drafter_choices, follow_backend, keep_or,
+                                    preset_dropdown, prompt_box, run_note, settings_panel, wire_presets)
 from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, stream_handler
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import (Limits, StopRequests, backend, failure_message, make_request,
@@ -34,8 +34,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                 run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
                 stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
             c |= settings_panel(limits, backends, "pg")
-            follow_backend(c, backends, "drafter", lambda names, current: current if current in names
-                           else default_drafter(names))
+            follow_backend(c, backends, "drafter", keep_or(default_drafter))
         with gr.Column(scale=3, min_width=300):
             answer_header("pg")
             view["answer"] = gr.HTML(render.answer_html([]), elem_id="answer",

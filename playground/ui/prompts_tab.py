@@ -29,7 +29,7 @@ from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, input_validator, named_inputs, \
     stream_handler
 from playground.ui.runs import LivePlots, Pacer, export_folder
-from playground.ui.streams import Limits, StopRequests, backend, failure_message, stop_handler
+from playground.ui.streams import Limits, StopRequests, backend, failure_message, stop_handler, unknown_drafter
 
 DEFAULT_MAX_TOKENS = 64
 FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
@@ -53,8 +53,7 @@ def study_inputs(limits: Limits, settings: StudySettings, engine: Engine) -> tup
     picked = list(settings.drafters or [])
     unknown = [d for d in picked if d not in engine.drafter_names]
     if unknown:
-        raise PlaygroundError(f"unknown drafter {unknown[0]!r}; this backend runs {', '.join(engine.drafter_names)}",
-                              "drafters")
+        raise unknown_drafter(unknown[0], engine, "drafters")
     drafters = tuple(d for d in engine.drafter_names if d in picked)
     if not drafters:
         raise PlaygroundError("pick at least one drafter", "drafters")

@@ -42,8 +42,7 @@ def make_request(limits: Limits, settings: RunSettings, engine: Engine) -> Gener
     setting at fault."""
     prompt, system = settings.prompt or "", settings.system or ""
     if settings.drafter not in engine.drafter_names:   # the page never loads a checkpoint from a path it is given
-        raise PlaygroundError(f"unknown drafter {settings.drafter!r}; this backend runs "
-                              f"{', '.join(engine.drafter_names)}", "drafter")
+        raise unknown_drafter(settings.drafter, engine, "drafter")
     if settings.draft not in DRAFT_MODES:
         raise PlaygroundError(f"draft must be {' or '.join(map(repr, DRAFT_MODES))}, got {settings.draft!r}", "draft")
     if len(prompt) > limits.max_prompt_chars:
@@ -66,6 +65,10 @@ def make_request(limits: Limits, settings: RunSettings, engine: Engine) -> Gener
                                 seed=random.randint(0, MAX_SEED) if seed == NEW_SEED else seed,
                                 tree=shape if settings.draft == "tree" else None)
     return request.validate(limits.max_tokens)
+
+
+def unknown_drafter(name: str, engine: Engine, setting: str) -> PlaygroundError:
+    return PlaygroundError(f"unknown drafter {name!r}; this backend runs {', '.join(engine.drafter_names)}", setting)
 
 
 def _label(name: str) -> str:

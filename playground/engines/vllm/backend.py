@@ -84,7 +84,7 @@ def parse_launch_entry(entry: str, k: int) -> tuple[str, ServerSpec]:
     drafter's name (eagle3, eagle3.1: the embedded target's) or an EAGLE-3 drafter's folder or hub id;
     `:k=N` sets its drafts per step, `:lookup=MIN-MAX` the n-gram sizes ngram matches."""
     flag = "--vllm-drafter"
-    name, value = parse_name(entry, flag, "SOURCE[:k=N][:lookup=MIN-MAX]")
+    name, value = parse_name(entry, flag, LAUNCH_ENTRY.partition("=")[2])
     source, *options = value.split(":")
     settings = {}
     for option in options:

@@ -28,7 +28,7 @@ from playground.engines.drafters import DrafterInfo
 from playground.engines.events import EXACT_STEPS, StepEvent
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text
-from playground.engines.vllm.introspect import ServerInfo, inspect_server
+from playground.engines.vllm.introspect import EAGLE_METHODS, ServerInfo, inspect_server
 from playground.engines.vllm.probe import ProbedRequest
 from playground.engines.vllm.tokens import ServerTokenizer
 from playground.errors import PlaygroundError
@@ -38,7 +38,6 @@ log = logging.getLogger("playground.vllm")
 OBSERVED = ("counts",)          # the server reported every step's counts
 OBSERVED_CHUNKS = ("chunks",)   # it did not: steps are the stream's chunks, counts estimated from them
 FINISH = {"stop": "eos", "length": "length"}
-DRAFTER_MODELS = ("eagle3",)   # methods whose drafter's internals the probe measures; it sees every method's drafts
 
 
 def chains_only(request: GenerationRequest) -> None:
@@ -221,7 +220,7 @@ class VLLMEngine:
         notes = [f"Served by vLLM: {c.info.describe()}."]
         if not c.info.speculative:
             return notes[0]
-        if c.info.probe and c.info.method not in (None, *DRAFTER_MODELS):
+        if c.info.probe and c.info.method not in (None, *EAGLE_METHODS):   # the probe sees every method's drafts, EAGLE's drafter too
             notes.append(f"The server's probe reports each step's drafts, rejected ones included; {c.info.method} "
                          "drafting runs no drafter model, so there are no probabilities, attention or fed-back state.")
         elif c.info.probe:
