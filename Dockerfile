@@ -43,6 +43,13 @@ COPY --chown=user app.py requirements.txt ./
 COPY --chown=user playground/ playground/
 COPY --chown=user assets/ assets/
 RUN python -c "from playground.model.target import embedded_target_folder; print(embedded_target_folder())"
+# the CPU kernels (playground/model/kernels) built into the cache with a compiler that leaves with this layer
+USER root
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ > /dev/null \
+    && python -c "from playground.model import kernels; s = kernels.status(); print(s.note); assert s.loaded" \
+    && chown -R user:user /home/user/.cache \
+    && apt-get purge -y -qq --auto-remove g++ > /dev/null && rm -rf /var/lib/apt/lists/*
+USER user
 
 EXPOSE 7860
 # the page, and with the vLLM backend each server's /health (model loading takes minutes on first start)

@@ -1,13 +1,14 @@
-"""Bias-free linear layers packed for oneDNN: the CPU decode path.
+"""Bias-free linear layers for the CPU decode path.
 
 A decode or verify forward multiplies a handful of rows by every weight matrix once, so its time
 is the time to read the weights. For so few rows PyTorch's default CPU path (MKL gemv or a small
-sgemm) reads them on one core at about a third of this machine's memory bandwidth; oneDNN's
-linear reads them on every core, and with the weight reordered into its blocked layout for a
-batch of a few rows, a verify block of 6 tokens costs about what 1 token does. Projections of the
-same input (q, k, v; gate, up) pack into one matrix: fewer and larger calls. Where oneDNN cannot
-run (CUDA, other dtypes) a PackedLinear is plain F.linear. Drafters run in bf16 where oneDNN
-has it natively (drafting_dtype).
+sgemm) reads them on one core at about a third of this machine's memory bandwidth. In float32 our
+own kernel (kernels/rows_linear.cpp) reads them on every core near the memory's speed, up to
+ROWS_KERNEL_MAX rows, and MKL's sgemm takes longer inputs (prompts); where our kernels do not run,
+oneDNN's linear does, with the weight reordered into its blocked layout for a few rows. Projections
+of the same input (q, k, v; gate, up) pack into one matrix: fewer and larger calls. Elsewhere (CUDA,
+other dtypes) a PackedLinear is plain F.linear. Drafters run in bf16 where oneDNN has it natively
+(drafting_dtype).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from playground.model import kernels
+
+# beyond this many rows a prompt's projections are compute-bound: MKL's sgemm does them faster
+ROWS_KERNEL_MAX = 64
 # the row count oneDNN lays the weights out for; any count runs, 1-16 rows all about as fast
 LAYOUT_ROWS = 8
 
@@ -29,6 +34,11 @@ def _onednn_packs(weight: torch.Tensor) -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+def _rows_kernel_runs(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % 8 == 0
+            and kernels.status().loaded)
+
+
 class PackedLinear(nn.Module):
     """x @ cat(weights).T for inference; `split` gives one output per weight."""
 
@@ -37,11 +47,15 @@ class PackedLinear(nn.Module):
         weight = torch.cat([w.detach() for w in weights])
         self.split_sizes = [w.shape[0] for w in weights]
         self.out_features, self.in_features = weight.shape
-        self.onednn = _onednn_packs(weight)
+        self.rows_kernel = _rows_kernel_runs(weight)
+        self.onednn = not self.rows_kernel and _onednn_packs(weight)
         # a plain attribute: an opaque oneDNN tensor is neither a parameter nor movable by .to()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_ROWS) if self.onednn else weight
+        self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_ROWS) if self.onednn
+                       else weight.contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rows_kernel and x.numel() <= ROWS_KERNEL_MAX * self.in_features:
+            return torch.ops.playground.rows_linear(x, self.weight)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         return F.linear(x, self.weight)

@@ -1,0 +1,103 @@
+// y = x @ w.T for a few rows of x (decode: 1, verify: k + 1), float32, AVX2 + FMA.
+//
+// A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
+// of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
+// both cores take half the weight rows, and every output is the same 8-lane dot product whatever
+// the number of rows: a row's result does not depend on the rows beside it.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+namespace {
+
+constexpr int64_t kLanes = 8;
+constexpr int64_t kMaxRowsPerPass = 6;
+constexpr int64_t kAhead = 1024;  // floats: 4 KiB
+
+inline float lane_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// ROWS rows of x against COLS weight rows starting at n: ROWS * COLS dot products of length k.
+template <int ROWS, int COLS>
+inline void tile(const float* x, int64_t x_stride, const float* w, int64_t k, float* y, int64_t y_stride,
+                 int64_t n) {
+  __m256 acc[ROWS][COLS];
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
+  const float* wn = w + n * k;
+  for (int64_t i = 0; i < k; i += kLanes) {
+    if constexpr (COLS > 1)  // the weights a few tiles on: their memory latency hides behind this tile's work
+      for (int c = 0; c < COLS; c += 2) _mm_prefetch(reinterpret_cast<const char*>(wn + kAhead + COLS * i + 8 * c), _MM_HINT_T0);
+    __m256 wv[COLS];
+    for (int c = 0; c < COLS; ++c) wv[c] = _mm256_loadu_ps(wn + c * k + i);
+    for (int r = 0; r < ROWS; ++r) {
+      __m256 xv = _mm256_loadu_ps(x + r * x_stride + i);
+      for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < COLS; ++c) y[r * y_stride + n + c] = lane_sum(acc[r][c]);
+}
+
+template <int ROWS>
+void pass(const float* x, int64_t k, const float* w, float* y, int64_t n_out, int64_t begin, int64_t end) {
+  constexpr int COLS = ROWS <= 2 ? 4 : 2;
+  int64_t n = begin;
+  for (; n + COLS <= end; n += COLS) tile<ROWS, COLS>(x, k, w, k, y, n_out, n);
+  for (; n < end; ++n) tile<ROWS, 1>(x, k, w, k, y, n_out, n);
+}
+
+// Weight rows [begin, end) against every row of x, in blocks of weight rows that stay in L2 while
+// each group of up to six rows of x passes over them: the weights stream from memory once.
+void rows_pass(int64_t rows, const float* x, int64_t k, const float* w, float* y, int64_t n_out,
+               int64_t begin, int64_t end) {
+  const int64_t block = std::max<int64_t>(4, (256 * 1024 / 4) / k);
+  for (int64_t n = begin; n < end; n += block) {
+    const int64_t stop = std::min(n + block, end);
+    for (int64_t r = 0; r < rows; r += kMaxRowsPerPass) {
+      const float* xr = x + r * k;
+      float* yr = y + r * n_out;
+      switch (std::min(kMaxRowsPerPass, rows - r)) {
+        case 1: pass<1>(xr, k, w, yr, n_out, n, stop); break;
+        case 2: pass<2>(xr, k, w, yr, n_out, n, stop); break;
+        case 3: pass<3>(xr, k, w, yr, n_out, n, stop); break;
+        case 4: pass<4>(xr, k, w, yr, n_out, n, stop); break;
+        case 5: pass<5>(xr, k, w, yr, n_out, n, stop); break;
+        default: pass<6>(xr, k, w, yr, n_out, n, stop); break;
+      }
+    }
+  }
+}
+
+at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_linear: float32 only");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "rows_linear: w must be a contiguous [n, k] matrix");
+  const int64_t k = w.size(1), n_out = w.size(0);
+  TORCH_CHECK(x.size(-1) == k && k % kLanes == 0, "rows_linear: x's last dimension must be w's, a multiple of 8");
+  at::Tensor xs = x.reshape({-1, k}).contiguous();
+  const int64_t rows = xs.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n_out;
+  at::Tensor y = at::empty({rows, n_out}, x.options());
+  const float* xp = xs.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  // grain: at least 64 weight rows a task, so a small matrix is not split into slivers
+  at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) {
+    rows_pass(rows, xp, k, wp, yp, n_out, begin, end);
+  });
+  return y.view(shape);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(playground, m) { m.def("rows_linear(Tensor x, Tensor w) -> Tensor"); }
+TORCH_LIBRARY_IMPL(playground, CPU, m) { m.impl("rows_linear", rows_linear); }

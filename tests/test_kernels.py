@@ -1,0 +1,72 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from playground.model import kernels
+from playground.model.packed_linear import ROWS_KERNEL_MAX, PackedLinear
+
+
+def test_the_kernels_build_and_load_here():
+    # the figures in docs/performance.md are this kernel's: a silent fallback would make them false
+    assert kernels.status().loaded, kernels.status().note
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 13])
+@pytest.mark.parametrize("n", [1, 4, 13, 200])
+def test_rows_linear_is_x_times_w_transposed(rows, n):
+    torch.manual_seed(rows * 1000 + n)
+    x, w = torch.randn(rows, 48), torch.randn(n, 48)
+    torch.testing.assert_close(torch.ops.playground.rows_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    torch.manual_seed(0)
+    x, w = torch.randn(1, 13, 576), torch.randn(1000, 576)
+    together = torch.ops.playground.rows_linear(x, w)
+    assert together.shape == (1, 13, 1000)
+    alone = torch.cat([torch.ops.playground.rows_linear(x[:, i:i + 1], w) for i in range(13)], dim=1)
+    assert torch.equal(together, alone)
+
+
+def test_rows_linear_refuses_what_it_cannot_compute():
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        torch.ops.playground.rows_linear(torch.randn(1, 12), torch.randn(4, 12))
+    with pytest.raises(RuntimeError, match="float32 only"):
+        torch.ops.playground.rows_linear(torch.randn(1, 16).double(), torch.randn(4, 16).double())
+
+
+def test_packed_linear_takes_the_kernel_for_few_rows_and_mkl_for_prompts():
+    torch.manual_seed(1)
+    weights = torch.randn(96, 64), torch.randn(32, 64)
+    linear = PackedLinear(*weights)
+    assert linear.rows_kernel and not linear.onednn
+    for rows in (1, ROWS_KERNEL_MAX, ROWS_KERNEL_MAX + 1):
+        x = torch.randn(1, rows, 64)
+        first, second = linear.split(x)
+        torch.testing.assert_close(first, F.linear(x, weights[0]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(second, F.linear(x, weights[1]), rtol=1e-5, atol=1e-5)
+
+
+def _status_in_a_fresh_process(tmp_path, **env) -> str:
+    code = ("from playground.model import kernels; from playground.model.packed_linear import PackedLinear; "
+            "import torch; s = kernels.status(); l = PackedLinear(torch.randn(8, 64)); "
+            "print(s.loaded, l.rows_kernel, l.onednn, s.note, sep='|')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PLAYGROUND_CACHE": str(tmp_path), **env})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_without_our_kernels_the_model_runs_on_onednn(tmp_path):
+    assert _status_in_a_fresh_process(tmp_path, PLAYGROUND_CPU_KERNELS="0") == (
+        "False|False|True|PyTorch's kernels (PLAYGROUND_CPU_KERNELS=0)")
+
+
+def test_a_failed_build_is_one_warning_and_pytorchs_kernels(tmp_path):
+    out = _status_in_a_fresh_process(tmp_path, CXX="false")
+    assert out.startswith("False|False|True|PyTorch's kernels (ours: the build failed")
+    assert not list(tmp_path.glob("kernels/*/*.so"))
