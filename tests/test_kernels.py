@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from playground.model import kernels
-from playground.model.packed_linear import ROWS_KERNEL_MAX, PackedLinear
+from playground.model.packed_linear import PackedLinear
 
 
 def test_the_kernels_build_and_load_here():
@@ -44,7 +44,7 @@ def test_packed_linear_takes_the_kernel_for_few_rows_and_mkl_for_prompts():
     weights = torch.randn(96, 64), torch.randn(32, 64)
     linear = PackedLinear(*weights)
     assert linear.rows_kernel and not linear.onednn
-    for rows in (1, ROWS_KERNEL_MAX, ROWS_KERNEL_MAX + 1):
+    for rows in (1, 64, 65):  # up to 64 rows our kernel, more MKL's sgemm (rows_linear.h)
         x = torch.randn(1, rows, 64)
         first, second = linear.split(x)
         torch.testing.assert_close(first, F.linear(x, weights[0]), rtol=1e-5, atol=1e-5)
@@ -70,3 +70,41 @@ def test_a_failed_build_is_one_warning_and_pytorchs_kernels(tmp_path):
     out = _status_in_a_fresh_process(tmp_path, CXX="false")
     assert out.startswith("False|False|True|PyTorch's kernels (ours: the build failed")
     assert not list(tmp_path.glob("kernels/*/*.so"))
+
+
+def _forward_both_ways(target, monkeypatch, ids, **kwargs):
+    caches = []
+    outputs = []
+    for stack in (target.stack_weights, None):
+        monkeypatch.setattr(target, "stack_weights", stack)
+        cache = target.new_cache(64, batch=ids.shape[0])
+        prefix = torch.full((ids.shape[0], 9), 42)
+        target.forward(prefix, cache)
+        outputs.append(target.forward(ids, cache, **kwargs))
+        caches.append(cache)
+    return outputs, caches
+
+
+@pytest.mark.parametrize("case", ["decode", "verify", "tree", "padded batch"])
+def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
+    assert target.stack_weights is not None
+    ids = torch.tensor([[504, 3426, 314, 260, 1345, 28]])
+    kwargs = {}
+    if case == "decode":
+        ids = ids[:, :1]
+    elif case == "tree":  # a root with two children, the first with a child of its own
+        depths = torch.tensor([0, 1, 1, 2, 2, 3])
+        visible = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+                                [1, 1, 0, 1, 0, 0], [1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]], dtype=torch.bool)
+        kwargs["tree"] = (depths, visible)
+    elif case == "padded batch":
+        ids = torch.cat([ids, ids.flip(1)])
+        padding = torch.zeros(2, 64, dtype=torch.bool)
+        padding[1, :3] = True
+        kwargs["key_padding"] = padding
+    (fused, plain), (fused_cache, plain_cache) = _forward_both_ways(target, monkeypatch, ids, **kwargs)
+    torch.testing.assert_close(fused.logits, plain.logits, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(fused.features, plain.features, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused_cache.keys, plain_cache.keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_cache.values, plain_cache.values, rtol=1e-5, atol=1e-5)
+    assert fused_cache.length == plain_cache.length == 9 + ids.shape[1]

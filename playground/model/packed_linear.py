@@ -3,12 +3,11 @@
 A decode or verify forward multiplies a handful of rows by every weight matrix once, so its time
 is the time to read the weights. For so few rows PyTorch's default CPU path (MKL gemv or a small
 sgemm) reads them on one core at about a third of this machine's memory bandwidth. In float32 our
-own kernel (kernels/rows_linear.cpp) reads them on every core near the memory's speed, up to
-ROWS_KERNEL_MAX rows, and MKL's sgemm takes longer inputs (prompts); where our kernels do not run,
-oneDNN's linear does, with the weight reordered into its blocked layout for a few rows. Projections
-of the same input (q, k, v; gate, up) pack into one matrix: fewer and larger calls. Elsewhere (CUDA,
-other dtypes) a PackedLinear is plain F.linear. Drafters run in bf16 where oneDNN has it natively
-(drafting_dtype).
+own kernel (kernels/rows_linear.cpp) reads them on every core near the memory's speed (and hands
+prompts, many rows, to MKL's sgemm); where our kernels do not run, oneDNN's linear does, with the
+weight reordered into its blocked layout for a few rows. Projections of the same input (q, k, v;
+gate, up) pack into one matrix: fewer and larger calls. Elsewhere (CUDA, other dtypes) a
+PackedLinear is plain F.linear. Drafters run in bf16 where oneDNN has it natively (drafting_dtype).
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from torch import nn
 
 from playground.model import kernels
 
-# beyond this many rows a prompt's projections are compute-bound: MKL's sgemm does them faster
-ROWS_KERNEL_MAX = 64
 # the row count oneDNN lays the weights out for; any count runs, 1-16 rows all about as fast
 LAYOUT_ROWS = 8
 
@@ -54,7 +51,7 @@ class PackedLinear(nn.Module):
                        else weight.contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rows_kernel and x.numel() <= ROWS_KERNEL_MAX * self.in_features:
+        if self.rows_kernel:
             return torch.ops.playground.rows_linear(x, self.weight)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")

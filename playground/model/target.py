@@ -165,6 +165,7 @@ class Target:
         self.embed_tokens = _owning(model.model.embed_tokens)
         self.norm = _owning(model.model.norm)
         self.rotary_emb = model.model.rotary_emb
+        self.stack_weights = self._stack_weights()
         self._reference = None
 
     @classmethod
@@ -227,8 +228,21 @@ class Target:
         h, _ = self._layers(h, cos, sin, cache, positions, mask)
         return self.lm_head(self.norm(h[:, 0])).float()
 
+    def _stack_weights(self) -> list[torch.Tensor] | None:
+        """The weights in kernels/decoder_layers.cpp's order, where that one call runs the stack."""
+        runs = (self.config.hidden_act == "silu" and not getattr(self.config, "attention_bias", False)
+                and all(x.rows_kernel for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)))
+        return [w for layer in self.layers for w in (layer.input_norm.weight, layer.qkv.weight, layer.o.weight,
+                                                     layer.post_norm.weight, layer.gate_up.weight, layer.down.weight)
+                ] if runs else None
+
     def _layers(self, h, cos, sin, cache, start, mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder stack; also the inputs of the aux layers (EAGLE-3's features)."""
+        if self.stack_weights is not None and isinstance(start, int):
+            h, *taps = torch.ops.playground.decoder_layers(
+                h, self.stack_weights, cos, sin, cache.keys, cache.values, start, mask,
+                _is_causal(mask, start, h.shape[1]), self.config.rms_norm_eps, self.num_heads, self.aux_layers)
+            return h, taps
         taps = []
         for i, layer in enumerate(self.layers):
             if i in self.aux_layers:
@@ -246,8 +260,8 @@ class Target:
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim)).transpose(1, 2)
         q, k = apply_rope(q, k, cos[:, None], sin[:, None])
         keys, values = cache.write(i, start, k, v)  # [B, kv, start+T, hd]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                             is_causal=(mask is None and start == 0 and T > 1), enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=_is_causal(mask, start, T),
+                                             enable_gqa=True)
         return layer.o(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -257,6 +271,11 @@ def _owning(module: torch.nn.Module) -> torch.nn.Module:
     for param in module.parameters():
         param.data = param.data.clone()
     return module
+
+
+def _is_causal(mask: torch.Tensor | None, start: int | torch.Tensor, T: int) -> bool:
+    """Where SDPA's own causal path stands for the mask _attention_mask left out."""
+    return mask is None and isinstance(start, int) and start == 0 and T > 1
 
 
 def _attention_mask(start: int, T: int, key_padding: torch.Tensor | None,

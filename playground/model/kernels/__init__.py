@@ -23,6 +23,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w"]
 BUILD_TIMEOUT_S = 300
 
@@ -41,7 +42,7 @@ def _library_path() -> Path:
     from playground.model.target import cache_root
 
     digest = hashlib.sha256(" ".join(FLAGS + [torch.__version__]).encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     return cache_root() / "kernels" / digest.hexdigest()[:16] / "playground_kernels.so"
 

@@ -1,4 +1,5 @@
-// y = x @ w.T for a few rows of x (decode: 1, verify: k + 1), float32, AVX2 + FMA.
+// y = x @ w.T in float32 for a few rows of x (decode: 1, verify: k + 1) with AVX2 + FMA; MKL's sgemm
+// (at::linear) for more rows than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
 //
 // A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
 // of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
@@ -8,10 +9,14 @@
 
 #include <algorithm>
 
+#include "rows_linear.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <torch/library.h>
 
+namespace playground {
 namespace {
 
 constexpr int64_t kLanes = 8;
@@ -77,27 +82,38 @@ void rows_pass(int64_t rows, const float* x, int64_t k, const float* w, float* y
   }
 }
 
-at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_linear: float32 only");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "rows_linear: w must be a contiguous [n, k] matrix");
-  const int64_t k = w.size(1), n_out = w.size(0);
-  TORCH_CHECK(x.size(-1) == k && k % kLanes == 0, "rows_linear: x's last dimension must be w's, a multiple of 8");
-  at::Tensor xs = x.reshape({-1, k}).contiguous();
-  const int64_t rows = xs.size(0);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n_out;
-  at::Tensor y = at::empty({rows, n_out}, x.options());
-  const float* xp = xs.data_ptr<float>();
+}  // namespace
+
+void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
+  const int64_t rows = x.size(0), k = w.size(1), n_out = w.size(0);
+  if (rows > kRowsKernelMax) {
+    at::linear_out(y, x, w);
+    return;
+  }
+  const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // grain: at least 64 weight rows a task, so a small matrix is not split into slivers
-  at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) {
-    rows_pass(rows, xp, k, wp, yp, n_out, begin, end);
-  });
+  at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, begin, end); });
+}
+
+namespace {
+
+at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_linear: float32 only");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "rows_linear: w must be a contiguous [n, k] matrix");
+  const int64_t k = w.size(1);
+  TORCH_CHECK(x.size(-1) == k && k % kLanes == 0, "rows_linear: x's last dimension must be w's, a multiple of 8");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(0);
+  at::Tensor xs = x.reshape({-1, k}).contiguous();
+  at::Tensor y = at::empty({xs.size(0), w.size(0)}, x.options());
+  linear_into(xs, w, y);
   return y.view(shape);
 }
 
 }  // namespace
+}  // namespace playground
 
-TORCH_LIBRARY(playground, m) { m.def("rows_linear(Tensor x, Tensor w) -> Tensor"); }
-TORCH_LIBRARY_IMPL(playground, CPU, m) { m.impl("rows_linear", rows_linear); }
+TORCH_LIBRARY_FRAGMENT(playground, m) { m.def("rows_linear(Tensor x, Tensor w) -> Tensor"); }
+TORCH_LIBRARY_IMPL(playground, CPU, m) { m.impl("rows_linear", playground::rows_linear); }

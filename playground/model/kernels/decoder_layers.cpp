@@ -1,0 +1,129 @@
+// A Llama decoder stack in one call, float32 on the CPU: what target.py's _layers does op by op.
+//
+// A decode step runs some 40 small operators a layer; from Python each costs more than its work
+// (the norms, RoPE, SiLU and cache writes of one token are a few thousand flops). Here they are
+// plain loops, the projections are rows_linear.cpp's kernel and attention is PyTorch's own
+// scaled_dot_product_attention, called as the Python path calls it.
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "rows_linear.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/library.h>
+
+namespace playground {
+namespace {
+
+constexpr int64_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate_up, down
+
+// out = weight * x / rms(x), row by row (LlamaRMSNorm in float32)
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * width;
+    double squares = 0;
+    for (int64_t i = 0; i < width; ++i) squares += double(xr[i]) * xr[i];
+    const float scale = float(1.0 / std::sqrt(squares / width + eps));
+    for (int64_t i = 0; i < width; ++i) out[r * width + i] = weight[i] * (xr[i] * scale);
+  }
+}
+
+// Llama's rotate-half RoPE of one head's vector at one position: out = x * cos + rotate_half(x) * sin
+void rope(const float* x, const float* cos, const float* sin, float* out, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
+    out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+  }
+}
+
+// h [B, T, H] through every layer; keys / values [layers, B, kv_heads, capacity, head_dim] get the
+// new tokens at start..start+T. Returns h and the inputs of the tap layers.
+std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList weights, const at::Tensor& cos_in,
+                                       const at::Tensor& sin_in, const at::Tensor& keys, const at::Tensor& values,
+                                       int64_t start, const std::optional<at::Tensor>& mask, bool is_causal,
+                                       double eps, int64_t num_heads, at::IntArrayRef taps) {
+  TORCH_CHECK(h_in.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat, "decoder_layers: float32 only");
+  TORCH_CHECK(weights.size() % kWeightsPerLayer == 0, "decoder_layers: six weights a layer");
+  const int64_t num_layers = weights.size() / kWeightsPerLayer;
+  const int64_t B = h_in.size(0), T = h_in.size(1), H = h_in.size(2);
+  const int64_t kv_heads = keys.size(2), capacity = keys.size(3), head_dim = keys.size(4);
+  const int64_t rows = B * T, q_width = num_heads * head_dim, kv_width = kv_heads * head_dim;
+  const int64_t inner = weights[4].size(0) / 2;
+  TORCH_CHECK(keys.size(0) == num_layers && keys.size(1) == B && keys.is_contiguous() && values.is_contiguous(),
+              "decoder_layers: the cache must be [layers, B, kv_heads, capacity, head_dim]");
+  TORCH_CHECK(start + T <= capacity, "KV cache overflow: ", start + T, " > ", capacity);
+  for (const at::Tensor& w : weights) TORCH_CHECK(w.is_contiguous() && w.scalar_type() == at::kFloat, "decoder_layers: contiguous float32 weights");
+
+  const auto options = h_in.options();
+  at::Tensor h = h_in.contiguous().clone().view({rows, H});
+  at::Tensor normed = at::empty({rows, H}, options);
+  at::Tensor qkv = at::empty({rows, q_width + 2 * kv_width}, options);
+  at::Tensor q = at::empty({B, num_heads, T, head_dim}, options);
+  at::Tensor attended = at::empty({rows, q_width}, options);
+  at::Tensor projected = at::empty({rows, H}, options);
+  at::Tensor gate_up = at::empty({rows, 2 * inner}, options);
+  at::Tensor activated = at::empty({rows, inner}, options);
+  const at::Tensor cos = cos_in.contiguous().view({T, head_dim}), sin = sin_in.contiguous().view({T, head_dim});
+  float *hp = h.data_ptr<float>(), *np = normed.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
+  float *qp = q.data_ptr<float>(), *ap = attended.data_ptr<float>(), *pp = projected.data_ptr<float>();
+  float *gup = gate_up.data_ptr<float>(), *actp = activated.data_ptr<float>();
+  const float *cosp = cos.data_ptr<float>(), *sinp = sin.data_ptr<float>();
+  std::vector<at::Tensor> out{h.view({B, T, H})};
+
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    const at::Tensor* w = weights.data() + layer * kWeightsPerLayer;
+    if (std::find(taps.begin(), taps.end(), layer) != taps.end()) out.push_back(h.view({B, T, H}).clone());
+
+    rms_norm(hp, w[0].data_ptr<float>(), np, rows, H, eps);
+    linear_into(normed, w[1], qkv);
+    at::Tensor layer_keys = keys[layer], layer_values = values[layer];
+    float *kp = layer_keys.data_ptr<float>(), *vp = layer_values.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* row = qkvp + (b * T + t) * (q_width + 2 * kv_width);
+        const float *c = cosp + t * head_dim, *s = sinp + t * head_dim;
+        for (int64_t head = 0; head < num_heads; ++head)
+          rope(row + head * head_dim, c, s, qp + ((b * num_heads + head) * T + t) * head_dim, head_dim);
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          const int64_t slot = ((b * kv_heads + g) * capacity + start + t) * head_dim;
+          rope(row + q_width + g * head_dim, c, s, kp + slot, head_dim);
+          std::copy_n(row + q_width + kv_width + g * head_dim, head_dim, vp + slot);
+        }
+      }
+    const at::Tensor context = at::scaled_dot_product_attention(
+        q, layer_keys.narrow(2, 0, start + T), layer_values.narrow(2, 0, start + T), mask, 0.0, is_causal,
+        std::nullopt, /*enable_gqa=*/true);  // [B, heads, T, head_dim]
+    const at::Tensor context_c = context.contiguous();
+    const float* cp = context_c.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t head = 0; head < num_heads; ++head)
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(cp + ((b * num_heads + head) * T + t) * head_dim, head_dim,
+                      ap + (b * T + t) * q_width + head * head_dim);
+    linear_into(attended, w[2], projected);
+    for (int64_t i = 0; i < rows * H; ++i) hp[i] += pp[i];
+
+    rms_norm(hp, w[3].data_ptr<float>(), np, rows, H, eps);
+    linear_into(normed, w[4], gate_up);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < inner; ++i) {
+        const float gate = gup[r * 2 * inner + i];
+        actp[r * inner + i] = gate / (1.0f + std::exp(-gate)) * gup[r * 2 * inner + inner + i];
+      }
+    linear_into(activated, w[5], projected);
+    for (int64_t i = 0; i < rows * H; ++i) hp[i] += pp[i];
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace playground
+
+TORCH_LIBRARY_FRAGMENT(playground, m) {
+  m.def("decoder_layers(Tensor h, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
+        "int start, Tensor? mask, bool is_causal, float eps, int num_heads, int[] taps) -> Tensor[]");
+}
+TORCH_LIBRARY_IMPL(playground, CPU, m) { m.impl("decoder_layers", playground::decoder_layers); }
