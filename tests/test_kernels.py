@@ -35,7 +35,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
 def test_rows_linear_refuses_what_it_cannot_compute():
     with pytest.raises(RuntimeError, match="multiple of 8"):
         torch.ops.playground.rows_linear(torch.randn(1, 12), torch.randn(4, 12))
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 x, float32 or bfloat16 w only"):
         torch.ops.playground.rows_linear(torch.randn(1, 16).double(), torch.randn(4, 16).double())
 
 
@@ -49,6 +49,19 @@ def test_packed_linear_takes_the_kernel_for_few_rows_and_mkl_for_prompts():
         first, second = linear.split(x)
         torch.testing.assert_close(first, F.linear(x, weights[0]), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(second, F.linear(x, weights[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_of_bfloat16_values_is_kept_in_bfloat16_with_the_same_products():
+    torch.manual_seed(2)
+    weight = torch.randn(300, 64).bfloat16().float()
+    linear = PackedLinear(weight)
+    assert linear.weight.dtype == torch.bfloat16
+    for rows in (1, 6, 13):
+        x = torch.randn(rows, 64)
+        assert torch.equal(linear(x), torch.ops.playground.rows_linear(x, weight))
+    x = torch.randn(65, 64)  # a prompt: MKL's sgemm on the widened weight
+    torch.testing.assert_close(linear(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    assert PackedLinear(torch.randn(8, 64)).weight.dtype == torch.float32
 
 
 def _status_in_a_fresh_process(tmp_path, **env) -> str:

@@ -6,7 +6,8 @@ sgemm) reads them on one core at about a third of this machine's memory bandwidt
 own kernel (kernels/rows_linear.cpp) reads them on every core near the memory's speed (and hands
 prompts, many rows, to MKL's sgemm); where our kernels do not run, oneDNN's linear does, with the
 weight reordered into its blocked layout for a few rows. Projections of the same input (q, k, v;
-gate, up) pack into one matrix: fewer and larger calls. Elsewhere (CUDA, other dtypes) a
+gate, up) pack into one matrix: fewer and larger calls. A float32 weight whose every value is a
+bfloat16 (the drafters, saved in bfloat16) is kept as one: our kernel widens it exactly. Elsewhere (CUDA, other dtypes) a
 PackedLinear is plain F.linear. Drafters run in bf16 where oneDNN has it natively (drafting_dtype).
 """
 
@@ -47,8 +48,12 @@ class PackedLinear(nn.Module):
         self.rows_kernel = _rows_kernel_runs(weight)
         self.onednn = not self.rows_kernel and _onednn_packs(weight)
         # a plain attribute: an opaque oneDNN tensor is neither a parameter nor movable by .to()
-        self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_ROWS) if self.onednn
-                       else weight.contiguous())
+        if self.onednn:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, LAYOUT_ROWS)
+        elif self.rows_kernel and torch.equal(weight, weight.bfloat16().float()):
+            self.weight = weight.bfloat16()  # every value a bfloat16 (a drafter saved so): half the bytes, same products
+        else:
+            self.weight = weight.contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rows_kernel:

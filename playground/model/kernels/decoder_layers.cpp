@@ -55,7 +55,9 @@ std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList we
   TORCH_CHECK(keys.size(0) == num_layers && keys.size(1) == B && keys.is_contiguous() && values.is_contiguous(),
               "decoder_layers: the cache must be [layers, B, kv_heads, capacity, head_dim]");
   TORCH_CHECK(start + T <= capacity, "KV cache overflow: ", start + T, " > ", capacity);
-  for (const at::Tensor& w : weights) TORCH_CHECK(w.is_contiguous() && w.scalar_type() == at::kFloat, "decoder_layers: contiguous float32 weights");
+  for (const at::Tensor& w : weights)
+    TORCH_CHECK(w.is_contiguous() && (w.scalar_type() == at::kFloat || (w.dim() == 2 && w.scalar_type() == at::kBFloat16)),
+                "decoder_layers: contiguous weights, float32 (or bfloat16 projections)");
 
   const auto options = h_in.options();
   at::Tensor h = h_in.contiguous().clone().view({rows, H});

@@ -1,4 +1,5 @@
-// y = x @ w.T in float32 for a few rows of x (decode: 1, verify: k + 1) with AVX2 + FMA; MKL's sgemm
+// y = x @ w.T in float32 for a few rows of x (decode: 1, verify: k + 1) with AVX2 + FMA, the weights
+// in float32 or bfloat16 (widened exactly: half the bytes, the same products); MKL's sgemm
 // (at::linear) for more rows than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
 //
 // A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
@@ -30,19 +31,27 @@ inline float lane_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+// bfloat16 is float32's upper half: widened exactly, so the products are float32's own
+inline __m256 load8(const uint16_t* p) {
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+
 // ROWS rows of x against COLS weight rows starting at n: ROWS * COLS dot products of length k.
-template <int ROWS, int COLS>
-inline void tile(const float* x, int64_t x_stride, const float* w, int64_t k, float* y, int64_t y_stride,
+template <int ROWS, int COLS, typename W>
+inline void tile(const float* x, int64_t x_stride, const W* w, int64_t k, float* y, int64_t y_stride,
                  int64_t n) {
   __m256 acc[ROWS][COLS];
   for (int r = 0; r < ROWS; ++r)
     for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
-  const float* wn = w + n * k;
+  const W* wn = w + n * k;
   for (int64_t i = 0; i < k; i += kLanes) {
     if constexpr (COLS > 1)  // the weights a few tiles on: their memory latency hides behind this tile's work
       for (int c = 0; c < COLS; c += 2) _mm_prefetch(reinterpret_cast<const char*>(wn + kAhead + COLS * i + 8 * c), _MM_HINT_T0);
     __m256 wv[COLS];
-    for (int c = 0; c < COLS; ++c) wv[c] = _mm256_loadu_ps(wn + c * k + i);
+    for (int c = 0; c < COLS; ++c) wv[c] = load8(wn + c * k + i);
     for (int r = 0; r < ROWS; ++r) {
       __m256 xv = _mm256_loadu_ps(x + r * x_stride + i);
       for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
@@ -52,17 +61,18 @@ inline void tile(const float* x, int64_t x_stride, const float* w, int64_t k, fl
     for (int c = 0; c < COLS; ++c) y[r * y_stride + n + c] = lane_sum(acc[r][c]);
 }
 
-template <int ROWS>
-void pass(const float* x, int64_t k, const float* w, float* y, int64_t n_out, int64_t begin, int64_t end) {
+template <int ROWS, typename W>
+void pass(const float* x, int64_t k, const W* w, float* y, int64_t n_out, int64_t begin, int64_t end) {
   constexpr int COLS = ROWS <= 2 ? 4 : 2;
   int64_t n = begin;
-  for (; n + COLS <= end; n += COLS) tile<ROWS, COLS>(x, k, w, k, y, n_out, n);
-  for (; n < end; ++n) tile<ROWS, 1>(x, k, w, k, y, n_out, n);
+  for (; n + COLS <= end; n += COLS) tile<ROWS, COLS, W>(x, k, w, k, y, n_out, n);
+  for (; n < end; ++n) tile<ROWS, 1, W>(x, k, w, k, y, n_out, n);
 }
 
 // Weight rows [begin, end) against every row of x, in blocks of weight rows that stay in L2 while
 // each group of up to six rows of x passes over them: the weights stream from memory once.
-void rows_pass(int64_t rows, const float* x, int64_t k, const float* w, float* y, int64_t n_out,
+template <typename W>
+void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, int64_t n_out,
                int64_t begin, int64_t end) {
   const int64_t block = std::max<int64_t>(4, (256 * 1024 / 4) / k);
   for (int64_t n = begin; n < end; n += block) {
@@ -87,20 +97,26 @@ void rows_pass(int64_t rows, const float* x, int64_t k, const float* w, float* y
 void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t rows = x.size(0), k = w.size(1), n_out = w.size(0);
   if (rows > kRowsKernelMax) {
-    at::linear_out(y, x, w);
+    at::linear_out(y, x, w.scalar_type() == at::kFloat ? w : w.to(at::kFloat));
     return;
   }
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   // grain: at least 64 weight rows a task, so a small matrix is not split into slivers
-  at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, begin, end); });
+  if (w.scalar_type() == at::kBFloat16) {
+    const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+    at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, begin, end); });
+  } else {
+    const float* wp = w.data_ptr<float>();
+    at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, begin, end); });
+  }
 }
 
 namespace {
 
 at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "rows_linear: float32 only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
+              "rows_linear: float32 x, float32 or bfloat16 w only");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "rows_linear: w must be a contiguous [n, k] matrix");
   const int64_t k = w.size(1);
   TORCH_CHECK(x.size(-1) == k && k % kLanes == 0, "rows_linear: x's last dimension must be w's, a multiple of 8");
