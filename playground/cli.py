@@ -1,5 +1,5 @@
 """Command line: `python -m playground generate | convert | train data|drafter|lease|validate|eval|ship |
-bench [ui|vllm|trees|profile|memory|probe] | watch`.
+bench [ui|vllm|trees|profile|kernels|memory|probe] | watch`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
@@ -399,8 +399,8 @@ def _add_bench(sub) -> None:
     from playground.evaluation.prompt_files import PromptLimits
 
     p = sub.add_parser("bench", help="the prompt suite by category, or your own prompts (--prompts FILE): tau, "
-                                     "acceptance, tokens/s, speedups (subcommands: ui, vllm, trees, profile, probe, "
-                                     "memory)")
+                                     "acceptance, tokens/s, speedups (subcommands: ui, vllm, trees, profile, kernels, "
+                                     "probe, memory)")
     _bench_options(p, defaults=True)
     your = p.add_argument_group("your prompts", "instead of the suite: the prompts of FILE through each of --drafters "
                                 "(add none for speedups); Ctrl-C, then the same command goes on where it stopped")
@@ -432,6 +432,12 @@ def _add_bench(sub) -> None:
                                           "--max-tokens)")
     _bench_options(f, False)
     f.set_defaults(func=bench_profile)
+    n = suites.add_parser("kernels", help="the embedded engine on our CPU kernels against PyTorch's, interleaved: "
+                                          "tokens/s, tau and the target's forward against the roofline")
+    _bench_options(n, False)
+    n.add_argument("--prompts-per-kind", type=int, default=2, help="chat and coding prompts each")
+    n.add_argument("--rounds", type=int, default=2)
+    n.set_defaults(func=bench_kernels)
     c = suites.add_parser("probe", help="what the vLLM probe costs: output tokens/s without it, with it loaded, and "
                                         "recording every request, side by side")
     c.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
@@ -553,6 +559,15 @@ def bench_profile(args: argparse.Namespace) -> int:
 
     print(profile.run(args.drafters[-1], args.k, args.max_tokens))
     return 0
+
+
+def bench_kernels(args: argparse.Namespace) -> int:
+    from playground.evaluation import kernels
+
+    drafters = list(dict.fromkeys(["none", *args.drafters]))  # no speculation is every speedup's baseline
+    rows, same_tokens, roof = kernels.run(drafters, args.k, args.max_tokens, args.prompts_per_kind, args.rounds)
+    print(kernels.table(rows, same_tokens, roof))
+    return 0 if same_tokens else 1
 
 
 def bench_memory(args: argparse.Namespace) -> int:
