@@ -121,3 +121,22 @@ def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
     torch.testing.assert_close(fused_cache.keys, plain_cache.keys, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused_cache.values, plain_cache.values, rtol=1e-5, atol=1e-5)
     assert fused_cache.length == plain_cache.length == 9 + ids.shape[1]
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
+def test_the_one_call_draft_step_is_the_op_by_op_step(engine, monkeypatch, drafter):
+    from playground.engines.request import GenerationRequest
+    from playground.model.drafter import Eagle3Drafter
+
+    assert engine.drafters.get(drafter)[0].step_weights() is not None
+    request = GenerationRequest(prompt="Name three rivers of Europe and say where each flows.", drafter=drafter,
+                                k=5, max_tokens=40)
+    fused = list(engine.generate(request))
+    monkeypatch.setattr(Eagle3Drafter, "step_weights", lambda self: None)
+    plain = list(engine.generate(request))
+    assert [e.token_ids for e in fused] == [e.token_ids for e in plain]
+    assert sum(len(e.draft_ids) for e in fused) > 20
+    for a, b in zip(fused, plain):
+        assert a.draft_ids == b.draft_ids, a.step
+        for field in ("draft_probs", "sink_attention", "self_attention", "hidden_norm"):
+            assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-4, abs=1e-6), (a.step, field)

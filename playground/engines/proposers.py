@@ -78,6 +78,7 @@ class EagleProposer:
         self.pending_ids: list[int] = []
         self.draft_vocab_ids = drafter.to_target_ids(torch.arange(c.draft_vocab_size))
         self.vocab_size = c.vocab_size
+        self.step_weights = drafter.step_weights()
         self._probe: dict[str, float] = {}
 
     def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
@@ -92,9 +93,8 @@ class EagleProposer:
         q_rows = []
         for depth in range(k):
             proposal.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
-            attend = self._attend_fn(start=positions[0].item(), committed_end=end)
             embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
-            normed, fed_back = self.drafter.step(hidden, embeds, positions, attend)
+            normed, fed_back = self._chain_step(hidden, embeds, positions, committed_end=end)
             if depth == 0:
                 self.cache.truncate(end)
             logits = self.drafter.draft_logits(normed[0, -1]).float()  # [draft_vocab]
@@ -110,6 +110,19 @@ class EagleProposer:
         if q_rows:
             proposal.q = torch.stack(q_rows)
         return proposal
+
+    def _chain_step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's step at positions (attention causal over its cache), its probes recorded."""
+        start = int(positions[0])
+        if self.step_weights is None:
+            return self.drafter.step(hidden, embeds, positions, self._attend_fn(start, committed_end))
+        cos, sin = self.drafter.rope(positions, hidden.dtype)
+        normed, h_pre, sink, own = torch.ops.playground.eagle_step(
+            hidden[0], embeds[0], self.step_weights, cos, sin, self.cache.keys, self.cache.values, start,
+            self.drafter.config.rms_norm_eps, self.drafter.config.num_attention_heads, self.sink_tokens, committed_end)
+        self._probe = {"sink": sink, "self": own}
+        return normed[None], (normed if self.drafter.config.norm_output else h_pre)[None]
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
         """(target id, drafter probability, full-vocab q or None) for one draft depth."""

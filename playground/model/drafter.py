@@ -250,6 +250,15 @@ class Eagle3Drafter(nn.Module):
         normed = self.norm(h_pre)
         return normed, (normed if self.config.norm_output else h_pre)
 
+    def step_weights(self) -> list[torch.Tensor] | None:
+        """The weights in kernels/eagle_step.cpp's order, where that one call runs a chain's step."""
+        layer, attn, mlp = self.midlayer, self.midlayer.self_attn, self.midlayer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if self.dtype != torch.float32 or not all(getattr(p, "rows_kernel", False) for p in projections):
+            return None
+        return [layer.input_layernorm.weight, layer.hidden_norm.weight, *(p.weight for p in projections[:4]),
+                layer.post_attention_layernorm.weight, *(p.weight for p in projections[4:]), self.norm.weight]
+
     def draft_logits(self, normed: torch.Tensor) -> torch.Tensor:
         return self.lm_head(normed)  # [.., draft_vocab]
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "layer_ops.h"
 #include "rows_linear.h"
 
 #include <ATen/ops/empty.h>
@@ -18,26 +19,6 @@ namespace playground {
 namespace {
 
 constexpr int64_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate_up, down
-
-// out = weight * x / rms(x), row by row (LlamaRMSNorm in float32)
-void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width, double eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * width;
-    double squares = 0;
-    for (int64_t i = 0; i < width; ++i) squares += double(xr[i]) * xr[i];
-    const float scale = float(1.0 / std::sqrt(squares / width + eps));
-    for (int64_t i = 0; i < width; ++i) out[r * width + i] = weight[i] * (xr[i] * scale);
-  }
-}
-
-// Llama's rotate-half RoPE of one head's vector at one position: out = x * cos + rotate_half(x) * sin
-void rope(const float* x, const float* cos, const float* sin, float* out, int64_t head_dim) {
-  const int64_t half = head_dim / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
-    out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
-  }
-}
 
 // h [B, T, H] through every layer; keys / values [layers, B, kv_heads, capacity, head_dim] get the
 // new tokens at start..start+T. Returns h and the inputs of the tap layers.
@@ -111,10 +92,7 @@ std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList we
     rms_norm(hp, w[3].data_ptr<float>(), np, rows, H, eps);
     linear_into(normed, w[4], gate_up);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < inner; ++i) {
-        const float gate = gup[r * 2 * inner + i];
-        actp[r * inner + i] = gate / (1.0f + std::exp(-gate)) * gup[r * 2 * inner + inner + i];
-      }
+      silu_mul(gup + r * 2 * inner, gup + r * 2 * inner + inner, actp + r * inner, inner);
     linear_into(activated, w[5], projected);
     for (int64_t i = 0; i < rows * H; ++i) hp[i] += pp[i];
   }

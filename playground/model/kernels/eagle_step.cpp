@@ -1,0 +1,137 @@
+// One EAGLE-3 draft step of a chain in one call, float32 on the CPU: what drafter.py's
+// Eagle3Drafter.step and the proposer's causal attention over the drafter cache do op by op, with
+// the proposer's probes of the last query (its attention mass on the sink keys, and on the keys
+// drafted in this round). A draft depth is one token through one layer: from Python its some 60
+// small operators cost more than its arithmetic.
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include "layer_ops.h"
+#include "rows_linear.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/tril.h>
+#include <torch/library.h>
+
+namespace playground {
+namespace {
+
+// input norm, hidden norm, q, k, v, o, post-attention norm, gate, up, down, final norm
+constexpr int64_t kWeights = 11;
+
+// Mean over query heads of the softmax mass of q's last row on keys [0, sink) and [own_from, keys).
+std::pair<double, double> probe_masses(const float* q_last, int64_t q_head_stride, const float* keys, int64_t num_heads,
+                                       int64_t kv_heads, int64_t capacity, int64_t head_dim, int64_t length,
+                                       int64_t sink, int64_t own_from) {
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  std::vector<float> scores(length);
+  double sink_total = 0, own_total = 0;
+  for (int64_t head = 0; head < num_heads; ++head) {
+    const float* q = q_last + head * q_head_stride;
+    const float* k = keys + (head / (num_heads / kv_heads)) * capacity * head_dim;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < length; ++j) {
+      float dot = 0;
+      for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[j * head_dim + i];
+      scores[j] = dot * scale;
+      top = std::max(top, scores[j]);
+    }
+    double total = 0, on_sink = 0, on_own = 0;
+    for (int64_t j = 0; j < length; ++j) {
+      const double p = std::exp(double(scores[j] - top));
+      total += p;
+      if (j < sink) on_sink += p;
+      if (j >= own_from) on_own += p;
+    }
+    sink_total += on_sink / total;
+    own_total += on_own / total;
+  }
+  return {sink_total / num_heads, own_total / num_heads};
+}
+
+// hidden, embeds [T, H]; keys / values the drafter cache [1, 1, kv_heads, capacity, head_dim], the
+// new positions written at start..start+T. Returns (normed output, h_pre, sink mass, own mass).
+std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
+    const at::Tensor& hidden_in, const at::Tensor& embeds_in, at::TensorList w, const at::Tensor& cos_in,
+    const at::Tensor& sin_in, const at::Tensor& keys_in, const at::Tensor& values_in, int64_t start, double eps,
+    int64_t num_heads, int64_t sink_tokens, int64_t committed_end) {
+  TORCH_CHECK(w.size() == kWeights, "eagle_step: eleven weights");
+  TORCH_CHECK(hidden_in.scalar_type() == at::kFloat && embeds_in.scalar_type() == at::kFloat &&
+                  keys_in.scalar_type() == at::kFloat, "eagle_step: float32 only");
+  TORCH_CHECK(keys_in.dim() == 5 && keys_in.size(0) == 1 && keys_in.size(1) == 1 && keys_in.is_contiguous() &&
+                  values_in.is_contiguous(), "eagle_step: the cache must be [1, 1, kv_heads, capacity, head_dim]");
+  const at::Tensor hidden = hidden_in.contiguous(), embeds = embeds_in.contiguous();
+  const int64_t T = hidden.size(0), H = hidden.size(1);
+  const int64_t kv_heads = keys_in.size(2), capacity = keys_in.size(3), head_dim = keys_in.size(4);
+  const int64_t q_width = num_heads * head_dim, kv_width = kv_heads * head_dim, inner = w[7].size(0);
+  const int64_t length = start + T;
+  TORCH_CHECK(length <= capacity, "KV cache overflow: ", length, " > ", capacity);
+
+  const auto options = hidden.options();
+  at::Tensor both = at::empty({T, 2 * H}, options), normed = at::empty({T, H}, options);
+  at::Tensor q_lin = at::empty({T, q_width}, options), k_lin = at::empty({T, kv_width}, options);
+  at::Tensor v_lin = at::empty({T, kv_width}, options), q = at::empty({1, num_heads, T, head_dim}, options);
+  at::Tensor attended = at::empty({T, q_width}, options), projected = at::empty({T, H}, options);
+  at::Tensor h = at::empty({T, H}, options), gate = at::empty({T, inner}, options);
+  at::Tensor up = at::empty({T, inner}, options), activated = at::empty({T, inner}, options);
+  at::Tensor out = at::empty({T, H}, options);
+  const float *hp_in = hidden.data_ptr<float>(), *ep = embeds.data_ptr<float>();
+  float *bp = both.data_ptr<float>(), *np = normed.data_ptr<float>(), *hp = h.data_ptr<float>();
+  float *pp = projected.data_ptr<float>(), *qp = q.data_ptr<float>(), *ap = attended.data_ptr<float>();
+  const at::Tensor cos = cos_in.contiguous().view({T, head_dim}), sin = sin_in.contiguous().view({T, head_dim});
+
+  // attention over cat(norm(embeds), hidden_norm(hidden)), 2H wide
+  rms_norm(ep, w[0].data_ptr<float>(), np, T, H, eps);
+  for (int64_t t = 0; t < T; ++t) std::copy_n(np + t * H, H, bp + t * 2 * H);
+  rms_norm(hp_in, w[1].data_ptr<float>(), np, T, H, eps);
+  for (int64_t t = 0; t < T; ++t) std::copy_n(np + t * H, H, bp + t * 2 * H + H);
+  linear_into(both, w[2], q_lin);
+  linear_into(both, w[3], k_lin);
+  linear_into(both, w[4], v_lin);
+  const at::Tensor keys = keys_in[0], values = values_in[0];  // [1, kv_heads, capacity, head_dim]
+  float *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float *c = cos.data_ptr<float>() + t * head_dim, *s = sin.data_ptr<float>() + t * head_dim;
+    for (int64_t head = 0; head < num_heads; ++head)
+      rope(q_lin.data_ptr<float>() + t * q_width + head * head_dim, c, s, qp + (head * T + t) * head_dim, head_dim);
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const int64_t slot = (g * capacity + start + t) * head_dim;
+      rope(k_lin.data_ptr<float>() + t * kv_width + g * head_dim, c, s, kp + slot, head_dim);
+      std::copy_n(v_lin.data_ptr<float>() + t * kv_width + g * head_dim, head_dim, vp + slot);
+    }
+  }
+  std::optional<at::Tensor> causal;  // a single query sees every key; more see the cache and those before them
+  if (T > 1) causal = at::ones({T, length}, options.dtype(at::kBool)).tril(start);
+  const at::Tensor context = at::scaled_dot_product_attention(q, keys.narrow(2, 0, length), values.narrow(2, 0, length),
+                                                              causal, 0.0, false, std::nullopt, /*enable_gqa=*/true)
+                                 .contiguous();  // [1, heads, T, head_dim]
+  const auto [sink, own] = probe_masses(qp + (T - 1) * head_dim, T * head_dim, kp, num_heads, kv_heads, capacity,
+                                        head_dim, length, sink_tokens, committed_end);
+  for (int64_t head = 0; head < num_heads; ++head)
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(context.data_ptr<float>() + (head * T + t) * head_dim, head_dim, ap + t * q_width + head * head_dim);
+  linear_into(attended, w[5], projected);
+  for (int64_t i = 0; i < T * H; ++i) hp[i] = hp_in[i] + pp[i];
+
+  rms_norm(hp, w[6].data_ptr<float>(), np, T, H, eps);
+  linear_into(normed, w[7], gate);
+  linear_into(normed, w[8], up);
+  silu_mul(gate.data_ptr<float>(), up.data_ptr<float>(), activated.data_ptr<float>(), T * inner);
+  linear_into(activated, w[9], projected);
+  for (int64_t i = 0; i < T * H; ++i) hp[i] += pp[i];  // h_pre
+  rms_norm(hp, w[10].data_ptr<float>(), out.data_ptr<float>(), T, H, eps);
+  return {out, h, sink, own};
+}
+
+}  // namespace
+}  // namespace playground
+
+TORCH_LIBRARY_FRAGMENT(playground, m) {
+  m.def("eagle_step(Tensor hidden, Tensor embeds, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) keys, "
+        "Tensor(b!) values, int start, float eps, int num_heads, int sink_tokens, "
+        "int committed_end) -> (Tensor, Tensor, float, float)");
+}
+TORCH_LIBRARY_IMPL(playground, CPU, m) { m.impl("eagle_step", playground::eagle_step); }

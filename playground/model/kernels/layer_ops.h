@@ -1,0 +1,34 @@
+#pragma once
+// The small per-token pieces of a Llama layer, shared by decoder_layers.cpp and eagle_step.cpp.
+
+#include <cmath>
+#include <cstdint>
+
+namespace playground {
+
+// out = weight * x / rms(x), row by row (LlamaRMSNorm in float32)
+inline void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * width;
+    double squares = 0;
+    for (int64_t i = 0; i < width; ++i) squares += double(xr[i]) * xr[i];
+    const float scale = float(1.0 / std::sqrt(squares / width + eps));
+    for (int64_t i = 0; i < width; ++i) out[r * width + i] = weight[i] * (xr[i] * scale);
+  }
+}
+
+// Llama's rotate-half RoPE of one head's vector at one position: out = x * cos + rotate_half(x) * sin
+inline void rope(const float* x, const float* cos, const float* sin, float* out, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = x[i] * cos[i] - x[i + half] * sin[i];
+    out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+  }
+}
+
+// out = silu(gate) * up, elementwise (Llama's MLP between its projections)
+inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+}  // namespace playground
