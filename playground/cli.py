@@ -432,8 +432,9 @@ def _add_bench(sub) -> None:
                                           "--max-tokens)")
     _bench_options(f, False)
     f.set_defaults(func=bench_profile)
-    n = suites.add_parser("kernels", help="the embedded engine on our CPU kernels against PyTorch's, interleaved: "
-                                          "tokens/s, tau and the target's forward against the roofline")
+    n = suites.add_parser("kernels", help="the embedded engine on our CPU kernels against PyTorch's and llama.cpp "
+                                          "(scripts/build-llama-cpp.sh), interleaved: tokens/s, tau, the target's "
+                                          "forward against the roofline")
     _bench_options(n, False)
     n.add_argument("--prompts-per-kind", type=int, default=2, help="chat and coding prompts each")
     n.add_argument("--rounds", type=int, default=2)
@@ -565,9 +566,9 @@ def bench_kernels(args: argparse.Namespace) -> int:
     from playground.evaluation import kernels
 
     drafters = list(dict.fromkeys(["none", *args.drafters]))  # no speculation is every speedup's baseline
-    rows, same_tokens, roof = kernels.run(drafters, args.k, args.max_tokens, args.prompts_per_kind, args.rounds)
-    print(kernels.table(rows, same_tokens, roof))
-    return 0 if same_tokens else 1
+    result = kernels.run(drafters, args.k, args.max_tokens, args.prompts_per_kind, args.rounds)
+    print(kernels.table(result))
+    return 0 if result.same_tokens else 1
 
 
 def bench_memory(args: argparse.Namespace) -> int:

@@ -1,81 +1,125 @@
-"""`python -m playground bench kernels`: the embedded engine on our CPU kernels against PyTorch's.
+"""`python -m playground bench kernels`: the embedded engine on our CPU kernels against PyTorch's,
+and against llama.cpp where scripts/build-llama-cpp.sh has built it.
 
 Two engines in one process, one built on playground/model/kernels (the default where they run),
-one on PyTorch's own (oneDNN's linear, the op-by-op stack), run interleaved on the same prompts
-(chat and code, greedy): decode tokens/s and tau of each method, whether every run emitted the
-same tokens, and the target's forward for 1 and k + 1 tokens against the roofline floor.
+one on PyTorch's own (oneDNN's linear, the op-by-op stack), and llama.cpp's server on the same
+float32 weights, run interleaved on the same prompts (chat and code, greedy): decode tokens/s and
+tau of each method, whether every run emitted the same tokens, and the target's forward for 1 and
+k + 1 tokens against the roofline floor.
 
     python -m playground bench kernels --drafters none eagle3 eagle3.1 --k 5 --max-tokens 128
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from unittest import mock
 
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
-from playground.evaluation import ceiling
+from playground.evaluation import ceiling, llama_cpp
 from playground.evaluation.prompt_sets import CHAT, CODING
 from playground.model import kernels
+from playground.model.variants import EAGLE3, NONE
 
-KERNELS = ("ours", "pytorch")
+SYSTEMS = ("ours", "pytorch", "llama.cpp")
 
 
 @dataclass(frozen=True)
 class Row:
-    kernels: str
+    system: str          # our kernels, PyTorch's, or llama.cpp
     drafter: str
-    tokens_per_s: float  # decode (after the first token), mean over prompts
-    tau: float
-    forward_ms: dict[int, float]
+    tokens_per_s: float  # decode (after the first token), mean over the runs
+    tau: float           # mean over the runs
 
 
-def _engines() -> dict[str, ReferenceEngine]:
+@dataclass(frozen=True)
+class Result:
+    rows: list[Row]
+    same_tokens: bool                # both engines, every method, every run
+    llama_same: tuple[int, int]      # llama.cpp runs whose tokens equal ours, of all its runs
+    forward_ms: dict[str, dict[int, float]]  # engine -> tokens in the forward -> median ms
+    roof: ceiling.Ceiling
+
+
+def _engines(drafters: list[str]) -> dict[str, ReferenceEngine]:
+    """Both engines with their drafters loaded (a drafter's layers choose their kernels as it loads)."""
     ours = ReferenceEngine.load()
     if not kernels.status().loaded:
         raise SystemExit(f"bench kernels: our kernels do not run here: {kernels.status().note}")
     with mock.patch.object(kernels, "status", lambda: kernels.KernelStatus(False, "PyTorch's kernels")):
         pytorch = ReferenceEngine.load()
+        for engine in (ours, pytorch):
+            for drafter in drafters:
+                engine.drafters.get(drafter)
     return {"ours": ours, "pytorch": pytorch}
 
 
-def run(drafters: list[str], k: int, max_tokens: int, prompts_per_kind: int = 2, rounds: int = 2
-        ) -> tuple[list[Row], bool, ceiling.Ceiling]:
-    """Rows by kernels and drafter, whether every run emitted the same tokens, the roofline."""
-    engines = _engines()
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def run(drafters: list[str], k: int, max_tokens: int, prompts_per_kind: int = 2, rounds: int = 2) -> Result:
+    engines = _engines(drafters)
+    peers = [d for d in (NONE, EAGLE3) if d in drafters] if llama_cpp.available() else []
     prompts = CHAT[:prompts_per_kind] + CODING[:prompts_per_kind]
     runs: dict[tuple[str, str], list] = {}
-    for _ in range(rounds):
-        for prompt in prompts:
-            for drafter in drafters:
-                for name, engine in engines.items():
+    llama_same = [0, 0]
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for drafter in peers:
+            servers[drafter] = llama_cpp.LlamaServer(None if drafter == NONE else k)
+            stack.callback(servers[drafter].close)
+        for _ in range(rounds):
+            for prompt in prompts:
+                for drafter in drafters:
                     request = GenerationRequest(prompt=prompt, drafter=drafter, k=k, max_tokens=max_tokens)
-                    runs.setdefault((name, drafter), []).append(summarize(list(engine.generate(request))))
-    tokens = {tuple(s.token_ids for s in summaries) for summaries in runs.values()}
-    forwards = {name: ceiling.measure(engine.target, (1, k + 1)) for name, engine in engines.items()}
-    rows = [Row(name, drafter, sum(s.decode_tokens_per_s for s in summaries) / len(summaries),
-                sum(s.mean_acceptance_length for s in summaries) / len(summaries), forwards[name].measured_ms)
+                    for name, engine in engines.items():
+                        summary = summarize(list(engine.generate(request)))
+                        runs.setdefault((name, drafter), []).append(summary)
+                    if drafter in servers:
+                        peer = servers[drafter].complete(engines["ours"].prompt_ids(request), max_tokens)
+                        runs.setdefault(("llama.cpp", drafter), []).append(peer)
+                        llama_same[0] += peer.token_ids[:len(summary.token_ids)] == summary.token_ids
+                        llama_same[1] += 1
+    ours_tokens = {tuple(s.token_ids for s in runs[(name, d)]) for name in engines for d in drafters}
+    rows = [Row(name, drafter, _mean(s.decode_tokens_per_s for s in summaries),
+                _mean(s.mean_acceptance_length for s in summaries))
             for (name, drafter), summaries in runs.items()]
-    return rows, len(tokens) == 1, forwards["ours"]
+    forwards = {name: ceiling.measure(engine.target, (1, k + 1)) for name, engine in engines.items()}
+    return Result(rows, len(ours_tokens) == 1, tuple(llama_same), {n: c.measured_ms for n, c in forwards.items()},
+                  forwards["ours"])
 
 
-def table(rows: list[Row], same_tokens: bool, roof: ceiling.Ceiling) -> str:
-    plain = {row.kernels: row.tokens_per_s for row in rows if row.drafter == "none"}
-    lines = ["| kernels | method | decode tok/s | tau | vs none, same kernels | vs PyTorch's kernels |",
-             "|---|---|---:|---:|---:|---:|"]
-    theirs = {row.drafter: row.tokens_per_s for row in rows if row.kernels == "pytorch"}
-    for row in sorted(rows, key=lambda r: (KERNELS.index(r.kernels), r.drafter)):
-        vs_none = f"{row.tokens_per_s / plain[row.kernels]:.2f}x" if row.kernels in plain else "-"
-        lines.append(f"| {row.kernels} | {row.drafter} | {row.tokens_per_s:.1f} | {row.tau:.2f} | {vs_none} | "
-                     f"{row.tokens_per_s / theirs[row.drafter]:.2f}x |")
-    forwards = {row.kernels: row.forward_ms for row in rows}
+def table(result: Result) -> str:
+    rows = sorted(result.rows, key=lambda r: (SYSTEMS.index(r.system), r.drafter))
+    plain = {row.system: row.tokens_per_s for row in rows if row.drafter == NONE}
+    pytorch = {row.drafter: row.tokens_per_s for row in rows if row.system == "pytorch"}
+    llama = {row.drafter: row.tokens_per_s for row in rows if row.system == "llama.cpp"}
+    lines = ["| system | method | decode tok/s | tau | vs none, same system | vs PyTorch's kernels | vs llama.cpp "
+             "none | vs llama.cpp eagle3 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+
+    def ratio(value: float, base: float | None) -> str:
+        return f"{value / base:.2f}x" if base else "-"
+
+    for row in rows:
+        lines.append(f"| {row.system} | {row.drafter} | {row.tokens_per_s:.1f} | {row.tau:.2f} | "
+                     f"{ratio(row.tokens_per_s, plain.get(row.system))} | "
+                     f"{ratio(row.tokens_per_s, pytorch.get(row.drafter))} | "
+                     f"{ratio(row.tokens_per_s, llama.get(NONE))} | {ratio(row.tokens_per_s, llama.get(EAGLE3))} |")
+    roof = result.roof
     lines += ["", "| target forward | " + " | ".join(f"{t} token{'s' * (t > 1)}" for t in roof.floor_ms) + " |",
               "|---|" + "---:|" * len(roof.floor_ms)]
-    for name in KERNELS:
-        lines.append(f"| {name} kernels, ms | " + " | ".join(f"{forwards[name][t]:.1f}" for t in roof.floor_ms) + " |")
+    for name, measured in result.forward_ms.items():
+        lines.append(f"| {name} kernels, ms | " + " | ".join(f"{measured[t]:.1f}" for t in roof.floor_ms) + " |")
     lines.append(f"| roofline floor, ms ({roof.bandwidth_gb_s:.1f} GB/s, {roof.matmul_gflop_s:.0f} GFLOP/s) | "
                  + " | ".join(f"{roof.floor_ms[t]:.1f}" for t in roof.floor_ms) + " |")
-    lines += ["", f"every run emitted the same tokens: {'yes' if same_tokens else 'NO'}"]
+    lines += ["", f"our engines emitted the same tokens in every run: {'yes' if result.same_tokens else 'NO'}"]
+    if result.llama_same[1]:
+        lines.append(f"llama.cpp's tokens equal ours in {result.llama_same[0]} of {result.llama_same[1]} runs")
+    else:
+        lines.append("llama.cpp: not built here (bash scripts/build-llama-cpp.sh)")
     return "\n".join(lines)

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <vector>
 
 #include "layer_ops.h"
 #include "rows_linear.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
@@ -27,27 +29,32 @@ std::pair<double, double> probe_masses(const float* q_last, int64_t q_head_strid
                                        int64_t kv_heads, int64_t capacity, int64_t head_dim, int64_t length,
                                        int64_t sink, int64_t own_from) {
   const float scale = 1.0f / std::sqrt(float(head_dim));
-  std::vector<float> scores(length);
+  std::vector<double> on_sink(num_heads), on_own(num_heads);
+  at::parallel_for(0, num_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(length);
+    for (int64_t head = begin; head < end; ++head) {
+      const float* q = q_last + head * q_head_stride;
+      const float* k = keys + (head / (num_heads / kv_heads)) * capacity * head_dim;
+      float top = -INFINITY;
+      for (int64_t j = 0; j < length; ++j) {
+        scores[j] = dot(q, k + j * head_dim, head_dim) * scale;
+        top = std::max(top, scores[j]);
+      }
+      double total = 0, sink_mass = 0, own_mass = 0;
+      for (int64_t j = 0; j < length; ++j) {
+        const double p = std::exp(double(scores[j] - top));
+        total += p;
+        if (j < sink) sink_mass += p;
+        if (j >= own_from) own_mass += p;
+      }
+      on_sink[head] = sink_mass / total;
+      on_own[head] = own_mass / total;
+    }
+  });
   double sink_total = 0, own_total = 0;
   for (int64_t head = 0; head < num_heads; ++head) {
-    const float* q = q_last + head * q_head_stride;
-    const float* k = keys + (head / (num_heads / kv_heads)) * capacity * head_dim;
-    float top = -INFINITY;
-    for (int64_t j = 0; j < length; ++j) {
-      float dot = 0;
-      for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * k[j * head_dim + i];
-      scores[j] = dot * scale;
-      top = std::max(top, scores[j]);
-    }
-    double total = 0, on_sink = 0, on_own = 0;
-    for (int64_t j = 0; j < length; ++j) {
-      const double p = std::exp(double(scores[j] - top));
-      total += p;
-      if (j < sink) on_sink += p;
-      if (j >= own_from) on_own += p;
-    }
-    sink_total += on_sink / total;
-    own_total += on_own / total;
+    sink_total += on_sink[head];
+    own_total += on_own[head];
   }
   return {sink_total / num_heads, own_total / num_heads};
 }

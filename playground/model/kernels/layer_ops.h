@@ -1,6 +1,8 @@
 #pragma once
 // The small per-token pieces of a Llama layer, shared by decoder_layers.cpp and eagle_step.cpp.
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -24,6 +26,19 @@ inline void rope(const float* x, const float* cos, const float* sin, float* out,
     out[i] = x[i] * cos[i] - x[i + half] * sin[i];
     out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
   }
+}
+
+// the dot product of a and b, n floats, in eight lanes
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  float total = _mm_cvtss_f32(s);
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
 }
 
 // out = silu(gate) * up, elementwise (Llama's MLP between its projections)
