@@ -25,11 +25,14 @@ if [ ! -x "$ROOT/bin/llama-server" ]; then
     CMAKE=.venv/bin/cmake
   fi
   "$CMAKE" -S "$SOURCE" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF > "$ROOT/cmake.log"
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF > "$ROOT/cmake.log" 2>&1
   "$CMAKE" --build "$ROOT/build" -j "$(nproc)" --target llama-server llama-bench > "$ROOT/build.log"
   cp "$ROOT/build/bin/llama-server" "$ROOT/build/bin/llama-bench" "$ROOT/bin/"
 fi
 
+# llama.cpp's converter imports sentencepiece even for a byte-level BPE vocabulary like the target's
+.venv/bin/python -c "import sentencepiece" 2> /dev/null || \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check sentencepiece
 TARGET=$(.venv/bin/python -c "from playground.model.target import embedded_target_folder; print(embedded_target_folder())")
 convert() { .venv/bin/python "$SOURCE/convert_hf_to_gguf.py" "$@" > /dev/null 2>> "$ROOT/convert.log"; }
 [ -f "$ROOT/models/target-f32.gguf" ] || convert "$TARGET" --outtype f32 --outfile "$ROOT/models/target-f32.gguf"

@@ -46,7 +46,7 @@ class LlamaServer:
         command = [str(root() / "bin/llama-server"), "-m", str(root() / "models/target-f32.gguf"), "-t", "2",
                    "-c", "8192", "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-webui"]
         if k is not None:
-            command += ["-md", str(root() / "models/eagle3.gguf"), "--spec-type", "draft-eagle3", "--draft-max", str(k),
+            command += ["-md", str(root() / "models/eagle3.gguf"), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
                         "-td", "2"]
         self.log = (root() / f"server-{'eagle3' if k else 'none'}.log").open("w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)

@@ -47,6 +47,19 @@ def _library_path() -> Path:
     return cache_root() / "kernels" / digest.hexdigest()[:16] / "playground_kernels.so"
 
 
+def _run(commands: list[list[str]]) -> None:
+    """Run the commands at once (a source each: both cores compile); the first failure as an error."""
+    running = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for command in commands]
+    failures = []
+    for process in running:
+        _, stderr = process.communicate(timeout=BUILD_TIMEOUT_S)
+        if process.returncode != 0:
+            failures.append((stderr.strip().splitlines() or [f"exit status {process.returncode}"])[-1])
+    if failures:
+        raise RuntimeError(f"the build failed: {failures[0]}")
+
+
 def _build(library: Path) -> None:
     from torch.utils import cpp_extension
 
@@ -56,14 +69,13 @@ def _build(library: Path) -> None:
     torch_lib = cpp_extension.library_paths()[0]
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
+        _run([[compiler, *FLAGS, "-c", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               *(f"-I{path}" for path in cpp_extension.include_paths()), str(source), "-o", str(obj)]
+              for source, obj in zip(SOURCES, objects)])
         built = Path(tmp) / library.name
-        command = [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-                   *(f"-I{path}" for path in cpp_extension.include_paths()), *map(str, SOURCES),
-                   "-o", str(built), f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if done.returncode != 0:
-            last_line = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-            raise RuntimeError(f"the build failed: {last_line}")
+        _run([[compiler, *FLAGS, *map(str, objects), "-o", str(built), f"-L{torch_lib}", "-lc10", "-ltorch_cpu",
+               f"-Wl,-rpath,{torch_lib}"]])
         built.replace(library)  # atomic: processes building at once each put a whole library there
 
 
@@ -80,7 +92,7 @@ def status() -> KernelStatus:
             log.info("building the CPU kernels into %s", library.parent)
             _build(library)
         torch.ops.load_library(str(library))
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log.warning("the playground's CPU kernels do not run here (%s): PyTorch's kernels instead", exc)
         return KernelStatus(False, f"PyTorch's kernels (ours: {exc})")
     return KernelStatus(True, f"the playground's AVX2 kernels ({library})")
