@@ -33,6 +33,8 @@ class Row:
     drafter: str
     tokens_per_s: float  # decode (after the first token), mean over the runs
     tau: float           # mean over the runs
+    draft_ms: float | None   # per verify step, mean over the runs (our engines)
+    verify_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,13 @@ def _engines(drafters: list[str]) -> dict[str, ReferenceEngine]:
     ours = ReferenceEngine.load()
     if not kernels.status().loaded:
         raise SystemExit(f"bench kernels: our kernels do not run here: {kernels.status().note}")
+    for drafter in drafters:
+        ours.drafters.get(drafter)
     with mock.patch.object(kernels, "status", lambda: kernels.KernelStatus(False, "PyTorch's kernels")):
         pytorch = ReferenceEngine.load()
-        for engine in (ours, pytorch):
-            for drafter in drafters:
-                engine.drafters.get(drafter)
+        for drafter in drafters:
+            pytorch.drafters.get(drafter)
+    assert ours.target.stack_weights is not None and pytorch.target.stack_weights is None
     return {"ours": ours, "pytorch": pytorch}
 
 
@@ -87,11 +91,17 @@ def run(drafters: list[str], k: int, max_tokens: int, prompts_per_kind: int = 2,
                         llama_same[1] += 1
     ours_tokens = {tuple(s.token_ids for s in runs[(name, d)]) for name in engines for d in drafters}
     rows = [Row(name, drafter, _mean(s.decode_tokens_per_s for s in summaries),
-                _mean(s.mean_acceptance_length for s in summaries))
+                _mean(s.mean_acceptance_length for s in summaries),
+                *((_mean(s.draft_ms_per_step for s in summaries), _mean(s.verify_ms_per_step for s in summaries))
+                  if name in engines else (None, None)))
             for (name, drafter), summaries in runs.items()]
     forwards = {name: ceiling.measure(engine.target, (1, k + 1)) for name, engine in engines.items()}
     return Result(rows, len(ours_tokens) == 1, tuple(llama_same), {n: c.measured_ms for n, c in forwards.items()},
                   forwards["ours"])
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def table(result: Result) -> str:
@@ -99,14 +109,15 @@ def table(result: Result) -> str:
     plain = {row.system: row.tokens_per_s for row in rows if row.drafter == NONE}
     pytorch = {row.drafter: row.tokens_per_s for row in rows if row.system == "pytorch"}
     llama = {row.drafter: row.tokens_per_s for row in rows if row.system == "llama.cpp"}
-    lines = ["| system | method | decode tok/s | tau | vs none, same system | vs PyTorch's kernels | vs llama.cpp "
-             "none | vs llama.cpp eagle3 |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| system | method | decode tok/s | tau | draft ms/step | verify ms/step | vs none, same system | "
+             "vs PyTorch's kernels | vs llama.cpp none | vs llama.cpp eagle3 |", "|---|---|" + "---:|" * 8]
 
     def ratio(value: float, base: float | None) -> str:
         return f"{value / base:.2f}x" if base else "-"
 
     for row in rows:
         lines.append(f"| {row.system} | {row.drafter} | {row.tokens_per_s:.1f} | {row.tau:.2f} | "
+                     f"{_ms(row.draft_ms)} | {_ms(row.verify_ms)} | "
                      f"{ratio(row.tokens_per_s, plain.get(row.system))} | "
                      f"{ratio(row.tokens_per_s, pytorch.get(row.drafter))} | "
                      f"{ratio(row.tokens_per_s, llama.get(NONE))} | {ratio(row.tokens_per_s, llama.get(EAGLE3))} |")
