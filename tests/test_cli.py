@@ -99,6 +99,7 @@ COMMANDS = {
     "bench vllm": command_line.bench_vllm,
     "bench trees": command_line.bench_trees,
     "bench --k 3 profile": command_line.bench_profile,
+    "bench kernels --rounds 1": command_line.bench_kernels,
     "bench memory --runs 2": command_line.bench_memory,
     "bench probe --rounds 2": command_line.bench_probe,
     "watch --vllm-url http://a:1": command_line.watch,
