@@ -10,6 +10,11 @@ from playground.model import kernels
 from playground.model.packed_linear import PackedLinear
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _kernels_loaded():
+    kernels.status()
+
+
 def test_the_kernels_build_and_load_here():
     # the figures in docs/performance.md are this kernel's: a silent fallback would make them false
     assert kernels.status().loaded, kernels.status().note
@@ -72,6 +77,39 @@ def _status_in_a_fresh_process(tmp_path, **env) -> str:
                           env={**os.environ, "PLAYGROUND_CACHE": str(tmp_path), **env})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+@pytest.mark.parametrize("case", ["decode", "verify", "causal from a cache", "causal prompt", "masked batch",
+                                  "many rows", "odd lengths"])
+def test_cache_attention_is_scaled_dot_product_attention(case):
+    torch.manual_seed(len(case))
+    B, heads, kv_heads, head_dim, T, start = 1, 9, 3, 64, 6, 300
+    mask, causal = None, False
+    if case == "decode":
+        T = 1
+    elif case == "causal from a cache":
+        causal = True
+    elif case == "causal prompt":
+        T, start, causal = 40, 0, True
+    elif case == "many rows":
+        T = 64
+    elif case == "odd lengths":  # no multiple of four or eight keys, a head_dim past one pass of 64
+        heads, kv_heads, head_dim, T, start = 4, 2, 72, 3, 14
+    if case in ("verify", "masked batch", "many rows"):
+        B = 2 if case == "masked batch" else 1
+        mask = torch.rand(B, 1, T, start + T) > 0.4
+    if case == "masked batch":
+        mask[1, 0, 2] = False  # a row that sees no key
+    q = torch.randn(B, heads, T, head_dim)
+    keys, values = torch.randn(2, B, kv_heads, start + T + 5, head_dim)  # capacity past the keys used
+    ours = torch.ops.playground.cache_attention(q, keys, values, start, mask, causal)
+    visible = mask if not causal else torch.ones(T, start + T, dtype=torch.bool).tril(start)
+    expected = F.scaled_dot_product_attention(q, keys[:, :, :start + T], values[:, :, :start + T], attn_mask=visible,
+                                              enable_gqa=True)
+    if case == "masked batch":
+        assert torch.equal(ours[1, :, 2], torch.zeros(heads, head_dim))
+        expected[1, :, 2] = 0
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=2e-6)
 
 
 def test_without_our_kernels_the_model_runs_on_onednn(tmp_path):

@@ -2,12 +2,13 @@
 //
 // A decode step runs some 40 small operators a layer; from Python each costs more than its work
 // (the norms, RoPE, SiLU and cache writes of one token are a few thousand flops). Here they are
-// plain loops, the projections are rows_linear.cpp's kernel and attention is PyTorch's own
-// scaled_dot_product_attention, called as the Python path calls it.
+// plain loops, the projections are rows_linear.cpp's kernel and attention is attention.cpp's (PyTorch's
+// scaled_dot_product_attention for prompts).
 #include <cmath>
 #include <optional>
 #include <vector>
 
+#include "attention.h"
 #include "layer_ops.h"
 #include "rows_linear.h"
 
@@ -44,14 +45,14 @@ std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList we
   at::Tensor h = h_in.contiguous().clone().view({rows, H});
   at::Tensor normed = at::empty({rows, H}, options);
   at::Tensor qkv = at::empty({rows, q_width + 2 * kv_width}, options);
-  at::Tensor q = at::empty({B, num_heads, T, head_dim}, options);
+  at::Tensor q = at::empty({rows, q_width}, options);
   at::Tensor attended = at::empty({rows, q_width}, options);
   at::Tensor projected = at::empty({rows, H}, options);
   at::Tensor gate_up = at::empty({rows, 2 * inner}, options);
   at::Tensor activated = at::empty({rows, inner}, options);
   const at::Tensor cos = cos_in.contiguous().view({T, head_dim}), sin = sin_in.contiguous().view({T, head_dim});
   float *hp = h.data_ptr<float>(), *np = normed.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
-  float *qp = q.data_ptr<float>(), *ap = attended.data_ptr<float>(), *pp = projected.data_ptr<float>();
+  float *qp = q.data_ptr<float>(), *pp = projected.data_ptr<float>();
   float *gup = gate_up.data_ptr<float>(), *actp = activated.data_ptr<float>();
   const float *cosp = cos.data_ptr<float>(), *sinp = sin.data_ptr<float>();
   std::vector<at::Tensor> out{h.view({B, T, H})};
@@ -69,23 +70,21 @@ std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList we
         const float* row = qkvp + (b * T + t) * (q_width + 2 * kv_width);
         const float *c = cosp + t * head_dim, *s = sinp + t * head_dim;
         for (int64_t head = 0; head < num_heads; ++head)
-          rope(row + head * head_dim, c, s, qp + ((b * num_heads + head) * T + t) * head_dim, head_dim);
+          rope(row + head * head_dim, c, s, qp + (b * T + t) * q_width + head * head_dim, head_dim);
         for (int64_t g = 0; g < kv_heads; ++g) {
           const int64_t slot = ((b * kv_heads + g) * capacity + start + t) * head_dim;
           rope(row + q_width + g * head_dim, c, s, kp + slot, head_dim);
           std::copy_n(row + q_width + kv_width + g * head_dim, head_dim, vp + slot);
         }
       }
-    const at::Tensor context = at::scaled_dot_product_attention(
-        q, layer_keys.narrow(2, 0, start + T), layer_values.narrow(2, 0, start + T), mask, 0.0, is_causal,
-        std::nullopt, /*enable_gqa=*/true);  // [B, heads, T, head_dim]
-    const at::Tensor context_c = context.contiguous();
-    const float* cp = context_c.data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t head = 0; head < num_heads; ++head)
-        for (int64_t t = 0; t < T; ++t)
-          std::copy_n(cp + ((b * num_heads + head) * T + t) * head_dim, head_dim,
-                      ap + (b * T + t) * q_width + head * head_dim);
+    if (T <= kAttentionRowsMax) {
+      attend(q, layer_keys, layer_values, attended, B, T, num_heads, start, mask, is_causal);
+    } else {
+      const at::Tensor context = at::scaled_dot_product_attention(
+          q.view({B, T, num_heads, head_dim}).transpose(1, 2), layer_keys.narrow(2, 0, start + T),
+          layer_values.narrow(2, 0, start + T), mask, 0.0, is_causal, std::nullopt, /*enable_gqa=*/true);
+      attended.view({B, T, num_heads, head_dim}).copy_(context.transpose(1, 2));
+    }
     linear_into(attended, w[2], projected);
     for (int64_t i = 0; i < rows * H; ++i) hp[i] += pp[i];
 

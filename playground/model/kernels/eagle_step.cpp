@@ -8,14 +8,12 @@
 #include <tuple>
 #include <vector>
 
+#include "attention.h"
 #include "layer_ops.h"
 #include "rows_linear.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
-#include <ATen/ops/tril.h>
 #include <torch/library.h>
 
 namespace playground {
@@ -80,14 +78,14 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
   const auto options = hidden.options();
   at::Tensor both = at::empty({T, 2 * H}, options), normed = at::empty({T, H}, options);
   at::Tensor q_lin = at::empty({T, q_width}, options), k_lin = at::empty({T, kv_width}, options);
-  at::Tensor v_lin = at::empty({T, kv_width}, options), q = at::empty({1, num_heads, T, head_dim}, options);
+  at::Tensor v_lin = at::empty({T, kv_width}, options), q = at::empty({T, q_width}, options);
   at::Tensor attended = at::empty({T, q_width}, options), projected = at::empty({T, H}, options);
   at::Tensor h = at::empty({T, H}, options), gate = at::empty({T, inner}, options);
   at::Tensor up = at::empty({T, inner}, options), activated = at::empty({T, inner}, options);
   at::Tensor out = at::empty({T, H}, options);
   const float *hp_in = hidden.data_ptr<float>(), *ep = embeds.data_ptr<float>();
   float *bp = both.data_ptr<float>(), *np = normed.data_ptr<float>(), *hp = h.data_ptr<float>();
-  float *pp = projected.data_ptr<float>(), *qp = q.data_ptr<float>(), *ap = attended.data_ptr<float>();
+  float *pp = projected.data_ptr<float>(), *qp = q.data_ptr<float>();
   const at::Tensor cos = cos_in.contiguous().view({T, head_dim}), sin = sin_in.contiguous().view({T, head_dim});
 
   // attention over cat(norm(embeds), hidden_norm(hidden)), 2H wide
@@ -103,23 +101,16 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
   for (int64_t t = 0; t < T; ++t) {
     const float *c = cos.data_ptr<float>() + t * head_dim, *s = sin.data_ptr<float>() + t * head_dim;
     for (int64_t head = 0; head < num_heads; ++head)
-      rope(q_lin.data_ptr<float>() + t * q_width + head * head_dim, c, s, qp + (head * T + t) * head_dim, head_dim);
+      rope(q_lin.data_ptr<float>() + t * q_width + head * head_dim, c, s, qp + t * q_width + head * head_dim, head_dim);
     for (int64_t g = 0; g < kv_heads; ++g) {
       const int64_t slot = (g * capacity + start + t) * head_dim;
       rope(k_lin.data_ptr<float>() + t * kv_width + g * head_dim, c, s, kp + slot, head_dim);
       std::copy_n(v_lin.data_ptr<float>() + t * kv_width + g * head_dim, head_dim, vp + slot);
     }
   }
-  std::optional<at::Tensor> causal;  // a single query sees every key; more see the cache and those before them
-  if (T > 1) causal = at::ones({T, length}, options.dtype(at::kBool)).tril(start);
-  const at::Tensor context = at::scaled_dot_product_attention(q, keys.narrow(2, 0, length), values.narrow(2, 0, length),
-                                                              causal, 0.0, false, std::nullopt, /*enable_gqa=*/true)
-                                 .contiguous();  // [1, heads, T, head_dim]
-  const auto [sink, own] = probe_masses(qp + (T - 1) * head_dim, T * head_dim, kp, num_heads, kv_heads, capacity,
+  attend(q, keys, values, attended, 1, T, num_heads, start, std::nullopt, /*causal=*/true);
+  const auto [sink, own] = probe_masses(qp + (T - 1) * q_width, head_dim, kp, num_heads, kv_heads, capacity,
                                         head_dim, length, sink_tokens, committed_end);
-  for (int64_t head = 0; head < num_heads; ++head)
-    for (int64_t t = 0; t < T; ++t)
-      std::copy_n(context.data_ptr<float>() + (head * T + t) * head_dim, head_dim, ap + t * q_width + head * head_dim);
   linear_into(attended, w[5], projected);
   for (int64_t i = 0; i < T * H; ++i) hp[i] = hp_in[i] + pp[i];
 

@@ -1,5 +1,5 @@
 #pragma once
-// The small per-token pieces of a Llama layer, shared by decoder_layers.cpp and eagle_step.cpp.
+// The small per-token pieces of a Llama layer, shared by the kernels.
 
 #include <immintrin.h>
 
@@ -28,15 +28,20 @@ inline void rope(const float* x, const float* cos, const float* sin, float* out,
   }
 }
 
+// the sum of eight lanes
+inline float lane_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // the dot product of a and b, n floats, in eight lanes
 inline float dot(const float* a, const float* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  float total = _mm_cvtss_f32(s);
+  float total = lane_sum(acc);
   for (; i < n; ++i) total += a[i] * b[i];
   return total;
 }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "layer_ops.h"
 #include "rows_linear.h"
 
 #include <ATen/Parallel.h>
@@ -23,13 +24,6 @@ namespace {
 constexpr int64_t kLanes = 8;
 constexpr int64_t kMaxRowsPerPass = 6;
 constexpr int64_t kAhead = 1024;  // floats: 4 KiB
-
-inline float lane_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 

@@ -1,0 +1,22 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace playground {
+
+// attention over a KV cache takes at most this many query rows; more go to PyTorch's
+// scaled_dot_product_attention (prompts)
+constexpr int64_t kAttentionRowsMax = 64;
+
+// out [B * T, heads * head_dim] = softmax(q k^T / sqrt(head_dim)) v for the query rows
+// q [B * T, heads * head_dim] (row b * T + t, heads side by side: what the o projection reads),
+// over keys / values [B, kv_heads, capacity, head_dim] (grouped-query: a head reads kv head
+// head / (heads / kv_heads)) at positions [0, start + T). Row (b, t) sees key j where
+// mask [B or 1, 1, T, start + T] (bool) says so; without a mask, j <= start + t when causal, else
+// every key. A row that sees no key gets zeros.
+void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, at::Tensor& out, int64_t B,
+            int64_t T, int64_t num_heads, int64_t start, const std::optional<at::Tensor>& mask, bool causal);
+
+}  // namespace playground
