@@ -19,25 +19,6 @@
 namespace playground {
 namespace {
 
-// exp of eight floats (Cephes' expf: a degree-5 polynomial after reducing by powers of two, within
-// two ulp of std::exp); below -87.3, zero (exp(-inf) of a masked key included)
-inline __m256 exp8(__m256 x) {
-  const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(power)));
-}
-
 // scores[j] = q . keys[j] * scale for j in [0, n), four keys at a time with q read once for them
 void scores_of(const float* q, const float* keys, int64_t n, int64_t head_dim, float scale, float* scores) {
   int64_t j = 0;
