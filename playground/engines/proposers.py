@@ -81,14 +81,21 @@ class EagleProposer:
         self.step_weights = drafter.step_weights()
         self._probe: dict[str, float] = {}
 
+    @property
+    def chains_in_one_call(self) -> bool:
+        """Whether a greedy chain runs as one call (kernels/eagle_step.cpp's eagle_chain)."""
+        return self.step_weights is not None and self.embed_tokens.weight.dtype == torch.float32
+
     def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
         self.pending_features.append(features)
         self.pending_ids.extend(next_ids)
 
     @torch.inference_mode()
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
-        proposal = Proposal()
         hidden, ids, committed, end = self._take_pending()
+        if params.greedy and self.chains_in_one_call:
+            return self._greedy_chain(hidden, ids, committed, end, k)
+        proposal = Proposal()
         positions = torch.arange(committed, end)
         q_rows = []
         for depth in range(k):
@@ -110,6 +117,18 @@ class EagleProposer:
         if q_rows:
             proposal.q = torch.stack(q_rows)
         return proposal
+
+    def _greedy_chain(self, hidden: torch.Tensor, ids: torch.Tensor, committed: int, end: int, k: int) -> Proposal:
+        """propose's loop at temperature 0, every depth in one call (kernels/eagle_step.cpp)."""
+        cos, sin = self.drafter.rope(torch.arange(committed, end + k - 1), hidden.dtype)
+        c = self.drafter.config
+        drafts, probs, sink, own, rms = torch.ops.playground.eagle_chain(
+            hidden[0], ids, self.embed_tokens.weight, self.step_weights, self.drafter.lm_head.weight,
+            self.draft_vocab_ids, cos, sin, self.cache.keys, self.cache.values, committed, k, c.rms_norm_eps,
+            c.num_attention_heads, self.sink_tokens, c.norm_output)
+        self.cache.truncate(end)
+        return Proposal(ids=drafts.tolist(), probs=probs.tolist(), sink_attention=sink.tolist(),
+                        self_attention=own.tolist(), hidden_norm=rms.tolist())
 
     def _chain_step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:

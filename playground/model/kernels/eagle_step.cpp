@@ -124,6 +124,67 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
   return {out, h, sink, own};
 }
 
+
+// sum_j exp(x[j] - shift), the denominator of a softmax
+double exp_sum(const float* x, int64_t n, float shift) {
+  __m256 total = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) total = _mm256_add_ps(total, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(shift))));
+  double sum = lane_sum(total);
+  for (; j < n; ++j) sum += std::exp(double(x[j]) - shift);
+  return sum;
+}
+
+// A greedy chain of k drafts in one call: what the proposer's propose does depth by depth at
+// temperature 0. The first step runs over the T pending positions start..start+T (hidden, ids
+// [T]), each later one over the draft before it at position start + T + depth - 1; cos / sin hold
+// the rows of positions start..start+T+k-2. Each depth's draft is the head's argmax (the first
+// of equal logits, as torch.argmax), mapped to the target's vocabulary by draft_to_target, with
+// its softmax probability. Returns the drafts [k] (target ids), their probabilities, the sink
+// and own-draft masses and the RMS of the state fed into each depth, [k] each.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_chain(
+    const at::Tensor& hidden_in, const at::Tensor& ids, const at::Tensor& embedding, at::TensorList w,
+    const at::Tensor& head, const at::Tensor& draft_to_target, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& keys, const at::Tensor& values, int64_t start, int64_t k, double eps, int64_t num_heads,
+    int64_t sink_tokens, bool norm_output) {
+  TORCH_CHECK(embedding.scalar_type() == at::kFloat && embedding.is_contiguous() && head.is_contiguous() &&
+                  ids.scalar_type() == at::kLong && draft_to_target.scalar_type() == at::kLong,
+              "eagle_chain: a contiguous float32 embedding, a contiguous head, int64 ids");
+  const int64_t T = hidden_in.size(0), H = hidden_in.size(1), end = start + T, draft_vocab = head.size(0);
+  TORCH_CHECK(k >= 1 && cos.size(0) == T + k - 1 && sin.size(0) == T + k - 1 && ids.numel() == T,
+              "eagle_chain: cos / sin need a row for each of the T + k - 1 positions");
+  const auto dopts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor drafts = at::empty({k}, ids.options()), probs = at::empty({k}, dopts), sinks = at::empty({k}, dopts);
+  at::Tensor owns = at::empty({k}, dopts), rms = at::empty({k}, dopts);
+  at::Tensor logits = at::empty({1, draft_vocab}, hidden_in.options());
+  const int64_t* to_target = draft_to_target.data_ptr<int64_t>();
+  const float* table = embedding.data_ptr<float>();
+  at::Tensor hidden = hidden_in.contiguous(), embeds = at::empty({T, H}, hidden_in.options());
+  for (int64_t t = 0; t < T; ++t) std::copy_n(table + ids.data_ptr<int64_t>()[t] * H, H, embeds.data_ptr<float>() + t * H);
+  for (int64_t depth = 0; depth < k; ++depth) {
+    const float* last = hidden.data_ptr<float>() + (hidden.size(0) - 1) * H;
+    double squares = 0;
+    for (int64_t i = 0; i < H; ++i) squares += double(last[i]) * last[i];
+    rms.data_ptr<double>()[depth] = std::sqrt(squares / H);
+    const int64_t first = depth == 0 ? 0 : T + depth - 1, rows = depth == 0 ? T : 1;
+    auto [normed, h_pre, sink, own] = eagle_step(hidden, embeds, w, cos.narrow(0, first, rows), sin.narrow(0, first, rows),
+                                                 keys, values, depth == 0 ? start : end + depth - 1, eps, num_heads,
+                                                 sink_tokens, end);
+    const at::Tensor normed_last = normed.narrow(0, rows - 1, 1);
+    linear_into(normed_last, head, logits);
+    const float* l = logits.data_ptr<float>();
+    const int64_t best = std::max_element(l, l + draft_vocab) - l;  // the first of equal maxima
+    const double total = exp_sum(l, draft_vocab, l[best]);
+    drafts.data_ptr<int64_t>()[depth] = to_target[best];
+    probs.data_ptr<double>()[depth] = 1.0 / total;
+    sinks.data_ptr<double>()[depth] = sink;
+    owns.data_ptr<double>()[depth] = own;
+    hidden = (norm_output ? normed : h_pre).narrow(0, rows - 1, 1).contiguous();
+    embeds = embedding.narrow(0, to_target[best], 1);
+  }
+  return {drafts, probs, sinks, owns, rms};
+}
+
 }  // namespace
 }  // namespace playground
 
@@ -131,5 +192,11 @@ TORCH_LIBRARY_FRAGMENT(playground, m) {
   m.def("eagle_step(Tensor hidden, Tensor embeds, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) keys, "
         "Tensor(b!) values, int start, float eps, int num_heads, int sink_tokens, "
         "int committed_end) -> (Tensor, Tensor, float, float)");
+  m.def("eagle_chain(Tensor hidden, Tensor ids, Tensor embedding, Tensor[] weights, Tensor head, "
+        "Tensor draft_to_target, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int start, int k, "
+        "float eps, int num_heads, int sink_tokens, bool norm_output) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
-TORCH_LIBRARY_IMPL(playground, CPU, m) { m.impl("eagle_step", playground::eagle_step); }
+TORCH_LIBRARY_IMPL(playground, CPU, m) {
+  m.impl("eagle_step", playground::eagle_step);
+  m.impl("eagle_chain", playground::eagle_chain);
+}
