@@ -23,7 +23,7 @@ namespace {
 
 constexpr int64_t kLanes = 8;
 constexpr int64_t kMaxRowsPerPass = 6;
-constexpr int64_t kAhead = 1024;  // floats: 4 KiB
+constexpr int64_t kAhead = 4096;  // floats: 16 KiB (4 KiB left the six-row verify 7% slower here)
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
