@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +122,33 @@ def test_a_failed_build_is_one_warning_and_pytorchs_kernels(tmp_path):
     out = _status_in_a_fresh_process(tmp_path, CXX="false")
     assert out.startswith("False|False|True|PyTorch's kernels (ours: the build failed")
     assert not list(tmp_path.glob("kernels/*/*.so"))
+
+
+def test_the_weights_a_decode_step_streams_share_one_mapping_in_huge_pages(target):
+    streamed = target.stack_weights + [target.lm_head.weight, target.norm.weight]
+    bases = {w.untyped_storage().data_ptr() for w in streamed}
+    assert len(bases) == 1 and all(w.data_ptr() % 64 == 0 for w in streamed)
+    if "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
+        pytest.skip("this kernel gives no transparent huge pages")
+    base = bases.pop()
+    mapping = _smaps_entry(base)
+    assert int(mapping["AnonHugePages"].split()[0]) * 1024 >= 0.5 * sum(w.nbytes for w in streamed), mapping
+
+
+def _smaps_entry(address: int) -> dict[str, str]:
+    """/proc/self/smaps' fields of the mapping that holds address."""
+    entry = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(x, 16) for x in head.split("-"))
+            entry = {} if low <= address < high else None
+        elif entry is not None and ":" in line:
+            key, value = line.split(":", 1)
+            entry[key] = value.strip()
+            if key == "VmFlags":
+                return entry
+    raise AssertionError(f"no mapping holds {address:#x}")
 
 
 def _forward_both_ways(target, monkeypatch, ids, **kwargs):

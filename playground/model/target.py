@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
+from playground.model.huge_pages import move_into_huge_pages
 from playground.model.kv_cache import KVCache
 from playground.model.packed_linear import PackedLinear
 from playground.model.rope import apply_rope
@@ -229,12 +230,17 @@ class Target:
         return self.lm_head(self.norm(h[:, 0])).float()
 
     def _stack_weights(self) -> list[torch.Tensor] | None:
-        """The weights in kernels/decoder_layers.cpp's order, where that one call runs the stack."""
+        """The weights in kernels/decoder_layers.cpp's order, where that one call runs the stack
+        (moved into huge pages first, with the head's: what a decode step streams)."""
         runs = (self.config.hidden_act == "silu" and not getattr(self.config, "attention_bias", False)
+                and self.lm_head.rows_kernel
                 and all(x.rows_kernel for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)))
-        return [w for layer in self.layers for w in (layer.input_norm.weight, layer.qkv.weight, layer.o.weight,
-                                                     layer.post_norm.weight, layer.gate_up.weight, layer.down.weight)
-                ] if runs else None
+        if not runs:
+            return None
+        owners = [x for layer in self.layers
+                  for x in (layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down)]
+        move_into_huge_pages([(x, "weight") for x in owners + [self.norm, self.lm_head]])
+        return [x.weight for x in owners]
 
     def _layers(self, h, cos, sin, cache, start, mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder stack; also the inputs of the aux layers (EAGLE-3's features)."""

@@ -1,0 +1,64 @@
+"""Weights moved into memory the kernel backs with 2 MiB pages.
+
+A decode step streams every weight once. In 4 KiB pages that is a page-table walk every 4 KiB,
+and the CPU's prefetchers stop at each page's end; in 2 MiB pages both go away (a forward 7%
+faster here, one interleaved run). Linux gives anonymous memory huge pages where asked
+(madvise MADV_HUGEPAGE) when transparent huge pages are "always" or "madvise"; where it does not,
+the mapping is plain memory and the weights work as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import sys
+
+import torch
+from torch import nn
+
+ALIGN = 64  # bytes: each tensor starts on a cache line (the kernels' loads need no more)
+HUGE_PAGE = 2 << 20
+TRIM_EVERY = 32 << 20  # bytes moved between handing freed memory back
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if sys.platform.startswith("linux") else None
+
+
+def move_into_huge_pages(owners: list[tuple[object, str]]) -> None:
+    """Replace each owner's attribute (a CPU tensor or parameter) by a copy side by side with the
+    others in one anonymous mapping advised into huge pages. One at a time: each original is freed
+    as its copy takes its place, so the move costs no second set of weights."""
+    tensors = [getattr(owner, name) for owner, name in owners]
+    if not tensors or any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+        return
+    total = sum(_padded(t.numel() * t.element_size()) for t in tensors)
+    del tensors
+    arena = mmap.mmap(-1, (total + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE,
+                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    memory = torch.frombuffer(arena, dtype=torch.uint8)  # holds the mapping for as long as a view lives
+    offset = 0
+    for owner, name in owners:
+        tensor = getattr(owner, name)
+        size = tensor.numel() * tensor.element_size()
+        copy = memory[offset:offset + size].view(tensor.dtype).view(tensor.shape)
+        copy.copy_(tensor)
+        if isinstance(tensor, nn.Parameter):
+            tensor.data = copy
+        else:
+            setattr(owner, name, copy)
+        del tensor
+        offset += _padded(size)
+        if offset // TRIM_EVERY != (offset - _padded(size)) // TRIM_EVERY:
+            _release_freed_memory()
+
+
+def _release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc keeps freed weights' pages otherwise:
+    the move would briefly hold two sets of weights)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _padded(size: int) -> int:
+    return (size + ALIGN - 1) // ALIGN * ALIGN
