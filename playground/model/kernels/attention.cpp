@@ -1,7 +1,7 @@
 // Attention of a few query rows (decode: 1, verify: k + 1, a draft tree) over the KV cache in float32
 // with AVX2 + FMA. PyTorch's CPU flash attention is built for long query blocks: for one query row
-// over a few hundred keys its blocking and dispatch cost several times the arithmetic (73 us a
-// layer against about 10 here, 30 layers a forward).
+// over 300 keys it took 44 us a layer against 24 here, for six rows 101 against 77 (30 layers a
+// forward).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,12 +37,7 @@ void scores_of(const float* q, const float* keys, int64_t n, int64_t head_dim, f
     scores[j + 2] = lane_sum(a2) * scale;
     scores[j + 3] = lane_sum(a3) * scale;
   }
-  for (; j < n; ++j) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < head_dim; d += 8)
-      a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * head_dim + d), a);
-    scores[j] = lane_sum(a) * scale;
-  }
+  for (; j < n; ++j) scores[j] = dot(q, keys + j * head_dim, head_dim) * scale;
 }
 
 // out [LANES * 8] = scale * sum_i weights[i] values[i], the values' columns [0, LANES * 8) (rows
