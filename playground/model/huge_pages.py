@@ -1,8 +1,8 @@
 """Weights moved into memory the kernel backs with 2 MiB pages.
 
 A decode step streams every weight once. In 4 KiB pages that is a page-table walk every 4 KiB,
-and the CPU's prefetchers stop at each page's end; in 2 MiB pages both go away (a forward 7%
-faster here, one interleaved run). Linux gives anonymous memory huge pages where asked
+and the CPU's prefetchers stop at each page's end; in 2 MiB pages both go away (a forward 1-8%
+faster here over three interleaved runs). Linux gives anonymous memory huge pages where asked
 (madvise MADV_HUGEPAGE) when transparent huge pages are "always" or "madvise"; where it does not,
 the mapping is plain memory and the weights work as before.
 """

@@ -13,7 +13,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/library.h>
 
 namespace playground {

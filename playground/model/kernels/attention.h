@@ -6,8 +6,8 @@
 
 namespace playground {
 
-// attention over a KV cache takes at most this many query rows; more go to PyTorch's
-// scaled_dot_product_attention (prompts)
+// decoder_layers.cpp hands attention of more query rows than this (prompts) to PyTorch's
+// scaled_dot_product_attention; the draft step's first pass over a prompt stays here
 constexpr int64_t kAttentionRowsMax = 64;
 
 // out [B * T, heads * head_dim] = softmax(q k^T / sqrt(head_dim)) v for the query rows
