@@ -53,9 +53,10 @@ inline void weighted_sum(const float* weights, const float* values, int64_t n, i
   for (int c = 0; c < LANES; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(scale)));
 }
 
-// One query row of one head: out = sum_j softmax(scores)_j values[j] over the keys it sees.
-void attend_row(const float* q, const float* keys, const float* values, int64_t length, int64_t head_dim,
-                const bool* visible, float* scores, float* out) {
+// One query row of one head: out = sum_j softmax(scores)_j values[j] over the keys it sees. scores
+// ends holding exp(score - max), the weights before their sum, which it returns (0: it sees no key).
+float attend_row(const float* q, const float* keys, const float* values, int64_t length, int64_t head_dim,
+                 const bool* visible, float* scores, float* out) {
   scores_of(q, keys, length, head_dim, 1.0f / std::sqrt(float(head_dim)), scores);
   float top = -INFINITY;
   for (int64_t j = 0; j < length; ++j) {
@@ -63,22 +64,8 @@ void attend_row(const float* q, const float* keys, const float* values, int64_t 
     top = std::max(top, scores[j]);
   }
   std::fill_n(out, head_dim, 0.0f);
-  if (top == -INFINITY) return;
-  const __m256 shift = _mm256_set1_ps(top);
-  __m256 total8 = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= length; j += 8) {
-    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift));
-    _mm256_storeu_ps(scores + j, p);
-    total8 = _mm256_add_ps(total8, p);
-  }
-  float total = lane_sum(total8);
-  for (; j < length; ++j) {
-    alignas(32) float lanes[8] = {scores[j] - top};
-    _mm256_store_ps(lanes, exp8(_mm256_load_ps(lanes)));
-    scores[j] = lanes[0];
-    total += lanes[0];
-  }
+  if (top == -INFINITY) return 0.0f;
+  const float total = exp_shifted(scores, length, top);
   for (int64_t d = 0; d < head_dim; d += 64) {
     switch (std::min<int64_t>(64, head_dim - d) / 8) {
       case 1: weighted_sum<1>(scores, values + d, length, head_dim, 1.0f / total, out + d); break;
@@ -91,12 +78,14 @@ void attend_row(const float* q, const float* keys, const float* values, int64_t 
       default: weighted_sum<8>(scores, values + d, length, head_dim, 1.0f / total, out + d); break;
     }
   }
+  return total;
 }
 
 }  // namespace
 
 void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, at::Tensor& out, int64_t B,
-            int64_t T, int64_t num_heads, int64_t start, const std::optional<at::Tensor>& mask, bool causal) {
+            int64_t T, int64_t num_heads, int64_t start, const std::optional<at::Tensor>& mask, bool causal,
+            float* last_row_weights) {
   const int64_t kv_heads = keys.size(1), capacity = keys.size(2), head_dim = keys.size(3);
   const int64_t length = start + T, q_width = num_heads * head_dim, group = num_heads / kv_heads;
   const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
@@ -117,8 +106,15 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
       const int64_t cache_offset = (b * kv_heads + head / group) * capacity * head_dim;
       const int64_t seen = mp == nullptr && causal ? start + t + 1 : length;
       const bool* row_mask = mp == nullptr ? nullptr : mp + ((mask_batches == 1 ? 0 : b) * T + t) * length;
-      attend_row(qp + (b * T + t) * q_width + head * head_dim, kp + cache_offset, vp + cache_offset, seen, head_dim,
-                 row_mask, scores.data(), op + (b * T + t) * q_width + head * head_dim);
+      const float total = attend_row(qp + (b * T + t) * q_width + head * head_dim, kp + cache_offset,
+                                     vp + cache_offset, seen, head_dim, row_mask, scores.data(),
+                                     op + (b * T + t) * q_width + head * head_dim);
+      if (last_row_weights != nullptr && b == 0 && t == T - 1) {
+        float* weights = last_row_weights + head * length;
+        std::fill_n(weights, length, 0.0f);
+        if (total > 0)
+          for (int64_t j = 0; j < seen; ++j) weights[j] = scores[j] / total;
+      }
     }
   });
 }

@@ -5,6 +5,7 @@
 // small operators cost more than its arithmetic.
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -12,7 +13,6 @@
 #include "layer_ops.h"
 #include "rows_linear.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -22,39 +22,17 @@ namespace {
 // input norm, hidden norm, q, k, v, o, post-attention norm, gate, up, down, final norm
 constexpr int64_t kWeights = 11;
 
-// Mean over query heads of the softmax mass of q's last row on keys [0, sink) and [own_from, keys).
-std::pair<double, double> probe_masses(const float* q_last, int64_t q_head_stride, const float* keys, int64_t num_heads,
-                                       int64_t kv_heads, int64_t capacity, int64_t head_dim, int64_t length,
-                                       int64_t sink, int64_t own_from) {
-  const float scale = 1.0f / std::sqrt(float(head_dim));
-  std::vector<double> on_sink(num_heads), on_own(num_heads);
-  at::parallel_for(0, num_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(length);
-    for (int64_t head = begin; head < end; ++head) {
-      const float* q = q_last + head * q_head_stride;
-      const float* k = keys + (head / (num_heads / kv_heads)) * capacity * head_dim;
-      float top = -INFINITY;
-      for (int64_t j = 0; j < length; ++j) {
-        scores[j] = dot(q, k + j * head_dim, head_dim) * scale;
-        top = std::max(top, scores[j]);
-      }
-      double total = 0, sink_mass = 0, own_mass = 0;
-      for (int64_t j = 0; j < length; ++j) {
-        const double p = std::exp(double(scores[j] - top));
-        total += p;
-        if (j < sink) sink_mass += p;
-        if (j >= own_from) own_mass += p;
-      }
-      on_sink[head] = sink_mass / total;
-      on_own[head] = own_mass / total;
-    }
-  });
-  double sink_total = 0, own_total = 0;
+// Mean over query heads of the softmax mass on keys [0, sink) and [own_from, length), from the
+// weights [num_heads, length] of the last query row
+std::pair<double, double> probe_masses(const float* weights, int64_t num_heads, int64_t length, int64_t sink,
+                                       int64_t own_from) {
+  double on_sink = 0, on_own = 0;
   for (int64_t head = 0; head < num_heads; ++head) {
-    sink_total += on_sink[head];
-    own_total += on_own[head];
+    const float* w = weights + head * length;
+    on_sink += std::accumulate(w, w + std::min(sink, length), 0.0);
+    on_own += std::accumulate(w + std::min(own_from, length), w + length, 0.0);
   }
-  return {sink_total / num_heads, own_total / num_heads};
+  return {on_sink / num_heads, on_own / num_heads};
 }
 
 // hidden, embeds [T, H]; keys / values the drafter cache [1, 1, kv_heads, capacity, head_dim], the
@@ -108,9 +86,9 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
       std::copy_n(v_lin.data_ptr<float>() + t * kv_width + g * head_dim, head_dim, vp + slot);
     }
   }
-  attend(q, keys, values, attended, 1, T, num_heads, start, std::nullopt, /*causal=*/true);
-  const auto [sink, own] = probe_masses(qp + (T - 1) * q_width, head_dim, kp, num_heads, kv_heads, capacity,
-                                        head_dim, length, sink_tokens, committed_end);
+  std::vector<float> last_row_weights(num_heads * length);
+  attend(q, keys, values, attended, 1, T, num_heads, start, std::nullopt, /*causal=*/true, last_row_weights.data());
+  const auto [sink, own] = probe_masses(last_row_weights.data(), num_heads, length, sink_tokens, committed_end);
   linear_into(attended, w[5], projected);
   for (int64_t i = 0; i < T * H; ++i) hp[i] = hp_in[i] + pp[i];
 
@@ -124,16 +102,6 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
   return {out, h, sink, own};
 }
 
-
-// sum_j exp(x[j] - shift), the denominator of a softmax
-double exp_sum(const float* x, int64_t n, float shift) {
-  __m256 total = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) total = _mm256_add_ps(total, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(shift))));
-  double sum = lane_sum(total);
-  for (; j < n; ++j) sum += std::exp(double(x[j]) - shift);
-  return sum;
-}
 
 // A greedy chain of k drafts in one call: what the proposer's propose does depth by depth at
 // temperature 0. The first step runs over the T pending positions start..start+T (hidden, ids
@@ -163,18 +131,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_cha
   for (int64_t t = 0; t < T; ++t) std::copy_n(table + ids.data_ptr<int64_t>()[t] * H, H, embeds.data_ptr<float>() + t * H);
   for (int64_t depth = 0; depth < k; ++depth) {
     const float* last = hidden.data_ptr<float>() + (hidden.size(0) - 1) * H;
-    double squares = 0;
-    for (int64_t i = 0; i < H; ++i) squares += double(last[i]) * last[i];
-    rms.data_ptr<double>()[depth] = std::sqrt(squares / H);
+    rms.data_ptr<double>()[depth] = std::sqrt(mean_square(last, H));
     const int64_t first = depth == 0 ? 0 : T + depth - 1, rows = depth == 0 ? T : 1;
     auto [normed, h_pre, sink, own] = eagle_step(hidden, embeds, w, cos.narrow(0, first, rows), sin.narrow(0, first, rows),
                                                  keys, values, depth == 0 ? start : end + depth - 1, eps, num_heads,
                                                  sink_tokens, end);
     const at::Tensor normed_last = normed.narrow(0, rows - 1, 1);
     linear_into(normed_last, head, logits);
-    const float* l = logits.data_ptr<float>();
+    float* l = logits.data_ptr<float>();
     const int64_t best = std::max_element(l, l + draft_vocab) - l;  // the first of equal maxima
-    const double total = exp_sum(l, draft_vocab, l[best]);
+    const double total = exp_shifted(l, draft_vocab, l[best]);  // the logits are spent: exps in their place
     drafts.data_ptr<int64_t>()[depth] = to_target[best];
     probs.data_ptr<double>()[depth] = 1.0 / total;
     sinks.data_ptr<double>()[depth] = sink;

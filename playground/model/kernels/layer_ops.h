@@ -3,18 +3,24 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 namespace playground {
 
+// the mean of x's squares, n floats, summed in double
+inline double mean_square(const float* x, int64_t n) {
+  double squares = 0;
+  for (int64_t i = 0; i < n; ++i) squares += double(x[i]) * x[i];
+  return squares / n;
+}
+
 // out = weight * x / rms(x), row by row (LlamaRMSNorm in float32)
 inline void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t width, double eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * width;
-    double squares = 0;
-    for (int64_t i = 0; i < width; ++i) squares += double(xr[i]) * xr[i];
-    const float scale = float(1.0 / std::sqrt(squares / width + eps));
+    const float scale = float(1.0 / std::sqrt(mean_square(xr, width) + eps));
     for (int64_t i = 0; i < width; ++i) out[r * width + i] = weight[i] * (xr[i] * scale);
   }
 }
@@ -63,6 +69,28 @@ inline __m256 exp8(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(power)));
+}
+
+// x[j] = exp(x[j] - shift) for j in [0, n), in place; returns their sum (a softmax's denominator)
+inline float exp_shifted(float* x, int64_t n, float shift) {
+  const __m256 shift8 = _mm256_set1_ps(shift);
+  __m256 total = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), shift8));
+    _mm256_storeu_ps(x + j, p);
+    total = _mm256_add_ps(total, p);
+  }
+  if (j < n) {  // the last n mod 8 in a lane buffer, the lanes past n exp(-inf) = 0
+    alignas(32) float lanes[8];
+    std::fill_n(lanes, 8, -INFINITY);
+    std::copy(x + j, x + n, lanes);
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(lanes), shift8));
+    _mm256_store_ps(lanes, p);
+    std::copy_n(lanes, n - j, x + j);
+    total = _mm256_add_ps(total, p);
+  }
+  return lane_sum(total);
 }
 
 // out = silu(gate) * up, elementwise (Llama's MLP between its projections)
