@@ -113,6 +113,23 @@ def test_cache_attention_is_scaled_dot_product_attention(case):
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("T", [6, 40])
+def test_an_attention_rows_result_does_not_depend_on_the_rows_and_heads_beside_it(T):
+    """The queries of a kv head read its keys together, each with its own arithmetic: a verify row
+    is bit for bit that token decoded alone, and each head what it is alone."""
+    torch.manual_seed(T)
+    heads, kv_heads, head_dim, start = 9, 3, 64, 130
+    q = torch.randn(1, heads, T, head_dim)
+    keys, values = torch.randn(2, 1, kv_heads, start + T, head_dim)
+    together = torch.ops.playground.cache_attention(q, keys, values, start, None, True)
+    for t in range(T):
+        for head in range(heads):
+            g = slice(head // 3, head // 3 + 1)
+            alone = torch.ops.playground.cache_attention(q[:, head:head + 1, t:t + 1], keys[:, g], values[:, g],
+                                                         start + t, None, False)
+            assert torch.equal(together[:, head:head + 1, t:t + 1], alone), (t, head)
+
+
 def test_without_our_kernels_the_model_runs_on_onednn(tmp_path):
     assert _status_in_a_fresh_process(tmp_path, PLAYGROUND_CPU_KERNELS="0") == (
         "False|False|True|PyTorch's kernels (PLAYGROUND_CPU_KERNELS=0)")

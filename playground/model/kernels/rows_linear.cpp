@@ -48,6 +48,7 @@ inline void tile(const float* x, int64_t x_stride, const W* w, int64_t k, float*
     for (int c = 0; c < COLS; ++c) wv[c] = load8(wn + c * k + i);
     for (int r = 0; r < ROWS; ++r) {
       __m256 xv = _mm256_loadu_ps(x + r * x_stride + i);
+      asm("" : "+x"(xv));  // keeps x in a register: GCC folds its load into each FMA, six rows' loads then outrun the FMAs
       for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
