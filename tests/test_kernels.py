@@ -206,25 +206,28 @@ def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
     assert fused_cache.length == plain_cache.length == 9 + ids.shape[1]
 
 
-@pytest.mark.parametrize("calls", ["a chain a call", "a step a call"])
+@pytest.mark.parametrize("calls", ["a chain a call", "a step a call", "a tree's step a call"])
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
 def test_the_one_call_draft_step_is_the_op_by_op_step(engine, monkeypatch, drafter, calls):
     from playground.engines.proposers import EagleProposer
     from playground.engines.request import GenerationRequest
+    from playground.engines.tree import TreeShape
     from playground.model.drafter import Eagle3Drafter
 
     assert engine.drafters.get(drafter)[0].step_weights() is not None
     if calls == "a step a call":
         monkeypatch.setattr(EagleProposer, "chains_in_one_call", False)
     request = GenerationRequest(prompt="Name three rivers of Europe and say where each flows.", drafter=drafter,
-                                k=5, max_tokens=40)
+                                k=5, max_tokens=40, tree=TreeShape() if calls == "a tree's step a call" else None)
     fused = list(engine.generate(request))
     monkeypatch.setattr(EagleProposer, "chains_in_one_call", False)
     monkeypatch.setattr(Eagle3Drafter, "step_weights", lambda self: None)
     plain = list(engine.generate(request))
     assert [e.token_ids for e in fused] == [e.token_ids for e in plain]
     assert sum(len(e.draft_ids) for e in fused) > 20
+    assert any(e.tree_ids for e in fused) == (request.tree is not None)
     for a, b in zip(fused, plain):
-        assert a.draft_ids == b.draft_ids, a.step
+        assert (a.draft_ids, a.tree_ids, a.tree_parents) == (b.draft_ids, b.tree_ids, b.tree_parents), a.step
+        assert a.tree_probs == pytest.approx(b.tree_probs, rel=1e-4, abs=1e-6), a.step
         for field in ("draft_probs", "sink_attention", "self_attention", "hidden_norm"):
             assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-4, abs=1e-6), (a.step, field)

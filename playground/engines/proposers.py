@@ -101,7 +101,7 @@ class EagleProposer:
         for depth in range(k):
             proposal.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
             embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
-            normed, fed_back = self._chain_step(hidden, embeds, positions, committed_end=end)
+            normed, fed_back = self._step(hidden, embeds, positions, committed_end=end)
             if depth == 0:
                 self.cache.truncate(end)
             logits = self.drafter.draft_logits(normed[0, -1]).float()  # [draft_vocab]
@@ -130,16 +130,18 @@ class EagleProposer:
         return Proposal(ids=drafts.tolist(), probs=probs.tolist(), sink_attention=sink.tolist(),
                         self_attention=own.tolist(), hidden_norm=rms.tolist())
 
-    def _chain_step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The drafter's step at positions (attention causal over its cache), its probes recorded."""
-        start = int(positions[0])
+    def _step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int,
+              start: int | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's step written at start.. (positions[0] unless said) with attention causal over its
+        cache, or as `mask` [T, start+T] allows; its probes recorded (the last row's, or every row's)."""
+        start = int(positions[0]) if start is None else start
         if self.step_weights is None:
-            return self.drafter.step(hidden, embeds, positions, self._attend_fn(start, committed_end))
+            return self.drafter.step(hidden, embeds, positions, self._attend_fn(start, committed_end, mask))
         cos, sin = self.drafter.rope(positions, hidden.dtype)
         normed, h_pre, sink, own = torch.ops.playground.eagle_step(
             hidden[0], embeds[0], self.step_weights, cos, sin, self.cache.keys, self.cache.values, start,
-            self.drafter.config.rms_norm_eps, self.drafter.config.num_attention_heads, self.sink_tokens, committed_end)
+            self.drafter.config.rms_norm_eps, self.drafter.config.num_attention_heads, self.sink_tokens, committed_end,
+            mask)
         self._probe = {"sink": sink, "self": own}
         return normed[None], (normed if self.drafter.config.norm_output else h_pre)[None]
 
@@ -161,8 +163,7 @@ class EagleProposer:
         hidden, ids, committed, end = self._take_pending()
         probes.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
         embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
-        normed, fed_back = self.drafter.step(hidden, embeds, torch.arange(committed, end),
-                                             self._attend_fn(start=committed, committed_end=end))
+        normed, fed_back = self._step(hidden, embeds, torch.arange(committed, end), committed_end=end)
         self.cache.truncate(end)
         self._record(probes)
         tree, sources = DraftTree(), {}
@@ -181,8 +182,8 @@ class EagleProposer:
                     mask[row, slots[node]] = True
                     node = tree.parents[node]
             embeds = self.embed_tokens(torch.tensor([tree.tokens[n] for n in frontier]))[None].to(self.drafter.dtype)
-            normed, fed_back = self.drafter.step(hidden, embeds, torch.full((len(frontier),), end + depth - 1),
-                                                 self._attend_fn(start, end, mask))
+            normed, fed_back = self._step(hidden, embeds, torch.full((len(frontier),), end + depth - 1), end,
+                                          start, mask)
             self._record(probes)
             frontier = [child for row, node in enumerate(frontier) for child in self._expand(
                 tree, sources, node, tree.scores[node], normed[0, row], fed_back[0, row], shape.top_k)]

@@ -131,7 +131,7 @@ void attend_queries(Query* queries, int64_t count, const float* keys, const floa
 
 void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, at::Tensor& out, int64_t B,
             int64_t T, int64_t num_heads, int64_t start, const std::optional<at::Tensor>& mask, bool causal,
-            float* last_row_weights) {
+            float* row_weights, int64_t weights_from_row) {
   const int64_t kv_heads = keys.size(1), capacity = keys.size(2), head_dim = keys.size(3);
   const int64_t length = start + T, q_width = num_heads * head_dim, group = num_heads / kv_heads;
   const float *qp = q.data_ptr<float>(), *kp = keys.data_ptr<float>(), *vp = values.data_ptr<float>();
@@ -166,8 +166,9 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
       attend_queries(queries.data(), queries.size(), kp + cache_offset, vp + cache_offset, head_dim);
       for (int64_t task = first; task < last; ++task) {
         const Query& x = queries[task - first];
-        if (last_row_weights == nullptr || b != 0 || task % per_kv_head / group != T - 1) continue;
-        float* weights = last_row_weights + (g * group + task % group) * length;
+        const int64_t t = task % per_kv_head / group;
+        if (row_weights == nullptr || b != 0 || t < weights_from_row) continue;
+        float* weights = row_weights + ((t - weights_from_row) * num_heads + g * group + task % group) * length;
         std::fill_n(weights, length, 0.0f);
         if (x.total > 0)
           for (int64_t j = 0; j < x.seen; ++j) weights[j] = x.scores[j] / x.total;

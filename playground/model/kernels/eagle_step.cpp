@@ -22,25 +22,27 @@ namespace {
 // input norm, hidden norm, q, k, v, o, post-attention norm, gate, up, down, final norm
 constexpr int64_t kWeights = 11;
 
-// Mean over query heads of the softmax mass on keys [0, sink) and [own_from, length), from the
-// weights [num_heads, length] of the last query row
-std::pair<double, double> probe_masses(const float* weights, int64_t num_heads, int64_t length, int64_t sink,
+// Mean over query rows and heads of the softmax mass on keys [0, sink) and [own_from, length),
+// from their weights [rows_and_heads, length]
+std::pair<double, double> probe_masses(const float* weights, int64_t rows_and_heads, int64_t length, int64_t sink,
                                        int64_t own_from) {
   double on_sink = 0, on_own = 0;
-  for (int64_t head = 0; head < num_heads; ++head) {
-    const float* w = weights + head * length;
+  for (int64_t i = 0; i < rows_and_heads; ++i) {
+    const float* w = weights + i * length;
     on_sink += std::accumulate(w, w + std::min(sink, length), 0.0);
     on_own += std::accumulate(w + std::min(own_from, length), w + length, 0.0);
   }
-  return {on_sink / num_heads, on_own / num_heads};
+  return {on_sink / rows_and_heads, on_own / rows_and_heads};
 }
 
 // hidden, embeds [T, H]; keys / values the drafter cache [1, 1, kv_heads, capacity, head_dim], the
-// new positions written at start..start+T. Returns (normed output, h_pre, sink mass, own mass).
+// new positions written at start..start+T. Attention is causal and the probes are the last row's;
+// with a mask [T, start + T] (a draft tree's rows), it says which keys each row sees and the probes
+// are the mean of every row's. Returns (normed output, h_pre, sink mass, own mass).
 std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
     const at::Tensor& hidden_in, const at::Tensor& embeds_in, at::TensorList w, const at::Tensor& cos_in,
     const at::Tensor& sin_in, const at::Tensor& keys_in, const at::Tensor& values_in, int64_t start, double eps,
-    int64_t num_heads, int64_t sink_tokens, int64_t committed_end) {
+    int64_t num_heads, int64_t sink_tokens, int64_t committed_end, const std::optional<at::Tensor>& mask) {
   TORCH_CHECK(w.size() == kWeights, "eagle_step: eleven weights");
   TORCH_CHECK(hidden_in.scalar_type() == at::kFloat && embeds_in.scalar_type() == at::kFloat &&
                   keys_in.scalar_type() == at::kFloat, "eagle_step: float32 only");
@@ -52,6 +54,8 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
   const int64_t q_width = num_heads * head_dim, kv_width = kv_heads * head_dim, inner = w[7].size(0);
   const int64_t length = start + T;
   TORCH_CHECK(length <= capacity, "KV cache overflow: ", length, " > ", capacity);
+  TORCH_CHECK(!mask.has_value() || (mask->dim() == 2 && mask->size(0) == T && mask->size(1) == length),
+              "eagle_step: the mask must be [T, start + T]");
 
   const auto options = hidden.options();
   at::Tensor both = at::empty({T, 2 * H}, options), normed = at::empty({T, H}, options);
@@ -86,9 +90,13 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
       std::copy_n(v_lin.data_ptr<float>() + t * kv_width + g * head_dim, head_dim, vp + slot);
     }
   }
-  std::vector<float> last_row_weights(num_heads * length);
-  attend(q, keys, values, attended, 1, T, num_heads, start, std::nullopt, /*causal=*/true, last_row_weights.data());
-  const auto [sink, own] = probe_masses(last_row_weights.data(), num_heads, length, sink_tokens, committed_end);
+  const int64_t weighed_from = mask.has_value() ? 0 : T - 1;
+  std::vector<float> row_weights((T - weighed_from) * num_heads * length);
+  attend(q, keys, values, attended, 1, T, num_heads, start,
+         mask.has_value() ? std::optional<at::Tensor>(mask->reshape({1, 1, T, length})) : std::nullopt,
+         /*causal=*/!mask.has_value(), row_weights.data(), weighed_from);
+  const auto [sink, own] = probe_masses(row_weights.data(), (T - weighed_from) * num_heads, length, sink_tokens,
+                                        committed_end);
   linear_into(attended, w[5], projected);
   for (int64_t i = 0; i < T * H; ++i) hp[i] = hp_in[i] + pp[i];
 
@@ -135,7 +143,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_cha
     const int64_t first = depth == 0 ? 0 : T + depth - 1, rows = depth == 0 ? T : 1;
     auto [normed, h_pre, sink, own] = eagle_step(hidden, embeds, w, cos.narrow(0, first, rows), sin.narrow(0, first, rows),
                                                  keys, values, depth == 0 ? start : end + depth - 1, eps, num_heads,
-                                                 sink_tokens, end);
+                                                 sink_tokens, end, std::nullopt);
     const at::Tensor normed_last = normed.narrow(0, rows - 1, 1);
     linear_into(normed_last, head, logits);
     float* l = logits.data_ptr<float>();
@@ -157,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_cha
 TORCH_LIBRARY_FRAGMENT(playground, m) {
   m.def("eagle_step(Tensor hidden, Tensor embeds, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) keys, "
         "Tensor(b!) values, int start, float eps, int num_heads, int sink_tokens, "
-        "int committed_end) -> (Tensor, Tensor, float, float)");
+        "int committed_end, Tensor? mask) -> (Tensor, Tensor, float, float)");
   m.def("eagle_chain(Tensor hidden, Tensor ids, Tensor embedding, Tensor[] weights, Tensor head, "
         "Tensor draft_to_target, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int start, int k, "
         "float eps, int num_heads, int sink_tokens, bool norm_output) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
