@@ -167,7 +167,7 @@ class EagleProposer:
         self.cache.truncate(end)
         self._record(probes)
         tree, sources = DraftTree(), {}
-        frontier = self._expand(tree, sources, ROOT, 0.0, normed[0, -1], fed_back[0, -1], shape.top_k)
+        frontier = self._expand(tree, sources, [ROOT], normed[0, -1:], fed_back[0, -1:], shape.top_k)
         slots: dict[int, int] = {}   # expanded node -> its scratch slot in the drafter cache
         for depth in range(1, shape.depth):
             frontier = sorted(frontier, key=lambda i: -tree.scores[i])[:shape.top_k]
@@ -185,8 +185,7 @@ class EagleProposer:
             normed, fed_back = self._step(hidden, embeds, torch.full((len(frontier),), end + depth - 1), end,
                                           start, mask)
             self._record(probes)
-            frontier = [child for row, node in enumerate(frontier) for child in self._expand(
-                tree, sources, node, tree.scores[node], normed[0, row], fed_back[0, row], shape.top_k)]
+            frontier = self._expand(tree, sources, frontier, normed[0], fed_back[0], shape.top_k)
         return tree.best(shape.nodes), probes
 
     def _take_pending(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -199,16 +198,18 @@ class EagleProposer:
         self.pending_features, self.pending_ids = [], []
         return hidden, ids, committed, committed + ids.shape[0]
 
-    def _expand(self, tree: DraftTree, sources: dict, parent: int, score: float, normed: torch.Tensor,
+    def _expand(self, tree: DraftTree, sources: dict, parents: list[int], normed: torch.Tensor,
                 fed_back: torch.Tensor, top_k: int) -> list[int]:
-        """Add the `top_k` likeliest children of `parent` (drafter output `normed`); return them."""
-        logp = self.drafter.draft_logits(normed).float().log_softmax(-1)
-        best = logp.topk(top_k)
+        """Add the `top_k` likeliest children of each parent (drafter outputs `normed` [R, H], the head
+        run once for all R); return the children, parent by parent."""
+        best = self.drafter.draft_logits(normed).float().log_softmax(-1).topk(top_k)
         children = []
-        for lp, d in zip(best.values.tolist(), best.indices.tolist()):
-            child = tree.add(int(self.draft_vocab_ids[d]), parent, math.exp(lp), score + lp)
-            sources[child] = fed_back
-            children.append(child)
+        for row, parent in enumerate(parents):
+            score = 0.0 if parent == ROOT else tree.scores[parent]
+            for lp, d in zip(best.values[row].tolist(), best.indices[row].tolist()):
+                child = tree.add(int(self.draft_vocab_ids[d]), parent, math.exp(lp), score + lp)
+                sources[child] = fed_back[row]
+                children.append(child)
         return children
 
     def _record(self, probes: Proposal) -> None:
