@@ -206,6 +206,34 @@ def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
     assert fused_cache.length == plain_cache.length == 9 + ids.shape[1]
 
 
+@pytest.mark.parametrize("rows", [2, 40])
+def test_a_masked_draft_step_is_the_op_by_op_step(engine, rows):
+    """A tree depth's step in one call (its mask; probes the mean of every row's) against the drafter's
+    op-by-op step with the proposer's attention; 40 rows take more than one pass of queries."""
+    from playground.engines.proposers import EagleProposer
+
+    drafter = engine.drafters.get("eagle3.1")[0]
+    torch.manual_seed(rows)
+    committed, H = 50, drafter.config.hidden_size
+    proposer = EagleProposer(drafter, engine.target.embed_tokens, committed + rows + 8)
+    proposer._step(torch.randn(1, committed, H), torch.randn(1, committed, H), torch.arange(committed),
+                   committed_end=committed)
+    proposer.cache.truncate(committed)
+    mask = torch.rand(rows, committed + rows) > 0.5
+    mask[:, :proposer.sink_tokens] = True   # the sink keys, seen by every row as in a tree
+    mask[:, committed:] &= torch.ones(rows, rows, dtype=torch.bool).tril()
+    mask[:, committed:].fill_diagonal_(True)
+    hidden, embeds, positions = torch.randn(1, rows, H), torch.randn(1, rows, H), torch.full((rows,), committed)
+    fused = proposer._step(hidden, embeds, positions, committed, committed, mask)
+    fused_probe = dict(proposer._probe)
+    proposer.step_weights = None
+    plain = proposer._step(hidden, embeds, positions, committed, committed, mask)
+    for ours, theirs in zip(fused, plain):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    assert fused_probe == pytest.approx(proposer._probe, rel=1e-4, abs=1e-6)
+    assert 0 < fused_probe["sink"] < 1 and 0 < fused_probe["self"] < 1
+
+
 @pytest.mark.parametrize("calls", ["a chain a call", "a step a call", "a tree's step a call"])
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
 def test_the_one_call_draft_step_is_the_op_by_op_step(engine, monkeypatch, drafter, calls):

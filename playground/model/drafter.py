@@ -251,8 +251,8 @@ class Eagle3Drafter(nn.Module):
         return normed, (normed if self.config.norm_output else h_pre)
 
     def step_weights(self) -> list[torch.Tensor] | None:
-        """The weights in kernels/eagle_step.cpp's order, where its calls run a chain's steps (and its
-        head: a greedy chain's every depth)."""
+        """The weights in kernels/eagle_step.cpp's order, where its calls run the chain's and the tree's
+        steps (and the head: a greedy chain's every depth)."""
         layer, attn, mlp = self.midlayer, self.midlayer.self_attn, self.midlayer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if self.dtype != torch.float32 or not all(getattr(p, "rows_kernel", False) for p in (*projections, self.lm_head)):

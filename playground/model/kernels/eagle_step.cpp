@@ -1,8 +1,9 @@
-// One EAGLE-3 draft step of a chain in one call, float32 on the CPU: what drafter.py's
-// Eagle3Drafter.step and the proposer's causal attention over the drafter cache do op by op, with
-// the proposer's probes of the last query (its attention mass on the sink keys, and on the keys
-// drafted in this round). A draft depth is one token through one layer: from Python its some 60
-// small operators cost more than its arithmetic.
+// One EAGLE-3 draft step in one call, float32 on the CPU: what drafter.py's Eagle3Drafter.step and
+// the proposer's attention over the drafter cache do op by op (causal for a chain, a draft tree's
+// mask for its rows), with the proposer's probes (the attention mass on the sink keys, and on the
+// keys drafted in this round: a chain's last query's, a tree depth's mean over its rows). A draft
+// depth is a token or a few through one layer: from Python its some 60 small operators cost more
+// than its arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

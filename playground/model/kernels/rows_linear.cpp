@@ -68,9 +68,9 @@ void pass(const float* x, int64_t k, const W* w, float* y, int64_t n_out, int64_
 // Weight rows [begin, end) against every row of x, in blocks of weight rows that each group of up
 // to six rows of x passes over in turn: the weights stream from memory once. Up to
 // kTileByTileRowsMax rows of x, a block is one tile of two weight rows, read from memory by the
-// first group while the FMAs of the rest, on it from L1, keep the stream moving (nine rows: 21%
-// faster than blocks that stay in L2, where the later groups run with the memory idle); more rows
-// of x than that, blocks of weight rows stay in L2.
+// first group while the FMAs of the rest, on it from L1, keep the stream moving (a forward's
+// projections for nine rows 21% faster than with blocks that stay in L2, where the later groups run
+// with the memory idle); more rows of x than that, blocks of weight rows stay in L2.
 template <typename W>
 void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, int64_t n_out,
                int64_t begin, int64_t end) {
