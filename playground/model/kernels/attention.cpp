@@ -83,13 +83,15 @@ void weighted_rows(const float* weights, const float* values, int64_t n, int64_t
 
 // One query row of one head, over the first `seen` keys of its kv head where `visible` (if any)
 // says so. scores ends holding exp(score - max), the weights before `total`, their sum (0: it
-// sees no key); out is first their weighted sum of values, then that over total.
+// sees no key); out is first their weighted sum of values, then that over total. Given `weights`
+// (length keys), the softmax's weights go there, zeros on the keys the row does not see.
 struct Query {
   const float* q;
   float* out;
   int64_t seen;
   const bool* visible;
   float* scores;
+  float* weights;
   float total;
 };
 
@@ -103,7 +105,8 @@ constexpr int64_t kQueriesAtOnce = 32;
 
 // The queries of one kv head. Every score and every output is the arithmetic of one query alone:
 // blocks change which query reads a key when, not a sum's order.
-void attend_queries(Query* queries, int64_t count, const float* keys, const float* values, int64_t head_dim) {
+void attend_queries(Query* queries, int64_t count, const float* keys, const float* values, int64_t head_dim,
+                    int64_t length) {
   const float scale = 1.0f / std::sqrt(float(head_dim));
   int64_t longest = 0;
   for (Query* x = queries; x < queries + count; ++x) longest = std::max(longest, x->seen);
@@ -120,12 +123,15 @@ void attend_queries(Query* queries, int64_t count, const float* keys, const floa
     for (Query* x = queries; x < queries + count; ++x)
       if (x->total > 0 && x->seen > j)
         weighted_rows(x->scores + j, values + j * head_dim, std::min(kKeysPerBlock, x->seen - j), head_dim, x->out);
-  for (Query* x = queries; x < queries + count; ++x)
-    if (x->total > 0) {
-      const __m256 inverse = _mm256_set1_ps(1.0f / x->total);
-      for (int64_t d = 0; d < head_dim; d += 8)
-        _mm256_storeu_ps(x->out + d, _mm256_mul_ps(_mm256_loadu_ps(x->out + d), inverse));
-    }
+  for (Query* x = queries; x < queries + count; ++x) {
+    if (x->weights != nullptr) std::fill_n(x->weights, length, 0.0f);
+    if (x->total == 0) continue;
+    const __m256 inverse = _mm256_set1_ps(1.0f / x->total);
+    for (int64_t d = 0; d < head_dim; d += 8)
+      _mm256_storeu_ps(x->out + d, _mm256_mul_ps(_mm256_loadu_ps(x->out + d), inverse));
+    if (x->weights != nullptr)
+      for (int64_t j = 0; j < x->seen; ++j) x->weights[j] = x->scores[j] / x->total;
+  }
 }
 
 }  // namespace
@@ -158,22 +164,15 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
       queries.clear();
       for (int64_t task = first; task < last; ++task) {
         const int64_t t = task % per_kv_head / group, head = g * group + task % group;
+        const bool weighed = row_weights != nullptr && b == 0 && t >= weights_from_row;
         queries.push_back({qp + (b * T + t) * q_width + head * head_dim, op + (b * T + t) * q_width + head * head_dim,
                            mp == nullptr && causal ? start + t + 1 : length,
                            mp == nullptr ? nullptr : mp + ((mask_batches == 1 ? 0 : b) * T + t) * length,
-                           scores.data() + (task - first) * length, 0.0f});
+                           scores.data() + (task - first) * length,
+                           weighed ? row_weights + ((t - weights_from_row) * num_heads + head) * length : nullptr, 0.0f});
       }
       const int64_t cache_offset = (b * kv_heads + g) * capacity * head_dim;
-      attend_queries(queries.data(), queries.size(), kp + cache_offset, vp + cache_offset, head_dim);
-      for (int64_t task = first; task < last; ++task) {
-        const Query& x = queries[task - first];
-        const int64_t t = task % per_kv_head / group;
-        if (row_weights == nullptr || b != 0 || t < weights_from_row) continue;
-        float* weights = row_weights + ((t - weights_from_row) * num_heads + g * group + task % group) * length;
-        std::fill_n(weights, length, 0.0f);
-        if (x.total > 0)
-          for (int64_t j = 0; j < x.seen; ++j) weights[j] = x.scores[j] / x.total;
-      }
+      attend_queries(queries.data(), queries.size(), kp + cache_offset, vp + cache_offset, head_dim, length);
       first = last;
     }
   });

@@ -57,9 +57,12 @@ inline void tile(const float* x, int64_t x_stride, const W* w, int64_t k, float*
     for (int c = 0; c < COLS; ++c) y[r * y_stride + n + c] = lane_sum(acc[r][c]);
 }
 
+// weight rows a tile takes for `rows` rows of x: sixteen registers hold rows x cols sums, cols weights and x
+constexpr int tile_cols(int64_t rows) { return rows <= 2 ? 4 : 2; }
+
 template <int ROWS, typename W>
 void pass(const float* x, int64_t k, const W* w, float* y, int64_t n_out, int64_t begin, int64_t end) {
-  constexpr int COLS = ROWS <= 2 ? 4 : 2;
+  constexpr int COLS = tile_cols(ROWS);
   int64_t n = begin;
   for (; n + COLS <= end; n += COLS) tile<ROWS, COLS, W>(x, k, w, k, y, n_out, n);
   for (; n < end; ++n) tile<ROWS, 1, W>(x, k, w, k, y, n_out, n);
@@ -75,7 +78,7 @@ template <typename W>
 void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, int64_t n_out,
                int64_t begin, int64_t end) {
   const int64_t block = rows > kMaxRowsPerPass && rows <= kTileByTileRowsMax
-                            ? 2  // pass's tile for more than two rows
+                            ? tile_cols(kMaxRowsPerPass)
                             : std::max<int64_t>(4, (256 * 1024 / 4) / k);
   for (int64_t n = begin; n < end; n += block) {
     const int64_t stop = std::min(n + block, end);
