@@ -38,6 +38,51 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     assert torch.equal(together, alone)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_accept_is_the_argmax_verify_of_the_logits(dtype):
+    """Drafts the argmax keeps or not, ties (equal weight rows: the first id wins, as torch.argmax), one
+    row (plain decoding) to 13 (rows taken tile by tile), a vocabulary split between both cores."""
+    from playground.engines.sampling import verify_greedy
+
+    generator = torch.Generator().manual_seed(3)
+    w = torch.randn(5000, 64, generator=generator).to(dtype)
+    w[3000] = w[4000] = w[100]
+    rejections = 0
+    for trial in range(240):
+        rows = 1 + trial % 13
+        x = torch.randn(rows, 64, generator=generator)
+        if trial % 5 == 0:
+            x[0] = 3 * w[100].float()   # its argmax is 100, tied with 3000 and 4000
+        logits = torch.ops.playground.rows_linear(x, w)
+        drafts = logits.argmax(-1).tolist()[:rows - 1]
+        for r in range(rows - 1):
+            if torch.rand(1, generator=generator) < 0.3:
+                drafts[r] = 4000 if (trial % 5 == 0 and r == 0) else int(torch.randint(5000, (1,), generator=generator))
+        expected = verify_greedy(drafts, logits)
+        rejections += expected[0] < rows - 1
+        assert tuple(torch.ops.playground.greedy_accept(x, w, drafts)) == expected, trial
+    assert rejections > 50
+
+
+def test_greedy_accept_on_the_targets_head_is_the_verify_of_its_logits(target):
+    from playground.engines.sampling import verify_greedy
+
+    assert target.accepts_greedy_in_one_call
+    out = target.forward(torch.tensor([[504, 3426, 314, 260, 1345, 28, 1052]]), target.new_cache(16))
+    predicted = out.logits[0].argmax(-1).tolist()
+    for drafts in (predicted[:6], predicted[:3] + [7, 8, 9], [5] + predicted[1:6], []):
+        final = out.final_hidden[0, :len(drafts) + 1]
+        assert target.greedy_accept(final, drafts) == verify_greedy(drafts, out.logits[0, :len(drafts) + 1])
+
+
+def test_greedy_accept_refuses_what_it_cannot_verify():
+    x, w = torch.randn(3, 16), torch.randn(40, 16)
+    with pytest.raises(RuntimeError, match="a draft for each row but the last"):
+        torch.ops.playground.greedy_accept(x, w, [1])
+    with pytest.raises(RuntimeError, match="draft id 40 out of range"):
+        torch.ops.playground.greedy_accept(x, w, [1, 40])
+
+
 def test_rows_linear_refuses_what_it_cannot_compute():
     with pytest.raises(RuntimeError, match="multiple of 8"):
         torch.ops.playground.rows_linear(torch.randn(1, 12), torch.randn(4, 12))
@@ -204,6 +249,20 @@ def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
     torch.testing.assert_close(fused_cache.keys, plain_cache.keys, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused_cache.values, plain_cache.values, rtol=1e-5, atol=1e-5)
     assert fused_cache.length == plain_cache.length == 9 + ids.shape[1]
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
+@pytest.mark.parametrize("rows", [1, 7, 70])
+def test_the_one_call_fuse_is_the_drafters_op_by_op_fuse(engine, drafter, rows):
+    """The target's features into the drafter's first input: fc_norm's norms (EAGLE 3.1) and fc; 70
+    rows (a prompt) go to MKL's sgemm."""
+    model = engine.drafters.get(drafter)[0]
+    torch.manual_seed(rows)
+    features = 4 * torch.randn(rows, 3 * model.config.target_hidden_size)
+    chunks = features.chunk(3, dim=-1)
+    normed = torch.cat([norm(x) for norm, x in zip(model.fc_norm, chunks)], -1) if model.fc_norm else features
+    torch.testing.assert_close(model.fuse(features[None]), F.linear(normed, model.fc.weight.float())[None],
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [2, 40])

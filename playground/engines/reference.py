@@ -143,8 +143,13 @@ class ReferenceEngine:
                       params: SamplingParams, generator: torch.Generator) -> "Verified":
         """Verify a chain in one forward over `last` and the drafts; keep the accepted ones."""
         start = cache.length
-        out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache)
-        accepted, next_id = self._accept_chain(proposal, out.logits[0], params, generator)
+        ids = torch.tensor([[last] + proposal.ids])
+        if params.greedy and self.target.accepts_greedy_in_one_call:
+            out = self.target.forward(ids, cache, head=False)
+            accepted, next_id = self.target.greedy_accept(out.final_hidden[0], proposal.ids)
+        else:
+            out = self.target.forward(ids, cache)
+            accepted, next_id = self._accept_chain(proposal, out.logits[0], params, generator)
         self._roll_back(cache, start + accepted + 1)   # keep `last` and the accepted drafts
         committed = proposal.ids[:accepted] + [next_id]
         proposer.observe(out.features[0, :accepted + 1], committed)

@@ -231,6 +231,11 @@ class Eagle3Drafter(nn.Module):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [.., n_aux * Ht] -> the first step's hidden input [.., H]."""
+        if getattr(self.fc, "rows_kernel", False) and features.dtype == self.dtype == torch.float32:
+            norms = [norm.weight for norm in self.fc_norm] if self.fc_norm is not None else []
+            fused = torch.ops.playground.eagle_fuse(features.reshape(-1, features.shape[-1]), norms, self.fc.weight,
+                                                    self.config.rms_norm_eps)
+            return fused.view(*features.shape[:-1], fused.shape[-1])
         if self.fc_norm is not None:
             chunks = features.chunk(len(self.fc_norm), dim=-1)
             features = torch.cat([norm(x) for norm, x in zip(self.fc_norm, chunks)], dim=-1)

@@ -113,7 +113,7 @@ def load_hf_target(path: str | None, dtype: str = "float32"):
 
 @dataclass(frozen=True)
 class TargetOutput:
-    logits: torch.Tensor    # [B, T, vocab] ([B, 1, vocab] with last_only)
+    logits: torch.Tensor | None  # [B, T, vocab] ([B, 1, vocab] with last_only); None without the head
     features: torch.Tensor  # [B, T, 3 * hidden]: inputs of the aux layers, concatenated low..high
     final_hidden: torch.Tensor  # [B, T, hidden]: the normed state lm_head reads
 
@@ -195,14 +195,15 @@ class Target:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, last_only: bool = False,
-                key_padding: torch.Tensor | None = None, tree: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> TargetOutput:
+                key_padding: torch.Tensor | None = None, tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+                head: bool = True) -> TargetOutput:
         """Run ids [B, T] at positions cache.length.., append to the cache, advance it.
 
         key_padding [B, capacity] (True = padding) masks left padding in batched generation;
         RoPE is relative, so padded rows need no position shift. A draft tree gives `tree`:
         (depths [T], attention [T, T] among the new tokens); token t then sits at position
-        cache.length + depths[t] and sees the cache and the new tokens its row allows.
+        cache.length + depths[t] and sees the cache and the new tokens its row allows. Without the
+        head there are no logits (greedy_accept reads the final states itself).
         """
         B, T = ids.shape
         start = cache.length
@@ -215,8 +216,20 @@ class Target:
         h, taps = self._layers(h, cos, sin, cache, start, mask)
         cache.truncate(start + T)
         final = self.norm(h)
-        logits = self.lm_head(final[:, -1:] if last_only else final).float()
+        logits = self.lm_head(final[:, -1:] if last_only else final).float() if head else None
         return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
+
+    @property
+    def accepts_greedy_in_one_call(self) -> bool:
+        """Whether greedy_accept runs (our kernels run the head, in float32)."""
+        return self.lm_head.rows_kernel and self.dtype == torch.float32
+
+    def greedy_accept(self, final: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
+        """A greedy verify from the final states [1 + k, H] of the last token and k drafts: (drafts
+        accepted, the target's token after them), what argmax over the head's logits gives, in one call
+        that stops scoring the rows a rejected draft leaves unread (kernels/rows_linear.cpp)."""
+        accepted, next_id = torch.ops.playground.greedy_accept(final, self.lm_head.weight, drafts)
+        return accepted, next_id
 
     @torch.inference_mode()
     def decode_rows(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -36,6 +36,29 @@ std::pair<double, double> probe_masses(const float* weights, int64_t rows_and_he
   return {on_sink / rows_and_heads, on_own / rows_and_heads};
 }
 
+// The first step's hidden input from the target's features [T, n * Ht] (drafter.py's fuse): each of
+// the n chunks through its RMSNorm where there are norms (EAGLE 3.1's fc_norm), then fc [H, n * Ht].
+at::Tensor eagle_fuse(const at::Tensor& features_in, at::TensorList norms, const at::Tensor& fc, double eps) {
+  TORCH_CHECK(features_in.scalar_type() == at::kFloat && features_in.dim() == 2 && fc.dim() == 2 &&
+                  features_in.size(1) == fc.size(1), "eagle_fuse: float32 features [T, n * Ht] and fc [H, n * Ht]");
+  at::Tensor features = features_in.contiguous();
+  const int64_t T = features.size(0), width = features.size(1), chunks = static_cast<int64_t>(norms.size());
+  if (chunks > 0) {
+    const int64_t chunk = width / chunks;
+    TORCH_CHECK(chunk * chunks == width, "eagle_fuse: a norm for each of the n equal chunks");
+    at::Tensor normed = at::empty({T, width}, features.options());
+    const float* fp = features.data_ptr<float>();
+    float* np = normed.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < chunks; ++i)
+        rms_norm(fp + t * width + i * chunk, norms[i].data_ptr<float>(), np + t * width + i * chunk, 1, chunk, eps);
+    features = normed;
+  }
+  at::Tensor out = at::empty({T, fc.size(0)}, features.options());
+  linear_into(features, fc, out);
+  return out;
+}
+
 // hidden, embeds [T, H]; keys / values the drafter cache [1, 1, kv_heads, capacity, head_dim], the
 // new positions written at start..start+T. Attention is causal and the probes are the last row's;
 // with a mask [T, start + T] (a draft tree's rows), it says which keys each row sees and the probes
@@ -164,6 +187,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_cha
 }  // namespace playground
 
 TORCH_LIBRARY_FRAGMENT(playground, m) {
+  m.def("eagle_fuse(Tensor features, Tensor[] norms, Tensor fc, float eps) -> Tensor");
   m.def("eagle_step(Tensor hidden, Tensor embeds, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) keys, "
         "Tensor(b!) values, int start, float eps, int num_heads, int sink_tokens, "
         "int committed_end, Tensor? mask) -> (Tensor, Tensor, float, float)");
@@ -172,6 +196,7 @@ TORCH_LIBRARY_FRAGMENT(playground, m) {
         "float eps, int num_heads, int sink_tokens, bool norm_output) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(playground, CPU, m) {
+  m.impl("eagle_fuse", playground::eagle_fuse);
   m.impl("eagle_step", playground::eagle_step);
   m.impl("eagle_chain", playground::eagle_chain);
 }

@@ -6,9 +6,17 @@
 // of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
 // both cores take half the weight rows, and every output is the same 8-lane dot product whatever
 // the number of rows: a row's result does not depend on the rows beside it.
+//
+// greedy_accept is the target's head at a greedy verify: the argmax of each row's logits, without
+// the logits, scoring only the rows the drafts accepted so far still need.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
+#include <limits>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "layer_ops.h"
 #include "rows_linear.h"
@@ -34,7 +42,8 @@ inline __m256 load8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
 
-// ROWS rows of x against COLS weight rows starting at n: ROWS * COLS dot products of length k.
+// ROWS rows of x against COLS weight rows starting at n: ROWS * COLS dot products of length k,
+// written from y (row 0's output for weight row n) on.
 template <int ROWS, int COLS, typename W>
 inline void tile(const float* x, int64_t x_stride, const W* w, int64_t k, float* y, int64_t y_stride,
                  int64_t n) {
@@ -54,18 +63,20 @@ inline void tile(const float* x, int64_t x_stride, const W* w, int64_t k, float*
     }
   }
   for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < COLS; ++c) y[r * y_stride + n + c] = lane_sum(acc[r][c]);
+    for (int c = 0; c < COLS; ++c) y[r * y_stride + c] = lane_sum(acc[r][c]);
 }
 
 // weight rows a tile takes for `rows` rows of x: sixteen registers hold rows x cols sums, cols weights and x
 constexpr int tile_cols(int64_t rows) { return rows <= 2 ? 4 : 2; }
 
+// y holds the outputs of weight rows first.. (row r's at y + r * y_stride)
 template <int ROWS, typename W>
-void pass(const float* x, int64_t k, const W* w, float* y, int64_t n_out, int64_t begin, int64_t end) {
+void pass(const float* x, int64_t k, const W* w, float* y, int64_t y_stride, int64_t first, int64_t begin,
+          int64_t end) {
   constexpr int COLS = tile_cols(ROWS);
   int64_t n = begin;
-  for (; n + COLS <= end; n += COLS) tile<ROWS, COLS, W>(x, k, w, k, y, n_out, n);
-  for (; n < end; ++n) tile<ROWS, 1, W>(x, k, w, k, y, n_out, n);
+  for (; n + COLS <= end; n += COLS) tile<ROWS, COLS, W>(x, k, w, k, y + n - first, y_stride, n);
+  for (; n < end; ++n) tile<ROWS, 1, W>(x, k, w, k, y + n - first, y_stride, n);
 }
 
 // Weight rows [begin, end) against every row of x, in blocks of weight rows that each group of up
@@ -75,7 +86,7 @@ void pass(const float* x, int64_t k, const W* w, float* y, int64_t n_out, int64_
 // projections for nine rows 21% faster than with blocks that stay in L2, where the later groups run
 // with the memory idle); more rows of x than that, blocks of weight rows stay in L2.
 template <typename W>
-void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, int64_t n_out,
+void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, int64_t y_stride, int64_t first,
                int64_t begin, int64_t end) {
   const int64_t block = rows > kMaxRowsPerPass && rows <= kTileByTileRowsMax
                             ? tile_cols(kMaxRowsPerPass)
@@ -84,17 +95,98 @@ void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, in
     const int64_t stop = std::min(n + block, end);
     for (int64_t r = 0; r < rows; r += kMaxRowsPerPass) {
       const float* xr = x + r * k;
-      float* yr = y + r * n_out;
+      float* yr = y + r * y_stride;
       switch (std::min(kMaxRowsPerPass, rows - r)) {
-        case 1: pass<1>(xr, k, w, yr, n_out, n, stop); break;
-        case 2: pass<2>(xr, k, w, yr, n_out, n, stop); break;
-        case 3: pass<3>(xr, k, w, yr, n_out, n, stop); break;
-        case 4: pass<4>(xr, k, w, yr, n_out, n, stop); break;
-        case 5: pass<5>(xr, k, w, yr, n_out, n, stop); break;
-        default: pass<6>(xr, k, w, yr, n_out, n, stop); break;
+        case 1: pass<1>(xr, k, w, yr, y_stride, first, n, stop); break;
+        case 2: pass<2>(xr, k, w, yr, y_stride, first, n, stop); break;
+        case 3: pass<3>(xr, k, w, yr, y_stride, first, n, stop); break;
+        case 4: pass<4>(xr, k, w, yr, y_stride, first, n, stop); break;
+        case 5: pass<5>(xr, k, w, yr, y_stride, first, n, stop); break;
+        default: pass<6>(xr, k, w, yr, y_stride, first, n, stop); break;
       }
     }
   }
+}
+
+// f(the weights' data as float32 or as bfloat16's raw halves)
+template <typename F>
+void with_weights(const at::Tensor& w, F&& f) {
+  if (w.scalar_type() == at::kBFloat16)
+    f(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
+  else
+    f(w.data_ptr<float>());
+}
+
+// grain: at least 64 weight rows a task, so a small matrix is not split into slivers
+constexpr int64_t kWeightRowsGrain = 64;
+
+// The highest score so far and its id: the first of equal maxima, as torch.argmax
+struct Best {
+  float score = -std::numeric_limits<float>::infinity();
+  int64_t id = std::numeric_limits<int64_t>::max();
+  bool beaten_by(float other, int64_t other_id) const {
+    return other > score || (other == score && other_id < id);
+  }
+};
+
+// Rows 0..live-1 are still needed; a rejected draft lowers it, never raises it
+void lower(std::atomic<int64_t>& live, int64_t rows) {
+  int64_t now = live.load();
+  while (rows < now && !live.compare_exchange_weak(now, rows)) {}
+}
+
+constexpr int64_t kScoredBeforeLooking = 256;  // weight rows a core scores before it looks at what they say
+
+// The target's greedy verify of a chain, sampling.verify_greedy without materialising the logits:
+// row r of x [1 + drafts, k] scores every row of the head w [vocab, k], its argmax is the target's
+// token after r accepted drafts, and drafts[r] is accepted if it is that argmax. Once a core sees a
+// score that beats drafts[r]'s, the rows after r are no longer needed and no longer scored: most
+// verifies reject a draft early, so most of the head's multiply-adds for the later rows are never
+// done. Each score is linear_into's own (every output the same dot product whatever the tile), so
+// every argmax still needed is exactly the logits' argmax. Returns (drafts accepted, the token after).
+std::tuple<int64_t, int64_t> greedy_accept(const at::Tensor& x_in, const at::Tensor& w, at::IntArrayRef drafts) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(0) <= kRowsKernelMax &&
+                  (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) && w.dim() == 2 &&
+                  w.is_contiguous() && x_in.size(1) == w.size(1) && w.size(1) % kLanes == 0,
+              "greedy_accept: float32 x [rows <= 64, k], a contiguous float32 or bfloat16 w [vocab, k], k a multiple of 8");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), k = w.size(1), vocab = w.size(0);
+  TORCH_CHECK(static_cast<int64_t>(drafts.size()) == rows - 1, "greedy_accept: a draft for each row but the last");
+  for (const int64_t id : drafts) TORCH_CHECK(id >= 0 && id < vocab, "greedy_accept: draft id ", id, " out of range");
+  const float* xp = x.data_ptr<float>();
+  std::vector<float> draft_score(drafts.size());
+  std::vector<Best> best(rows);
+  std::atomic<int64_t> live{rows};
+  std::mutex merging;
+  with_weights(w, [&](const auto* wp) {
+    for (size_t r = 0; r < drafts.size(); ++r) tile<1, 1>(xp + r * k, k, wp, k, &draft_score[r], 0, drafts[r]);
+    at::parallel_for(0, vocab, kWeightRowsGrain, [&](int64_t begin, int64_t end) {
+      std::vector<Best> mine(rows);
+      std::vector<float> scores(rows * kScoredBeforeLooking);
+      for (int64_t b = begin; b < end; b += kScoredBeforeLooking) {
+        const int64_t stop = std::min(b + kScoredBeforeLooking, end);
+        int64_t needed = live.load();
+        rows_pass(needed, xp, k, wp, scores.data(), kScoredBeforeLooking, b, b, stop);
+        for (int64_t r = 0; r < needed; ++r) {
+          const float* row = scores.data() + r * kScoredBeforeLooking;
+          for (int64_t n = b; n < stop; ++n)
+            if (mine[r].beaten_by(row[n - b], n)) mine[r] = {row[n - b], n};
+          if (r < rows - 1 && Best{draft_score[r], drafts[r]}.beaten_by(mine[r].score, mine[r].id)) {
+            lower(live, r + 1);
+            needed = r + 1;
+          }
+        }
+      }
+      const std::lock_guard<std::mutex> hold(merging);
+      for (int64_t r = 0; r < rows; ++r)
+        if (best[r].beaten_by(mine[r].score, mine[r].id)) best[r] = mine[r];
+    });
+  });
+  // rows below `live` were scored against every weight row; the accepted drafts and the row after them are among them
+  int64_t accepted = 0;
+  while (accepted < rows - 1 && best[accepted].id == drafts[accepted]) ++accepted;
+  TORCH_INTERNAL_ASSERT(accepted < live.load());
+  return {accepted, best[accepted].id};
 }
 
 }  // namespace
@@ -107,14 +199,10 @@ void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   }
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // grain: at least 64 weight rows a task, so a small matrix is not split into slivers
-  if (w.scalar_type() == at::kBFloat16) {
-    const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-    at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, begin, end); });
-  } else {
-    const float* wp = w.data_ptr<float>();
-    at::parallel_for(0, n_out, 64, [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, begin, end); });
-  }
+  with_weights(w, [&](const auto* wp) {
+    at::parallel_for(0, n_out, kWeightRowsGrain,
+                     [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, 0, begin, end); });
+  });
 }
 
 namespace {
@@ -136,5 +224,11 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
 }  // namespace
 }  // namespace playground
 
-TORCH_LIBRARY_FRAGMENT(playground, m) { m.def("rows_linear(Tensor x, Tensor w) -> Tensor"); }
-TORCH_LIBRARY_IMPL(playground, CPU, m) { m.impl("rows_linear", playground::rows_linear); }
+TORCH_LIBRARY_FRAGMENT(playground, m) {
+  m.def("rows_linear(Tensor x, Tensor w) -> Tensor");
+  m.def("greedy_accept(Tensor x, Tensor w, int[] drafts) -> (int, int)");
+}
+TORCH_LIBRARY_IMPL(playground, CPU, m) {
+  m.impl("rows_linear", playground::rows_linear);
+  m.impl("greedy_accept", playground::greedy_accept);
+}
