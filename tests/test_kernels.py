@@ -38,49 +38,65 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     assert torch.equal(together, alone)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_greedy_accept_is_the_argmax_verify_of_the_logits(dtype):
-    """Drafts the argmax keeps or not, ties (equal weight rows: the first id wins, as torch.argmax), one
-    row (plain decoding) to 13 (rows taken tile by tile), a vocabulary split between both cores."""
-    from playground.engines.sampling import verify_greedy
+def _needed_argmax(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> list[int]:
+    """Every row's argmax where a greedy verify needs it (its drafts all accepted so far), else -1."""
+    argmax = logits.argmax(-1).tolist()
+    needed = [True]
+    for token, parent in zip(tokens, parents):
+        needed.append(needed[parent] and argmax[parent] == token)
+    return [a if n else -1 for a, n in zip(argmax, needed)]
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_verify_argmax_is_the_logits_argmax_of_every_row_a_verify_needs(dtype, shape):
+    """Drafts their parent's argmax keeps or not, ties (equal weight rows: the first id wins, as
+    torch.argmax), one row (plain decoding) to 13 (rows taken tile by tile), a vocabulary split
+    between both cores; a row no verify can need is -1."""
     generator = torch.Generator().manual_seed(3)
     w = torch.randn(5000, 64, generator=generator).to(dtype)
     w[3000] = w[4000] = w[100]
-    rejections = 0
+    needed_rows = []
     for trial in range(240):
         rows = 1 + trial % 13
         x = torch.randn(rows, 64, generator=generator)
         if trial % 5 == 0:
             x[0] = 3 * w[100].float()   # its argmax is 100, tied with 3000 and 4000
         logits = torch.ops.playground.rows_linear(x, w)
-        drafts = logits.argmax(-1).tolist()[:rows - 1]
-        for r in range(rows - 1):
-            if torch.rand(1, generator=generator) < 0.3:
-                drafts[r] = 4000 if (trial % 5 == 0 and r == 0) else int(torch.randint(5000, (1,), generator=generator))
-        expected = verify_greedy(drafts, logits)
-        rejections += expected[0] < rows - 1
-        assert tuple(torch.ops.playground.greedy_accept(x, w, drafts)) == expected, trial
-    assert rejections > 50
+        argmax = logits.argmax(-1).tolist()
+        parents = (list(range(rows - 1)) if shape == "chain"
+                   else [int(torch.randint(i + 1, (1,), generator=generator)) for i in range(rows - 1)])
+        tokens = [argmax[p] if torch.rand(1, generator=generator) < 0.7 else int(torch.randint(5000, (1,), generator=generator))
+                  for p in parents]
+        if trial % 5 == 0 and rows > 1:
+            tokens[0] = 4000   # tied with the argmax, a later id: rejected
+        expected = _needed_argmax(logits, tokens, parents)
+        assert torch.ops.playground.verify_argmax(x, w, tokens, parents).tolist() == expected, trial
+        needed_rows.append(sum(a >= 0 for a in expected) / rows)
+    assert 0.2 < sum(needed_rows) / len(needed_rows) < 0.9   # both kinds of rows, often
 
 
-def test_greedy_accept_on_the_targets_head_is_the_verify_of_its_logits(target):
-    from playground.engines.sampling import verify_greedy
-
-    assert target.accepts_greedy_in_one_call
+def test_greedy_tokens_on_the_targets_head_are_its_logits_argmax(target):
     out = target.forward(torch.tensor([[504, 3426, 314, 260, 1345, 28, 1052]]), target.new_cache(16))
-    predicted = out.logits[0].argmax(-1).tolist()
-    for drafts in (predicted[:6], predicted[:3] + [7, 8, 9], [5] + predicted[1:6], []):
-        final = out.final_hidden[0, :len(drafts) + 1]
-        assert target.greedy_accept(final, drafts) == verify_greedy(drafts, out.logits[0, :len(drafts) + 1])
+    logits = out.logits[0]
+    argmax = logits.argmax(-1).tolist()
+    chain = [0, 1, 2, 3, 4, 5]
+    tree = [0, 0, 1, 1, 2, 4]
+    for tokens, parents in ((argmax[:6], chain), (argmax[:3] + [7, 8, 9], chain), ([5] + argmax[1:6], chain),
+                            ([], []), ([argmax[0], 9, argmax[1], argmax[1], 7, argmax[4]], tree)):
+        rows = len(tokens) + 1
+        greedy = target.greedy_tokens(out.final_hidden[0, :rows], tokens, parents)
+        assert greedy == _needed_argmax(logits[:rows], tokens, parents)
 
 
-def test_greedy_accept_refuses_what_it_cannot_verify():
+def test_verify_argmax_refuses_what_it_cannot_verify():
     x, w = torch.randn(3, 16), torch.randn(40, 16)
-    with pytest.raises(RuntimeError, match="a draft for each row but the last"):
-        torch.ops.playground.greedy_accept(x, w, [1])
-    with pytest.raises(RuntimeError, match="draft id 40 out of range"):
-        torch.ops.playground.greedy_accept(x, w, [1, 40])
+    with pytest.raises(RuntimeError, match="a token and a parent for each row but the first"):
+        torch.ops.playground.verify_argmax(x, w, [1], [0])
+    with pytest.raises(RuntimeError, match="token 40 out of range"):
+        torch.ops.playground.verify_argmax(x, w, [1, 40], [0, 1])
+    with pytest.raises(RuntimeError, match="a draft's parent is a row before it"):
+        torch.ops.playground.verify_argmax(x, w, [1, 2], [0, 2])
 
 
 def test_rows_linear_refuses_what_it_cannot_compute():

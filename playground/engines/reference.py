@@ -21,11 +21,11 @@ from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Pr
 from playground.engines.request import GenerationRequest
 from playground.engines.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_sampling
 from playground.engines.text import IncrementalDetokenizer, token_text
-from playground.engines.tree import DraftTree
+from playground.engines.tree import ROOT, DraftTree
 from playground.model.drafter import Eagle3Drafter
 from playground.model.kv_cache import KVCache
 from playground.model.packed_linear import drafting_dtype
-from playground.model.target import Target
+from playground.model.target import Target, TargetOutput
 from playground.model.variants import NAMES
 
 
@@ -143,13 +143,8 @@ class ReferenceEngine:
                       params: SamplingParams, generator: torch.Generator) -> "Verified":
         """Verify a chain in one forward over `last` and the drafts; keep the accepted ones."""
         start = cache.length
-        ids = torch.tensor([[last] + proposal.ids])
-        if params.greedy and self.target.accepts_greedy_in_one_call:
-            out = self.target.forward(ids, cache, head=False)
-            accepted, next_id = self.target.greedy_accept(out.final_hidden[0], proposal.ids)
-        else:
-            out = self.target.forward(ids, cache)
-            accepted, next_id = self._accept_chain(proposal, out.logits[0], params, generator)
+        out = self.target.forward(torch.tensor([[last] + proposal.ids]), cache, head=not params.greedy)
+        accepted, next_id = self._accept_chain(proposal, out, params, generator)
         self._roll_back(cache, start + accepted + 1)   # keep `last` and the accepted drafts
         committed = proposal.ids[:accepted] + [next_id]
         proposer.observe(out.features[0, :accepted + 1], committed)
@@ -165,8 +160,9 @@ class ReferenceEngine:
         it to the drafter. The step's proposal is the tree's main line with the probes by depth."""
         start = cache.length
         depths = torch.tensor([0] + tree.depths)
-        out = self.target.forward(torch.tensor([[last] + tree.tokens]), cache, tree=(depths, tree.attention()))
-        path, next_id = self._accept_tree(tree, out.logits[0], params, generator)
+        out = self.target.forward(torch.tensor([[last] + tree.tokens]), cache, tree=(depths, tree.attention()),
+                                  head=not params.greedy)
+        path, next_id = self._accept_tree(tree, out, params, generator)
         rows = [0] + [i + 1 for i in path]
         cache.keep(start, rows)
         committed = [tree.tokens[i] for i in path] + [next_id]
@@ -175,14 +171,16 @@ class ReferenceEngine:
         proposal = replace(probes, ids=[tree.tokens[i] for i in line], probs=[tree.probs[i] for i in line])
         return Verified(committed, len(path), len(line), proposal, tree, path)
 
-    def _accept_tree(self, tree: DraftTree, logits: torch.Tensor, params: SamplingParams,
+    def _accept_tree(self, tree: DraftTree, out: TargetOutput, params: SamplingParams,
                      generator: torch.Generator) -> tuple[list[int], int]:
-        """(the accepted path, the target's token after it), from the target's logits [1 + nodes, vocab]."""
+        """(the accepted path, the target's token after it), from the target's output for the last
+        token and the tree's nodes (its final states when greedy, else its logits)."""
         if params.greedy:
-            predicted = logits.argmax(-1).tolist()
+            rows = [0 if parent == ROOT else parent + 1 for parent in tree.parents]
+            predicted = self.target.greedy_tokens(out.final_hidden[0], tree.tokens, rows)
             path = tree.longest_match(predicted)
             return path, predicted[path[-1] + 1 if path else 0]
-        return tree.sample_path(probabilities(logits, params), generator)
+        return tree.sample_path(probabilities(out.logits[0], params), generator)
 
     def _end_sequence(self, verified: "Verified", room: int) -> "Verified":
         """Stop after an end-of-sequence token, and at max_tokens (`room` tokens left). When the
@@ -200,11 +198,14 @@ class ReferenceEngine:
     def _target_token(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
         return int(logits.argmax()) if params.greedy else sample(probabilities(logits, params), generator)
 
-    def _accept_chain(self, proposal: Proposal, logits: torch.Tensor, params: SamplingParams,
+    def _accept_chain(self, proposal: Proposal, out: TargetOutput, params: SamplingParams,
                       generator: torch.Generator) -> tuple[int, int]:
-        """(drafts accepted, the target's token after them), from the target's logits [1 + k, vocab]."""
+        """(drafts accepted, the target's token after them), from the target's output for the last
+        token and the k drafts (its final states when greedy, else its logits)."""
         if params.greedy:
-            return verify_greedy(proposal.ids, logits)
+            chain = list(range(len(proposal.ids)))  # each draft's parent is the row before it
+            return verify_greedy(proposal.ids, self.target.greedy_tokens(out.final_hidden[0], proposal.ids, chain))
+        logits = out.logits[0]
         if not proposal.ids:
             return 0, sample(probabilities(logits[-1], params), generator)
         return verify_sampling(proposal.ids, proposal.q, probabilities(logits, params), generator)

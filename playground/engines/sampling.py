@@ -41,9 +41,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def verify_greedy(draft_ids: list[int], target_logits: torch.Tensor) -> tuple[int, int]:
-    """(number of drafts accepted, the target's token after them); target_logits [k+1, V]."""
-    target_ids = target_logits.argmax(dim=-1).tolist()
+def verify_greedy(draft_ids: list[int], target_ids: list[int]) -> tuple[int, int]:
+    """(number of drafts accepted, the target's token after them); target_ids: the target's greedy
+    token after the last committed token and after each draft (k + 1; past the first rejected
+    draft they are not read)."""
     accepted = 0
     while accepted < len(draft_ids) and draft_ids[accepted] == target_ids[accepted]:
         accepted += 1

@@ -203,7 +203,7 @@ class Target:
         RoPE is relative, so padded rows need no position shift. A draft tree gives `tree`:
         (depths [T], attention [T, T] among the new tokens); token t then sits at position
         cache.length + depths[t] and sees the cache and the new tokens its row allows. Without the
-        head there are no logits (greedy_accept reads the final states itself).
+        head there are no logits (greedy_tokens reads the final states itself).
         """
         B, T = ids.shape
         start = cache.length
@@ -219,17 +219,15 @@ class Target:
         logits = self.lm_head(final[:, -1:] if last_only else final).float() if head else None
         return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
 
-    @property
-    def accepts_greedy_in_one_call(self) -> bool:
-        """Whether greedy_accept runs (our kernels run the head, in float32)."""
-        return self.lm_head.rows_kernel and self.dtype == torch.float32
-
-    def greedy_accept(self, final: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
-        """A greedy verify from the final states [1 + k, H] of the last token and k drafts: (drafts
-        accepted, the target's token after them), what argmax over the head's logits gives, in one call
-        that stops scoring the rows a rejected draft leaves unread (kernels/rows_linear.cpp)."""
-        accepted, next_id = torch.ops.playground.greedy_accept(final, self.lm_head.weight, drafts)
-        return accepted, next_id
+    def greedy_tokens(self, final: torch.Tensor, tokens: list[int], parents: list[int]) -> list[int]:
+        """The target's greedy token after each row of a verify's final states [1 + n, H]: row 0 the
+        last committed token, row i + 1 the draft tokens[i], its parent's row parents[i] (i for a
+        chain). What argmax over the head's logits gives for every row the verify can still need,
+        and -1 for the rows a rejected draft leaves unread: on our kernels one pass over the head
+        that stops scoring them (kernels/rows_linear.cpp); else every row's argmax."""
+        if self.lm_head.rows_kernel and final.dtype == torch.float32 and final.shape[0] <= 64:
+            return torch.ops.playground.verify_argmax(final, self.lm_head.weight, tokens, parents).tolist()
+        return self.lm_head(final).float().argmax(-1).tolist()
 
     @torch.inference_mode()
     def decode_rows(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:

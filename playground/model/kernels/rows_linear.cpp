@@ -7,15 +7,14 @@
 // both cores take half the weight rows, and every output is the same 8-lane dot product whatever
 // the number of rows: a row's result does not depend on the rows beside it.
 //
-// greedy_accept is the target's head at a greedy verify: the argmax of each row's logits, without
-// the logits, scoring only the rows the drafts accepted so far still need.
+// verify_argmax is the target's head at a greedy verify (a chain or a tree): the argmax of each
+// row's logits, without the logits, scoring only the rows the verify can still need.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <limits>
 #include <mutex>
-#include <tuple>
 #include <vector>
 
 #include "layer_ops.h"
@@ -129,64 +128,87 @@ struct Best {
   }
 };
 
-// Rows 0..live-1 are still needed; a rejected draft lowers it, never raises it
-void lower(std::atomic<int64_t>& live, int64_t rows) {
-  int64_t now = live.load();
-  while (rows < now && !live.compare_exchange_weak(now, rows)) {}
-}
+// Rows a verify still needs, one bit each; a rejected draft clears its row's and its descendants'
+using RowSet = uint64_t;
+constexpr RowSet bit(int64_t row) { return RowSet{1} << row; }
 
 constexpr int64_t kScoredBeforeLooking = 256;  // weight rows a core scores before it looks at what they say
 
-// The target's greedy verify of a chain, sampling.verify_greedy without materialising the logits:
-// row r of x [1 + drafts, k] scores every row of the head w [vocab, k], its argmax is the target's
-// token after r accepted drafts, and drafts[r] is accepted if it is that argmax. Once a core sees a
-// score that beats drafts[r]'s, the rows after r are no longer needed and no longer scored: most
-// verifies reject a draft early, so most of the head's multiply-adds for the later rows are never
-// done. Each score is linear_into's own (every output the same dot product whatever the tile), so
-// every argmax still needed is exactly the logits' argmax. Returns (drafts accepted, the token after).
-std::tuple<int64_t, int64_t> greedy_accept(const at::Tensor& x_in, const at::Tensor& w, at::IntArrayRef drafts) {
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(0) <= kRowsKernelMax &&
-                  (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) && w.dim() == 2 &&
-                  w.is_contiguous() && x_in.size(1) == w.size(1) && w.size(1) % kLanes == 0,
-              "greedy_accept: float32 x [rows <= 64, k], a contiguous float32 or bfloat16 w [vocab, k], k a multiple of 8");
+// The target's head at a greedy verify: x [rows, k] holds the final states of the last committed
+// token (row 0) and of the drafts, draft i at row i + 1 with the token tokens[i] and its parent's
+// row parents[i] (the row before it for a chain; a tree's parent node). The target's greedy token
+// after row r is the argmax of its scores against every row of w [vocab, k]; a draft is accepted
+// when it is its parent's, and row r is needed only while every draft on its path may be. Once a
+// core sees a score beat draft i's under its parent, the draft's row and its descendants are no
+// longer scored: most verifies reject early, so most of the head's multiply-adds for later rows are
+// never done, and no logits are written. Each score is linear_into's own (every output the same dot
+// product whatever the tile) and ties go to the first id, as torch.argmax: each argmax returned is
+// exactly the logits'. Returns the argmax of every row still needed, -1 for the others.
+at::Tensor verify_argmax(const at::Tensor& x_in, const at::Tensor& w, at::IntArrayRef tokens, at::IntArrayRef parents) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(0) >= 1 &&
+                  x_in.size(0) <= kRowsKernelMax && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) &&
+                  w.dim() == 2 && w.is_contiguous() && x_in.size(1) == w.size(1) && w.size(1) % kLanes == 0,
+              "verify_argmax: float32 x [1 to 64 rows, k], a contiguous float32 or bfloat16 w [vocab, k], k a multiple of 8");
   const at::Tensor x = x_in.contiguous();
   const int64_t rows = x.size(0), k = w.size(1), vocab = w.size(0);
-  TORCH_CHECK(static_cast<int64_t>(drafts.size()) == rows - 1, "greedy_accept: a draft for each row but the last");
-  for (const int64_t id : drafts) TORCH_CHECK(id >= 0 && id < vocab, "greedy_accept: draft id ", id, " out of range");
+  TORCH_CHECK(static_cast<int64_t>(tokens.size()) == rows - 1 && static_cast<int64_t>(parents.size()) == rows - 1,
+              "verify_argmax: a token and a parent for each row but the first");
+  for (int64_t i = 0; i < rows - 1; ++i) {
+    TORCH_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "verify_argmax: token ", tokens[i], " out of range");
+    TORCH_CHECK(parents[i] >= 0 && parents[i] <= i, "verify_argmax: a draft's parent is a row before it");
+  }
   const float* xp = x.data_ptr<float>();
-  std::vector<float> draft_score(drafts.size());
+  std::vector<float> token_score(rows, 0.0f);  // row r's draft scored under its parent (r >= 1)
   std::vector<Best> best(rows);
-  std::atomic<int64_t> live{rows};
+  std::atomic<RowSet> needed{rows == 64 ? ~RowSet{0} : bit(rows) - 1};
   std::mutex merging;
   with_weights(w, [&](const auto* wp) {
-    for (size_t r = 0; r < drafts.size(); ++r) tile<1, 1>(xp + r * k, k, wp, k, &draft_score[r], 0, drafts[r]);
+    for (int64_t r = 1; r < rows; ++r) tile<1, 1>(xp + parents[r - 1] * k, k, wp, k, &token_score[r], 0, tokens[r - 1]);
     at::parallel_for(0, vocab, kWeightRowsGrain, [&](int64_t begin, int64_t end) {
       std::vector<Best> mine(rows);
-      std::vector<float> scores(rows * kScoredBeforeLooking);
+      std::vector<float> gathered(rows * k), scores(rows * kScoredBeforeLooking);
+      std::vector<int64_t> order;  // the rows gathered, ascending
+      RowSet gathered_set = 0;
       for (int64_t b = begin; b < end; b += kScoredBeforeLooking) {
         const int64_t stop = std::min(b + kScoredBeforeLooking, end);
-        int64_t needed = live.load();
-        rows_pass(needed, xp, k, wp, scores.data(), kScoredBeforeLooking, b, b, stop);
-        for (int64_t r = 0; r < needed; ++r) {
-          const float* row = scores.data() + r * kScoredBeforeLooking;
+        RowSet live = needed.load();
+        if (live != gathered_set) {
+          order.clear();
+          for (int64_t r = 0; r < rows; ++r)
+            if (live & bit(r)) {
+              std::copy_n(xp + r * k, k, gathered.data() + order.size() * k);
+              order.push_back(r);
+            }
+          gathered_set = live;
+        }
+        rows_pass(static_cast<int64_t>(order.size()), gathered.data(), k, wp, scores.data(), kScoredBeforeLooking, b, b, stop);
+        for (size_t j = 0; j < order.size(); ++j) {
+          const float* row = scores.data() + j * kScoredBeforeLooking;
+          Best& found = mine[order[j]];
           for (int64_t n = b; n < stop; ++n)
-            if (mine[r].beaten_by(row[n - b], n)) mine[r] = {row[n - b], n};
-          if (r < rows - 1 && Best{draft_score[r], drafts[r]}.beaten_by(mine[r].score, mine[r].id)) {
-            lower(live, r + 1);
-            needed = r + 1;
+            if (found.beaten_by(row[n - b], n)) found = {row[n - b], n};
+        }
+        RowSet rejected = 0;
+        for (int64_t r = 1; r < rows; ++r) {  // parents before children: a rejection reaches every descendant
+          const int64_t parent = parents[r - 1];
+          if ((live & bit(r)) && (!(live & bit(parent)) ||
+                                  Best{token_score[r], tokens[r - 1]}.beaten_by(mine[parent].score, mine[parent].id))) {
+            live &= ~bit(r);
+            rejected |= bit(r);
           }
         }
+        if (rejected) needed.fetch_and(~rejected);
       }
       const std::lock_guard<std::mutex> hold(merging);
       for (int64_t r = 0; r < rows; ++r)
         if (best[r].beaten_by(mine[r].score, mine[r].id)) best[r] = mine[r];
     });
   });
-  // rows below `live` were scored against every weight row; the accepted drafts and the row after them are among them
-  int64_t accepted = 0;
-  while (accepted < rows - 1 && best[accepted].id == drafts[accepted]) ++accepted;
-  TORCH_INTERNAL_ASSERT(accepted < live.load());
-  return {accepted, best[accepted].id};
+  // a row still needed was scored by every core against all of its weight rows
+  const RowSet live = needed.load();
+  at::Tensor argmax = at::empty({rows}, at::TensorOptions().dtype(at::kLong));
+  for (int64_t r = 0; r < rows; ++r) argmax.data_ptr<int64_t>()[r] = (live & bit(r)) ? best[r].id : -1;
+  return argmax;
 }
 
 }  // namespace
@@ -226,9 +248,9 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
 
 TORCH_LIBRARY_FRAGMENT(playground, m) {
   m.def("rows_linear(Tensor x, Tensor w) -> Tensor");
-  m.def("greedy_accept(Tensor x, Tensor w, int[] drafts) -> (int, int)");
+  m.def("verify_argmax(Tensor x, Tensor w, int[] tokens, int[] parents) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(playground, CPU, m) {
   m.impl("rows_linear", playground::rows_linear);
-  m.impl("greedy_accept", playground::greedy_accept);
+  m.impl("verify_argmax", playground::verify_argmax);
 }
