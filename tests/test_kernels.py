@@ -58,7 +58,7 @@ def test_verify_argmax_is_the_logits_argmax_of_every_row_a_verify_needs(dtype, s
     w[3000] = w[4000] = w[100]
     needed_rows = []
     for trial in range(240):
-        rows = 1 + trial % 13
+        rows = 1 + trial % 13 if trial < 220 else (30, 64)[trial % 2]   # 25-64 rows: blocks in L2
         x = torch.randn(rows, 64, generator=generator)
         if trial % 5 == 0:
             x[0] = 3 * w[100].float()   # its argmax is 100, tied with 3000 and 4000
@@ -74,6 +74,16 @@ def test_verify_argmax_is_the_logits_argmax_of_every_row_a_verify_needs(dtype, s
         assert torch.ops.playground.verify_argmax(x, w, tokens, parents).tolist() == expected, trial
         needed_rows.append(sum(a >= 0 for a in expected) / rows)
     assert 0.2 < sum(needed_rows) / len(needed_rows) < 0.9   # both kinds of rows, often
+
+
+def test_verify_argmax_puts_nan_first_as_torch_argmax_does():
+    w = torch.randn(300, 16)
+    w[200, 3] = w[100, 5] = float("nan")
+    x = torch.randn(3, 16)
+    logits = torch.ops.playground.rows_linear(x, w)
+    assert logits.argmax(-1).tolist() == [100, 100, 100]
+    for tokens in ([100, 100], [200, 100], [5, 6]):
+        assert torch.ops.playground.verify_argmax(x, w, tokens, [0, 1]).tolist() == _needed_argmax(logits, tokens, [0, 1])
 
 
 def test_greedy_tokens_on_the_targets_head_are_its_logits_argmax(target):
@@ -279,6 +289,16 @@ def test_the_one_call_fuse_is_the_drafters_op_by_op_fuse(engine, drafter, rows):
     normed = torch.cat([norm(x) for norm, x in zip(model.fc_norm, chunks)], -1) if model.fc_norm else features
     torch.testing.assert_close(model.fuse(features[None]), F.linear(normed, model.fc.weight.float())[None],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_eagle_fuse_refuses_what_it_cannot_fuse():
+    features, fc = torch.randn(2, 48), torch.randn(16, 48)
+    with pytest.raises(RuntimeError, match="each norm a contiguous float32 weight of its chunk's width"):
+        torch.ops.playground.eagle_fuse(features, [torch.ones(16), torch.ones(16), torch.ones(8)], fc, 1e-5)
+    with pytest.raises(RuntimeError, match="a norm for each of the n equal chunks"):
+        torch.ops.playground.eagle_fuse(features, [torch.ones(16)] * 5, fc, 1e-5)
+    with pytest.raises(RuntimeError, match="a multiple of 8"):
+        torch.ops.playground.eagle_fuse(torch.randn(2, 12), [], torch.randn(16, 12), 1e-5)
 
 
 @pytest.mark.parametrize("rows", [2, 40])

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
+from playground.model import kernels
 from playground.model.huge_pages import move_into_huge_pages
 from playground.model.kv_cache import KVCache
 from playground.model.packed_linear import PackedLinear
@@ -219,13 +220,14 @@ class Target:
         logits = self.lm_head(final[:, -1:] if last_only else final).float() if head else None
         return TargetOutput(logits=logits, features=torch.cat(taps, dim=-1), final_hidden=final)
 
+    @torch.inference_mode()
     def greedy_tokens(self, final: torch.Tensor, tokens: list[int], parents: list[int]) -> list[int]:
         """The target's greedy token after each row of a verify's final states [1 + n, H]: row 0 the
         last committed token, row i + 1 the draft tokens[i], its parent's row parents[i] (i for a
         chain). What argmax over the head's logits gives for every row the verify can still need,
         and -1 for the rows a rejected draft leaves unread: on our kernels one pass over the head
         that stops scoring them (kernels/rows_linear.cpp); else every row's argmax."""
-        if self.lm_head.rows_kernel and final.dtype == torch.float32 and final.shape[0] <= 64:
+        if self.lm_head.rows_kernel and final.dtype == torch.float32 and final.shape[0] <= kernels.ROWS_KERNEL_MAX:
             return torch.ops.playground.verify_argmax(final, self.lm_head.weight, tokens, parents).tolist()
         return self.lm_head(final).float().argmax(-1).tolist()
 

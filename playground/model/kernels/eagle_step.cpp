@@ -40,12 +40,18 @@ std::pair<double, double> probe_masses(const float* weights, int64_t rows_and_he
 // the n chunks through its RMSNorm where there are norms (EAGLE 3.1's fc_norm), then fc [H, n * Ht].
 at::Tensor eagle_fuse(const at::Tensor& features_in, at::TensorList norms, const at::Tensor& fc, double eps) {
   TORCH_CHECK(features_in.scalar_type() == at::kFloat && features_in.dim() == 2 && fc.dim() == 2 &&
-                  features_in.size(1) == fc.size(1), "eagle_fuse: float32 features [T, n * Ht] and fc [H, n * Ht]");
+                  fc.is_contiguous() && (fc.scalar_type() == at::kFloat || fc.scalar_type() == at::kBFloat16) &&
+                  features_in.size(1) == fc.size(1) && fc.size(1) % 8 == 0,
+              "eagle_fuse: float32 features [T, n * Ht] and a contiguous float32 or bfloat16 fc [H, n * Ht], "
+              "n * Ht a multiple of 8");
   at::Tensor features = features_in.contiguous();
   const int64_t T = features.size(0), width = features.size(1), chunks = static_cast<int64_t>(norms.size());
   if (chunks > 0) {
     const int64_t chunk = width / chunks;
     TORCH_CHECK(chunk * chunks == width, "eagle_fuse: a norm for each of the n equal chunks");
+    for (const at::Tensor& norm : norms)
+      TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == chunk,
+                  "eagle_fuse: each norm a contiguous float32 weight of its chunk's width");
     at::Tensor normed = at::empty({T, width}, features.options());
     const float* fp = features.data_ptr<float>();
     float* np = normed.data_ptr<float>();

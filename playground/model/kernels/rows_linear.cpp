@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -119,11 +120,14 @@ void with_weights(const at::Tensor& w, F&& f) {
 // grain: at least 64 weight rows a task, so a small matrix is not split into slivers
 constexpr int64_t kWeightRowsGrain = 64;
 
-// The highest score so far and its id: the first of equal maxima, as torch.argmax
+// The highest score so far and its id, as torch.argmax: the first of equal maxima, and a NaN above
+// every number (the first NaN)
 struct Best {
   float score = -std::numeric_limits<float>::infinity();
   int64_t id = std::numeric_limits<int64_t>::max();
   bool beaten_by(float other, int64_t other_id) const {
+    if (std::isnan(other)) return !std::isnan(score) || other_id < id;
+    if (std::isnan(score)) return false;
     return other > score || (other == score && other_id < id);
   }
 };
