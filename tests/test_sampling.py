@@ -77,13 +77,13 @@ def test_top_p_keeps_the_nucleus_like_transformers():
 class AcceptsEveryDraft(ReferenceEngine):
     """A lossy engine: every draft (a tree's likeliest line) is accepted whatever the target thinks."""
 
-    def _accept_chain(self, proposal, logits, params, generator):
+    def _accept_chain(self, proposal, out, params, generator):
         k = len(proposal.ids)
-        return k, sample(probabilities(logits[k], params), generator)
+        return k, sample(probabilities(out.logits[0, k], params), generator)
 
-    def _accept_tree(self, tree, logits, params, generator):
+    def _accept_tree(self, tree, out, params, generator):
         line = tree.main_line([])
-        return line, sample(probabilities(logits[line[-1] + 1 if line else 0], params), generator)
+        return line, sample(probabilities(out.logits[0, line[-1] + 1 if line else 0], params), generator)
 
 
 def first_two_tokens_chi_square(engine, tree: TreeShape | None, runs: int = 150) -> tuple[float, float]:
