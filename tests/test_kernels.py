@@ -38,6 +38,15 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     assert torch.equal(together, alone)
 
 
+@pytest.fixture
+def two_threads():
+    """Two halves of a vocabulary at least, whatever the host: one core's rejections stop the other's rows."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    yield
+    torch.set_num_threads(threads)
+
+
 def _needed_argmax(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> list[int]:
     """Every row's argmax where a greedy verify needs it (its drafts all accepted so far), else -1."""
     argmax = logits.argmax(-1).tolist()
@@ -49,7 +58,7 @@ def _needed_argmax(logits: torch.Tensor, tokens: list[int], parents: list[int]) 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_verify_argmax_is_the_logits_argmax_of_every_row_a_verify_needs(dtype, shape):
+def test_verify_argmax_is_the_logits_argmax_of_every_row_a_verify_needs(dtype, shape, two_threads):
     """Drafts their parent's argmax keeps or not, ties (equal weight rows: the first id wins, as
     torch.argmax), one row (plain decoding) to 13 (rows taken tile by tile), a vocabulary split
     between both cores; a row no verify can need is -1."""
@@ -69,7 +78,7 @@ def test_verify_argmax_is_the_logits_argmax_of_every_row_a_verify_needs(dtype, s
         tokens = [argmax[p] if torch.rand(1, generator=generator) < 0.7 else int(torch.randint(5000, (1,), generator=generator))
                   for p in parents]
         if trial % 5 == 0 and rows > 1:
-            tokens[0] = 4000   # tied with the argmax, a later id: rejected
+            tokens[0] = 4000 if trial % 10 else 100   # tied with the argmax: a later id rejected, the first kept
         expected = _needed_argmax(logits, tokens, parents)
         assert torch.ops.playground.verify_argmax(x, w, tokens, parents).tolist() == expected, trial
         needed_rows.append(sum(a >= 0 for a in expected) / rows)
@@ -97,6 +106,10 @@ def test_greedy_tokens_on_the_targets_head_are_its_logits_argmax(target):
         rows = len(tokens) + 1
         greedy = target.greedy_tokens(out.final_hidden[0, :rows], tokens, parents)
         assert greedy == _needed_argmax(logits[:rows], tokens, parents)
+    # past the kernel's rows (a tree of 64 nodes), the head's logits: every row's argmax
+    final = out.final_hidden[0, torch.arange(kernels.ROWS_KERNEL_MAX + 1) % 7]
+    argmax = target.lm_head(final).argmax(-1).tolist()
+    assert target.greedy_tokens(final, argmax[:-1], list(range(len(argmax) - 1))) == argmax
 
 
 def test_verify_argmax_refuses_what_it_cannot_verify():
@@ -107,6 +120,10 @@ def test_verify_argmax_refuses_what_it_cannot_verify():
         torch.ops.playground.verify_argmax(x, w, [1, 40], [0, 1])
     with pytest.raises(RuntimeError, match="a draft's parent is a row before it"):
         torch.ops.playground.verify_argmax(x, w, [1, 2], [0, 2])
+    rows = kernels.ROWS_KERNEL_MAX   # the Python side's limit is the kernel's own
+    assert len(torch.ops.playground.verify_argmax(torch.randn(rows, 16), w, [1] * (rows - 1), [0] * (rows - 1))) == rows
+    with pytest.raises(RuntimeError, match=f"1 to {rows} rows"):
+        torch.ops.playground.verify_argmax(torch.randn(rows + 1, 16), w, [1] * rows, [0] * rows)
 
 
 def test_rows_linear_refuses_what_it_cannot_compute():
@@ -283,6 +300,7 @@ def test_the_one_call_fuse_is_the_drafters_op_by_op_fuse(engine, drafter, rows):
     """The target's features into the drafter's first input: fc_norm's norms (EAGLE 3.1) and fc; 70
     rows (a prompt) go to MKL's sgemm."""
     model = engine.drafters.get(drafter)[0]
+    assert model.fc.rows_kernel and model.dtype == torch.float32   # else fuse is the op-by-op fuse itself
     torch.manual_seed(rows)
     features = 4 * torch.randn(rows, 3 * model.config.target_hidden_size)
     chunks = features.chunk(3, dim=-1)

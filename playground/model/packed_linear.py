@@ -7,8 +7,9 @@ own kernel (kernels/rows_linear.cpp) reads them on every core near the memory's 
 prompts, many rows, to MKL's sgemm); where our kernels do not run, oneDNN's linear does, with the
 weight reordered into its blocked layout for a few rows. Projections of the same input (q, k, v;
 gate, up) pack into one matrix: fewer and larger calls. A float32 weight whose every value is a
-bfloat16 (the drafters, saved in bfloat16) is kept as one: our kernel widens it exactly. Elsewhere (CUDA, other dtypes) a
-PackedLinear is plain F.linear. Drafters run in bf16 where oneDNN has it natively (drafting_dtype).
+bfloat16 (the drafters, saved in bfloat16) is kept as one: our kernel widens it exactly. Elsewhere
+(CUDA, other dtypes) a PackedLinear is plain F.linear. Without our kernels, drafters run in bf16
+where oneDNN has it natively (drafting_dtype).
 """
 
 from __future__ import annotations
@@ -67,12 +68,17 @@ class PackedLinear(nn.Module):
 
 
 def drafting_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """bfloat16 on a CPU whose oneDNN runs it natively (AVX512-BF16/AMX), else the target's dtype.
+    """The target's dtype where our kernels run, else bfloat16 on a CPU whose oneDNN runs it natively
+    (AVX512-BF16/AMX), else the target's dtype.
 
     A draft step reads the drafter's weights like a decode step reads the target's, so half the
-    bytes is close to half the time; the drafter was trained under bf16 autocast, and drafts only
-    propose: their precision cannot change what the target emits.
+    bytes is close to half the time. Our kernels already read the drafter's bfloat16 weights as they
+    were saved, and they run a draft step (a greedy chain's every depth) in one call, which a
+    bfloat16 drafter op by op on oneDNN cannot. The drafter was trained under bf16 autocast, and
+    drafts only propose: their precision cannot change what the target emits.
     """
+    if device.type == "cpu" and target_dtype == torch.float32 and kernels.status().loaded:
+        return target_dtype
     native = _onednn_runs_on(device) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.bfloat16 if native and target_dtype == torch.float32 else target_dtype
 

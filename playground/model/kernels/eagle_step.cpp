@@ -41,9 +41,9 @@ std::pair<double, double> probe_masses(const float* weights, int64_t rows_and_he
 at::Tensor eagle_fuse(const at::Tensor& features_in, at::TensorList norms, const at::Tensor& fc, double eps) {
   TORCH_CHECK(features_in.scalar_type() == at::kFloat && features_in.dim() == 2 && fc.dim() == 2 &&
                   fc.is_contiguous() && (fc.scalar_type() == at::kFloat || fc.scalar_type() == at::kBFloat16) &&
-                  features_in.size(1) == fc.size(1) && fc.size(1) % 8 == 0,
+                  features_in.size(1) == fc.size(1) && fc.size(1) % kLanes == 0,
               "eagle_fuse: float32 features [T, n * Ht] and a contiguous float32 or bfloat16 fc [H, n * Ht], "
-              "n * Ht a multiple of 8");
+              "n * Ht a multiple of ", kLanes);
   at::Tensor features = features_in.contiguous();
   const int64_t T = features.size(0), width = features.size(1), chunks = static_cast<int64_t>(norms.size());
   if (chunks > 0) {

@@ -29,7 +29,6 @@
 namespace playground {
 namespace {
 
-constexpr int64_t kLanes = 8;
 constexpr int64_t kMaxRowsPerPass = 6;
 constexpr int64_t kTileByTileRowsMax = 24;  // beyond, x's rows outgrow L1 and L2: 25 rows gained nothing
 constexpr int64_t kAhead = 4096;  // floats: 16 KiB (4 KiB left the six-row verify 7% slower here)
@@ -134,6 +133,7 @@ struct Best {
 
 // Rows a verify still needs, one bit each; a rejected draft clears its row's and its descendants'
 using RowSet = uint64_t;
+static_assert(kRowsKernelMax <= 64, "verify_argmax keeps a row's bit in a RowSet");
 constexpr RowSet bit(int64_t row) { return RowSet{1} << row; }
 
 constexpr int64_t kScoredBeforeLooking = 256;  // weight rows a core scores before it looks at what they say
@@ -152,7 +152,8 @@ at::Tensor verify_argmax(const at::Tensor& x_in, const at::Tensor& w, at::IntArr
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(0) >= 1 &&
                   x_in.size(0) <= kRowsKernelMax && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) &&
                   w.dim() == 2 && w.is_contiguous() && x_in.size(1) == w.size(1) && w.size(1) % kLanes == 0,
-              "verify_argmax: float32 x [1 to 64 rows, k], a contiguous float32 or bfloat16 w [vocab, k], k a multiple of 8");
+              "verify_argmax: float32 x [1 to ", kRowsKernelMax, " rows, k], a contiguous float32 or bfloat16 w [vocab, k], "
+              "k a multiple of ", kLanes);
   const at::Tensor x = x_in.contiguous();
   const int64_t rows = x.size(0), k = w.size(1), vocab = w.size(0);
   TORCH_CHECK(static_cast<int64_t>(tokens.size()) == rows - 1 && static_cast<int64_t>(parents.size()) == rows - 1,
@@ -164,7 +165,7 @@ at::Tensor verify_argmax(const at::Tensor& x_in, const at::Tensor& w, at::IntArr
   const float* xp = x.data_ptr<float>();
   std::vector<float> token_score(rows, 0.0f);  // row r's draft scored under its parent (r >= 1)
   std::vector<Best> best(rows);
-  std::atomic<RowSet> needed{rows == 64 ? ~RowSet{0} : bit(rows) - 1};
+  std::atomic<RowSet> needed{rows == std::numeric_limits<RowSet>::digits ? ~RowSet{0} : bit(rows) - 1};
   std::mutex merging;
   with_weights(w, [&](const auto* wp) {
     for (int64_t r = 1; r < rows; ++r) tile<1, 1>(xp + parents[r - 1] * k, k, wp, k, &token_score[r], 0, tokens[r - 1]);
@@ -238,7 +239,7 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
               "rows_linear: float32 x, float32 or bfloat16 w only");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "rows_linear: w must be a contiguous [n, k] matrix");
   const int64_t k = w.size(1);
-  TORCH_CHECK(x.size(-1) == k && k % kLanes == 0, "rows_linear: x's last dimension must be w's, a multiple of 8");
+  TORCH_CHECK(x.size(-1) == k && k % kLanes == 0, "rows_linear: x's last dimension must be w's, a multiple of ", kLanes);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(0);
   at::Tensor xs = x.reshape({-1, k}).contiguous();
