@@ -4,7 +4,7 @@ A decode or verify forward multiplies a handful of rows by every weight matrix o
 is the time to read the weights. For so few rows PyTorch's default CPU path (MKL gemv or a small
 sgemm) reads them on one core at about a third of this machine's memory bandwidth. In float32 our
 own kernel (kernels/rows_linear.cpp) reads them on every core near the memory's speed (and hands
-prompts, many rows, to MKL's sgemm); where our kernels do not run, oneDNN's linear does, with the
+prompts, many rows, to oneDNN's gemm); where our kernels do not run, oneDNN's linear does, with the
 weight reordered into its blocked layout for a few rows. Projections of the same input (q, k, v;
 gate, up) pack into one matrix: fewer and larger calls. A float32 weight whose every value is a
 bfloat16 (the drafters, saved in bfloat16) is kept as one: our kernel widens it exactly. Elsewhere

@@ -1,6 +1,6 @@
 // y = x @ w.T in float32 for a few rows of x (decode: 1, verify: k + 1) with AVX2 + FMA, the weights
-// in float32 or bfloat16 (widened exactly: half the bytes, the same products); MKL's sgemm
-// (at::linear) for more rows than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
+// in float32 or bfloat16 (widened exactly: half the bytes, the same products); oneDNN's or MKL's
+// gemm for more rows than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
 //
 // A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
 // of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
@@ -21,7 +21,10 @@
 #include "layer_ops.h"
 #include "rows_linear.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <torch/library.h>
@@ -218,10 +221,35 @@ at::Tensor verify_argmax(const at::Tensor& x_in, const at::Tensor& w, at::IntArr
 
 }  // namespace
 
+namespace {
+
+// PyTorch's oneDNN linear on a plain weight (the op its packed linears call), where PyTorch has oneDNN
+const std::optional<c10::OperatorHandle>& onednn_linear() {
+  static const std::optional<c10::OperatorHandle> op =
+      c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  return op;
+}
+
+// Many rows (a prompt) are arithmetic, not reading: oneDNN's gemm takes them (2.3x MKL's sgemm for a
+// prompt's projections on an AVX-512 EPYC, where MKL keeps to its AVX2 code), else MKL's sgemm.
+void many_rows_into(const at::Tensor& x, const at::Tensor& w_in, at::Tensor& y) {
+  const at::Tensor w = w_in.scalar_type() == at::kFloat ? w_in : w_in.to(at::kFloat);
+  if (onednn_linear() && at::globalContext().userEnabledMkldnn()) {
+    torch::jit::Stack stack{x.contiguous(), w, c10::IValue(), std::string("none"), c10::List<std::optional<at::Scalar>>(),
+                            c10::IValue()};
+    onednn_linear()->callBoxed(&stack);
+    y.copy_(stack.front().toTensor());
+    return;
+  }
+  at::linear_out(y, x, w);
+}
+
+}  // namespace
+
 void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
   const int64_t rows = x.size(0), k = w.size(1), n_out = w.size(0);
   if (rows > kRowsKernelMax) {
-    at::linear_out(y, x, w.scalar_type() == at::kFloat ? w : w.to(at::kFloat));
+    many_rows_into(x, w, y);
     return;
   }
   const float* xp = x.data_ptr<float>();

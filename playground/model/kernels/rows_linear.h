@@ -4,7 +4,7 @@
 
 namespace playground {
 
-// rows_linear.cpp's kernel takes up to this many rows; more go to MKL's sgemm
+// rows_linear.cpp's kernel takes up to this many rows; more go to oneDNN's gemm (MKL's without oneDNN)
 constexpr int64_t kRowsKernelMax = 64;
 
 // the floats of one AVX2 register: a weight row's length must be a multiple of it
