@@ -231,7 +231,7 @@ const std::optional<c10::OperatorHandle>& onednn_linear() {
 }
 
 // Many rows (a prompt) are arithmetic, not reading: oneDNN's gemm takes them (2.3x MKL's sgemm for a
-// prompt's projections on an AVX-512 EPYC, where MKL keeps to its AVX2 code), else MKL's sgemm.
+// prompt's projections on an AVX-512 EPYC), else MKL's sgemm.
 void many_rows_into(const at::Tensor& x, const at::Tensor& w_in, at::Tensor& y) {
   const at::Tensor w = w_in.scalar_type() == at::kFloat ? w_in : w_in.to(at::kFloat);
   if (onednn_linear() && at::globalContext().userEnabledMkldnn()) {
