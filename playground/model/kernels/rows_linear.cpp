@@ -219,10 +219,6 @@ at::Tensor verify_argmax(const at::Tensor& x_in, const at::Tensor& w, at::IntArr
   return argmax;
 }
 
-}  // namespace
-
-namespace {
-
 // PyTorch's oneDNN linear on a plain weight (the op its packed linears call), where PyTorch has oneDNN
 const std::optional<c10::OperatorHandle>& onednn_linear() {
   static const std::optional<c10::OperatorHandle> op =
