@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from playground.engines.request import GenerationRequest
 from playground.model import kernels
 from playground.model.packed_linear import PackedLinear
 
@@ -228,6 +230,22 @@ def test_an_attention_rows_result_does_not_depend_on_the_rows_and_heads_beside_i
 def test_without_our_kernels_the_model_runs_on_onednn(tmp_path):
     assert _status_in_a_fresh_process(tmp_path, PLAYGROUND_CPU_KERNELS="0") == (
         "False|False|True|PyTorch's kernels (PLAYGROUND_CPU_KERNELS=0)")
+
+
+def test_without_our_kernels_the_engine_drafts_the_same_tokens(engine):
+    """On PyTorch's kernels (where oneDNN runs bf16 natively the drafters draft in bf16) every drafter
+    emits the tokens our kernels emit."""
+    prompt, drafters = "Write a Python function that reverses a string.", ("none", "eagle3", "eagle3.1")
+    code = ("import json; from playground.model import kernels; from playground.engines.reference import ReferenceEngine; "
+            "from playground.engines.request import GenerationRequest; e = ReferenceEngine.load(); "
+            f"run = lambda d: [t for ev in e.generate(GenerationRequest(prompt={prompt!r}, drafter=d, max_tokens=40)) "
+            "for t in ev.token_ids]; "
+            f"print(json.dumps({{'kernels': kernels.status().loaded, 'tokens': {{d: run(d) for d in {drafters!r}}}}}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PLAYGROUND_CPU_KERNELS": "0"})
+    assert done.returncode == 0, done.stderr
+    ours = [t for ev in engine.generate(GenerationRequest(prompt=prompt, drafter="none", max_tokens=40)) for t in ev.token_ids]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"kernels": False, "tokens": {d: ours for d in drafters}}
 
 
 def test_a_failed_build_is_one_warning_and_pytorchs_kernels(tmp_path):
