@@ -29,20 +29,27 @@ def browser():
         browser.close()
 
 
-# Records, as the answer streams (after the page's own observer has scrolled), where its first token
-# appeared and whether the answer was still streaming then, and where the streaming end (the cursor)
-# stood once the answer had more than 40 tokens: the checks then hold however fast the engine streams.
+# Records, as the answer streams, where its first token appeared and whether the answer was still
+# streaming then, and where the streaming end (the cursor) stood once the answer had more than 40
+# tokens: the checks then hold however fast the engine streams. Places are read in the next frame,
+# after the page's own observer has scrolled.
 WATCH_THE_STREAM = """() => {
-    window.streamSeen = {first: null, tokens: 0, cursors: []};
+    const seen = window.streamSeen = {first: null, tokens: 0, cursors: []};
     new MutationObserver(() => {
-        const tokens = document.querySelectorAll('#answer .tok'), cursor = document.querySelector('#answer .cursor');
-        window.streamSeen.tokens = tokens.length;
+        const tokens = document.querySelectorAll('#answer .tok'), streaming = !!document.querySelector('#answer .cursor');
+        seen.tokens = tokens.length;
         if (!tokens.length) return;
-        if (!window.streamSeen.first) {
-            const box = tokens[0].getBoundingClientRect();
-            window.streamSeen.first = {top: box.top, bottom: box.bottom, streaming: !!cursor};
-        }
-        if (tokens.length > 40 && cursor) window.streamSeen.cursors.push(cursor.getBoundingClientRect().top);
+        const recordFirst = !seen.first;
+        if (recordFirst) seen.first = {streaming};
+        requestAnimationFrame(() => {
+            if (recordFirst) {
+                const box = tokens[0].getBoundingClientRect();
+                Object.assign(seen.first, {top: box.top, bottom: box.bottom});
+            }
+            const cursor = document.querySelector('#answer .cursor');
+            if (cursor && document.querySelectorAll('#answer .tok').length > 40)
+                seen.cursors.push(cursor.getBoundingClientRect().top);
+        });
     }).observe(document.body, {childList: true, subtree: true});
 }"""
 
@@ -170,11 +177,14 @@ def test_a_first_visitor_runs_the_prefilled_prompt_and_sees_it_stream_in_the_fir
     assert box["y"] + box["height"] <= height, "Run is below the first screen"
     page.evaluate(WATCH_THE_STREAM)
     page.locator("#run").click()
-    page.wait_for_function("() => window.streamSeen.tokens > 40", timeout=120_000)
+    page.wait_for_function("() => window.streamSeen.tokens > 40 || document.querySelector('#answer .finish')",
+                           timeout=120_000)
     if device == "phone":
         Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)).joinpath("phone.png").write_bytes(page.screenshot())
     expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    page.wait_for_timeout(100)   # the last frame's places
     seen = page.evaluate("() => window.streamSeen")
+    assert seen["tokens"] > 40, f"the prefilled prompt's answer has {seen['tokens']} tokens: too short to follow"
     first = seen["first"]
     assert first["streaming"], "the first token came with the whole answer, not streamed"
     assert 0 <= first["top"] and first["bottom"] <= height, f"the first token is at {first}, outside the screen"

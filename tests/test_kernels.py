@@ -152,6 +152,8 @@ def test_packed_linear_takes_the_kernel_for_few_rows_and_onednn_for_prompts():
     assert torch.backends.mkldnn.is_available()
     x = torch.randn(65, 64)
     assert torch.equal(linear(x), _onednn_linear(x, torch.cat(weights)))
+    with torch.backends.mkldnn.flags(enabled=False):   # MKL's sgemm
+        assert torch.equal(linear(x), F.linear(x, torch.cat(weights)))
 
 
 def test_a_weight_of_bfloat16_values_is_kept_in_bfloat16_with_the_same_products():
@@ -240,12 +242,16 @@ def test_without_our_kernels_the_engine_drafts_the_same_tokens(engine):
             "from playground.engines.request import GenerationRequest; e = ReferenceEngine.load(); "
             f"run = lambda d: [t for ev in e.generate(GenerationRequest(prompt={prompt!r}, drafter=d, max_tokens=40)) "
             "for t in ev.token_ids]; "
-            f"print(json.dumps({{'kernels': kernels.status().loaded, 'tokens': {{d: run(d) for d in {drafters!r}}}}}))")
+            "dtypes = sorted({str(e.drafter(d).dtype) for d in ('eagle3', 'eagle3.1')}); "
+            f"print(json.dumps({{'kernels': kernels.status().loaded, 'dtypes': dtypes, 'tokens': {{d: run(d) for d in {drafters!r}}}}}))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PLAYGROUND_CPU_KERNELS": "0"})
     assert done.returncode == 0, done.stderr
     ours = [t for ev in engine.generate(GenerationRequest(prompt=prompt, drafter="none", max_tokens=40)) for t in ev.token_ids]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"kernels": False, "tokens": {d: ours for d in drafters}}
+    bf16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "kernels": False, "dtypes": ["torch.bfloat16" if bf16 else "torch.float32"], "tokens": {d: ours for d in drafters}}
+    assert engine.drafter("eagle3.1").dtype == torch.float32   # ours: float32 drafters, bf16 weights read as saved
 
 
 def test_a_failed_build_is_one_warning_and_pytorchs_kernels(tmp_path):

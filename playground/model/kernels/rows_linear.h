@@ -11,7 +11,7 @@ constexpr int64_t kRowsKernelMax = 64;
 constexpr int64_t kLanes = 8;
 
 // y [rows, n] = x [rows, k] @ w [n, k].T; x and y float32, w float32 or bfloat16, all contiguous, k a
-// multiple of 8
+// multiple of kLanes
 void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& y);
 
 }  // namespace playground
