@@ -139,6 +139,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
 
 
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")   # mkldnn.flags sets TF32 too
 def test_packed_linear_takes_the_kernel_for_few_rows_and_onednn_for_prompts():
     torch.manual_seed(1)
     weights = torch.randn(96, 64), torch.randn(32, 64)
