@@ -33,9 +33,12 @@ def _onednn_packs(weight: torch.Tensor) -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
+def _kernels_run_on(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype == torch.float32 and kernels.status().loaded
+
+
 def _rows_kernel_runs(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % 8 == 0
-            and kernels.status().loaded)
+    return weight.shape[1] % 8 == 0 and _kernels_run_on(weight.device, weight.dtype)
 
 
 class PackedLinear(nn.Module):
@@ -77,7 +80,7 @@ def drafting_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dty
     bfloat16 drafter op by op on oneDNN cannot. The drafter was trained under bf16 autocast, and
     drafts only propose: their precision cannot change what the target emits.
     """
-    if device.type == "cpu" and target_dtype == torch.float32 and kernels.status().loaded:
+    if _kernels_run_on(device, target_dtype):
         return target_dtype
     native = _onednn_runs_on(device) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.bfloat16 if native and target_dtype == torch.float32 else target_dtype
