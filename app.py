@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         # the page comes up at once; runs on vllm report the servers' start-up until they are healthy,
         # and a server that cannot be reached is that run's message
         backends["vllm"] = StartingBackend(
-            lambda status: vllm_backend(engine, args.vllm_url, spec, status=status)[0], names)
+            lambda status: vllm_backend(engine, args.vllm_url, spec, status=status, api_key=args.vllm_api_key)[0],
+            names)
     launch(create_ui(backends, limits, watched), args.host, args.port, limits)
 
 

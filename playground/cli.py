@@ -22,7 +22,7 @@ from pathlib import Path
 
 from playground.errors import PlaygroundError
 from playground.model.variants import EAGLE31, NAMES, NONE, SHIPPED
-from playground.options import add_tree_options, add_vllm_options, launch_spec, tree_shape
+from playground.options import add_api_key_option, add_tree_options, add_vllm_options, launch_spec, tree_shape
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +95,7 @@ def generate(args: argparse.Namespace) -> int:
 
         chains_only(request)   # before any server starts
         engine, _ = vllm_backend(engine, args.vllm_url, launch_spec(args, args.k), names=(request.drafter,),
-                                 status=_to_stderr)
+                                 status=_to_stderr, api_key=args.vllm_api_key)
     info = engine.drafter_info(request.drafter)
     if info.variant != NONE and not info.trained:
         print(f"note: {info.name} is a randomly initialised drafter ({info.source}); "
@@ -113,6 +113,8 @@ def generate(args: argparse.Namespace) -> int:
         print(terminal.legend(color), file=sys.stderr)
         events = terminal.stream(engine.generate(request), sys.stdout, color)
         print(terminal.render_summary(summarize(events)), file=sys.stderr)
+    if events and events[-1].note:
+        print(f"note: {events[-1].note}", file=sys.stderr)
     return 0
 
 
@@ -460,7 +462,8 @@ def _vllm_servers(args: argparse.Namespace):
     from playground.evaluation.vllm_load import Servers
 
     args.launch = args.launch or not args.vllm_url
-    return Servers(urls=tuple(args.vllm_url), launch=launch_spec(args, args.k), status=_to_stderr)
+    return Servers(urls=tuple(args.vllm_url), launch=launch_spec(args, args.k), status=_to_stderr,
+                   api_key=args.vllm_api_key)
 
 
 def bench_suite(args: argparse.Namespace) -> int:
@@ -597,6 +600,7 @@ def _add_watch(sub) -> None:
                    help="the figures are over the readings of the last SECONDS")
     p.add_argument("--count", type=int, default=None, help="stop after COUNT tables (default: until Ctrl-C)")
     p.add_argument("--json", action="store_true", help="one JSON object per reading: the time and each server's view")
+    add_api_key_option(p)
     p.set_defaults(func=watch)
 
 
@@ -605,7 +609,7 @@ def watch(args: argparse.Namespace) -> int:
 
     if args.every <= 0 or args.window <= 0 or (args.count is not None and args.count < 1):
         raise PlaygroundError("--every and --window are positive seconds, --count at least 1")
-    watching = Watch(parse_servers(args.vllm_url), window=args.window)
+    watching = Watch(parse_servers(args.vllm_url), window=args.window, api_key=args.vllm_api_key)
     try:
         shown = 0
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 
 from playground.model.variants import SHIPPED
@@ -26,9 +27,18 @@ def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) ->
                         "speculation); :k=N its drafts per step, :lookup=MIN-MAX the n-gram sizes; repeatable")
     p.add_argument("--vllm-k", type=int, default=default(None),
                    help="with --launch: drafts per step of the servers whose entry does not say")
+    add_api_key_option(p, default)
     p.add_argument("--vllm-args", default=default(""), metavar="'ARGS'",
                    help="with --launch: more `vllm serve` arguments for every server, as one value, e.g. "
                         "--vllm-args='--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")
+
+
+def add_api_key_option(p: argparse.ArgumentParser, default=lambda value: value) -> None:
+    from playground.engines.vllm.api import API_KEY_ENV
+
+    p.add_argument("--vllm-api-key", default=default(os.environ.get(API_KEY_ENV) or None), metavar="KEY",
+                   help=f"the vLLM servers' --api-key, sent to every one of them (default: ${API_KEY_ENV}); with "
+                        "--launch the servers start with it")
 
 
 def add_tree_options(p: argparse.ArgumentParser) -> None:

@@ -14,41 +14,82 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "probe"))
 
-from eagle_probe.attention import KeyCopy, Unavailable, across_ranks  # noqa: E402  (the probe is its own package,
-from eagle_probe.store import Store  # noqa: E402                        not installed here)
+# the probe is its own package, not installed here
+from eagle_probe.attention import CHUNK, Budget, KeyCopy, Unavailable, across_ranks  # noqa: E402
+from eagle_probe.routes import one_answer  # noqa: E402
+from eagle_probe.settings import Settings  # noqa: E402
+from eagle_probe.store import MAX_REFUSED, Store  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
+KEY, OTHER = "a" * 32, "b" * 32   # keys as long as the probe records
+
+
 def test_records_leave_as_they_are_fetched_and_the_request_with_its_last_fetch():
     store = Store()
-    assert store.fetch("a") is None   # never recorded: the route answers 404
-    assert store.open("a")
-    store.add("a", {"drafts": [1, 2]})
-    store.add("a", {"drafts": [3]})
-    assert store.fetch("a") == {"records": [{"drafts": [1, 2], "step": 0}, {"drafts": [3], "step": 1}],
+    assert store.fetch(KEY) is None   # never recorded: the route answers 404
+    assert store.admit(KEY) is None
+    store.add(KEY, {"drafts": [1, 2]})
+    store.add(KEY, {"drafts": [3]})
+    assert store.fetch(KEY) == {"records": [{"drafts": [1, 2], "step": 0}, {"drafts": [3], "step": 1}],
                                 "finished": False, "dropped": 0}
-    store.add("a", {"drafts": []})
-    assert store.fetch("a") == {"records": [{"drafts": [], "step": 2}], "finished": False,
+    store.add(KEY, {"drafts": []})
+    assert store.fetch(KEY) == {"records": [{"drafts": [], "step": 2}], "finished": False,
                                 "dropped": 0}   # only the new ones
-    assert store.fetch("a", final=True) == {"records": [], "finished": False, "dropped": 0}
-    assert store.fetch("a") is None and len(store) == 0
+    assert store.fetch(KEY, final=True) == {"records": [], "finished": False, "dropped": 0}
+    assert store.fetch(KEY) is None and len(store) == 0 and store.held_bytes == 0
 
 
 def test_a_finished_request_leaves_with_its_last_records():
     store = Store()
-    store.open("a")
-    store.add("a", {"drafts": [1]})
-    store.finish("a")
-    assert store.fetch("a")["finished"] and store.fetch("a") is None
+    store.admit(KEY)
+    store.add(KEY, {"drafts": [1]})
+    store.finish(KEY)
+    assert store.fetch(KEY)["finished"] and store.fetch(KEY) is None
 
 
-def test_the_store_holds_a_bounded_number_of_requests_for_a_bounded_time():
-    store = Store(max_requests=2, idle_ttl_s=0.2)
-    assert store.open("a") and store.open("b") and not store.open("c")
-    assert "at most 2 requests" in store.fetch("c")["error"]
+def test_a_key_that_could_be_guessed_or_is_held_is_never_recorded():
+    store = Store()
+    why = store.admit("1")   # vllm_xargs {"eagle_probe": 1}
+    assert "the key is 1 characters; the probe records keys of at least 32" in why
+    assert store.fetch("1") == {"records": [], "finished": True, "error": why}
+    assert store.admit(KEY) is None
+    store.add(KEY, {"drafts": [1]})
+    assert store.admit(KEY) == "not recorded: another request holds this key"   # never merged
+    answer = store.fetch(KEY)
+    assert answer["records"] == [{"drafts": [1], "step": 0}] and answer["turned_away"] == 1
+
+
+def test_the_store_holds_a_bounded_number_of_live_requests_and_bytes_for_a_bounded_time():
+    store = Store(Settings(max_requests=2, idle_ttl_s=0.2, max_record_bytes=100))
+    assert store.admit(KEY) is None and store.admit(OTHER) is None
+    assert "at most 2 requests" in store.admit("c" * 32)
+    assert "at most 2 requests" in store.fetch("c" * 32)["error"]
+    store.add(KEY, {"tokens": list(range(20))})   # 80 bytes of JSON
+    store.add(KEY, {"tokens": list(range(20))})   # would pass 100: dropped, and counted
+    answer = store.fetch(KEY)
+    assert len(answer["records"]) == 1 and answer["dropped"] == 1 and "EAGLE_PROBE_MAX_RECORD_BYTES" in answer["dropped_why"]
+    store.finish(KEY)   # a finished request no longer counts against the live limit
+    assert store.admit("d" * 32) is None and store.live() == 2
     time.sleep(0.3)
-    assert store.open("d") and len(store) == 1   # a and b were idle past the TTL
+    store.admit("e" * 32)
+    assert store.fetch(KEY) is None   # finished and idle past the TTL: gone
+    assert store.fetch(OTHER) is not None   # live requests stay until vLLM reports them finished
+
+
+def test_refusals_are_bounded():
+    store = Store()
+    for n in range(MAX_REFUSED + 10):
+        store.admit(f"{n}")
+    assert len(store._refused) == MAX_REFUSED and store.fetch("0") is None and store.fetch(f"{MAX_REFUSED + 9}")
+
+
+def test_limits_come_from_the_environment():
+    settings = Settings.from_env({"EAGLE_PROBE_MAX_REQUESTS": "3", "EAGLE_PROBE_MAX_KEY_BYTES": "1024"})
+    assert (settings.max_requests, settings.max_key_bytes, settings.max_positions) == (3, 1024, Settings().max_positions)
+    with pytest.raises(ValueError, match="EAGLE_PROBE_IDLE_TTL_S"):
+        Settings.from_env({"EAGLE_PROBE_IDLE_TTL_S": "soon"})
 
 
 HEADS, KV_HEADS, HEAD_DIM, LENGTH = 6, 2, 16, 40
@@ -69,33 +110,61 @@ def backend_output(query, keys, values, length: int) -> torch.Tensor:
     return out[0, :, 0]
 
 
-def written(keys, values, chunks) -> KeyCopy:
+def written(keys, values, chunks, budget: Budget | None = None) -> KeyCopy:
     """A copy filled chunk by chunk (positions), as prefill chunks and draft depths write it."""
-    copy = KeyCopy(keys[:1], values.shape[-1])
+    copy = KeyCopy(keys[:1], values.shape[-1], budget or Budget(1 << 30, 1 << 20))
     for positions in chunks:
         index = torch.tensor(positions)
         copy.write(index, keys[index], values[index])
     return copy
 
 
+def masses_of(query, keys, position: int) -> torch.Tensor:
+    grouped = query.float().reshape(KV_HEADS, -1, query.shape[-1])
+    return (torch.einsum("kgd,lkd->kgl", grouped, keys[:position + 1].float()) * SCALE).softmax(-1).reshape(
+        query.shape[0], -1)
+
+
 def test_the_key_copy_measures_the_attention_the_backend_computed():
     keys, values, query = sequence()
     position, round_start = 35, 33   # the query of depth 3: drafts at 33, 34, 35
     copy = written(keys, values, [range(0, 20), range(20, 34), [34, 35, 36]])
-    masses = copy.masses(query, position, round_start, SCALE, backend_output(query, keys, values, position + 1))
-    grouped = query.reshape(KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
-    probs = (torch.einsum("kgd,lkd->kgl", grouped, keys[:position + 1]) * SCALE).softmax(-1).reshape(HEADS, -1)
+    masses = copy.masses(query, position, round_start, 4, SCALE, backend_output(query, keys, values, position + 1))
+    probs = masses_of(query, keys, position)
     assert masses.sink == pytest.approx(probs[:, :4].sum(-1).tolist(), abs=1e-6)
     assert masses.drafts == pytest.approx(probs[:, 33:].sum(-1).tolist(), abs=1e-6)
     assert [s + d + r for s, d, r in zip(masses.sink, masses.drafts, masses.rest)] == pytest.approx([1.0] * HEADS,
                                                                                                    abs=1e-6)
 
 
+def test_sinks_lie_within_the_prompt():
+    """A prompt of 2 tokens: the sinks are those 2, never the drafts; the three masses sum to 1."""
+    keys, values, query = sequence()
+    copy = written(keys, values, [range(6)])
+    masses = copy.masses(query, 4, 3, 2, SCALE, backend_output(query, keys, values, 5))   # drafts at 3, 4
+    probs = masses_of(query, keys, 4)
+    assert masses.sink == pytest.approx(probs[:, :2].sum(-1).tolist(), abs=1e-6)
+    assert masses.drafts == pytest.approx(probs[:, 3:].sum(-1).tolist(), abs=1e-6)
+    assert [s + d + r for s, d, r in zip(masses.sink, masses.drafts, masses.rest)] == pytest.approx([1.0] * HEADS,
+                                                                                                   abs=1e-6)
+
+
+def test_a_long_context_is_measured_in_chunks_exactly():
+    generator = torch.Generator().manual_seed(1)
+    length = 2 * CHUNK + 100
+    keys, values = (torch.randn(length, KV_HEADS, HEAD_DIM, generator=generator) for _ in range(2))
+    query = torch.randn(HEADS, HEAD_DIM, generator=generator)
+    copy = written(keys, values, [range(length)])
+    masses = copy.masses(query, length - 1, length - 3, 4, SCALE, backend_output(query, keys, values, length))
+    probs = masses_of(query, keys, length - 1)
+    assert masses.drafts == pytest.approx(probs[:, length - 3:].sum(-1).tolist(), abs=1e-6)
+
+
 def test_a_key_the_probe_never_saw_makes_attention_unavailable():
     keys, values, query = sequence()
     copy = written(keys, values, [range(8, 30)])   # positions 0..7 came from a cached prefix
     with pytest.raises(Unavailable, match="position 0 was not computed"):
-        copy.masses(query, 29, 30, SCALE, backend_output(query, keys, values, 30))
+        copy.masses(query, 29, 30, 4, SCALE, backend_output(query, keys, values, 30))
 
 
 @pytest.mark.parametrize("attended", ["shifted", "windowed"])
@@ -107,7 +176,66 @@ def test_a_backend_that_attends_otherwise_makes_attention_unavailable(attended):
     else:                       # a sliding window of 16 keys
         output = backend_output(query, keys[15:], values[15:], 16)
     with pytest.raises(Unavailable, match="does not reproduce the backend's attention output"):
-        copy.masses(query, 30, 31, SCALE, output)
+        copy.masses(query, 30, 31, 4, SCALE, output)
+
+
+def sinks_at(mass: float, keys, query) -> torch.Tensor:
+    """`keys` with the first 4 moved along the query until they take `mass` of its attention (bisection)."""
+    direction = query.reshape(KV_HEADS, -1, HEAD_DIM).mean(1)   # each kv head's queries, on average
+    low, high = -50.0, 50.0
+    for _ in range(60):
+        shifted = keys.clone()
+        shifted[:4] = (low + high) / 2 * direction / direction.norm(dim=-1, keepdim=True)
+        sink = float(masses_of(query, shifted, LENGTH - 1)[:, :4].sum(-1).mean())
+        low, high = ((low + high) / 2, high) if sink < mass else (low, (low + high) / 2)
+    return shifted
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_backend_passes_the_check_when_it_attended_over_the_copy(dtype):
+    for seed in range(20):
+        keys, values, query = (t.to(dtype) for t in sequence(seed))
+        copy = written(keys, values, [range(LENGTH)])
+        copy.masses(query, LENGTH - 1, LENGTH - 2, 4, SCALE, backend_output(query, keys, values, LENGTH))
+
+
+@pytest.mark.parametrize("case", ["window without the sinks", "another query, small values"])
+def test_the_16_bit_check_catches_what_a_looser_one_passed(case):
+    """Two bfloat16 outputs that a check of |difference| / max(1, |output|) < 3e-2 took as the copy's: a
+    sliding window that left out sinks holding 2% of the attention (the probe would have said 0.02,
+    the truth 0), and another query's output where every output is below 0.02."""
+    keys, values, query = sequence(3)
+    if case == "window without the sinks":
+        keys = sinks_at(0.02, keys, query)
+        keys, values, query = (t.to(torch.bfloat16) for t in (keys, values, query))
+        output = backend_output(query, keys[4:], values[4:], LENGTH - 4)
+    else:
+        values = values * 0.006
+        keys, values, query = (t.to(torch.bfloat16) for t in (keys, values, query))
+        other = sequence(4)[2].to(torch.bfloat16)
+        output = backend_output(other, keys, values, LENGTH)
+    assert float(output.float().abs().max()) < 1.0   # where the old check was absolute
+    copy = written(keys, values, [range(LENGTH)])
+    with pytest.raises(Unavailable, match="does not reproduce"):
+        copy.masses(query, LENGTH - 1, LENGTH - 2, 4, SCALE, output)
+
+
+def test_key_copies_stay_within_their_budget_and_refuse_before_allocating():
+    keys, values, _ = sequence()
+    per_position = KV_HEADS * HEAD_DIM * 2 * 4 + 1
+    budget = Budget(max_bytes=30 * per_position, max_positions=1000)
+    first = written(keys, values, [range(20)], budget)
+    assert budget.used == 20 * per_position
+    second = KeyCopy(keys[:1], HEAD_DIM, budget)
+    with pytest.raises(Unavailable, match="EAGLE_PROBE_MAX_KEY_BYTES"):
+        second.write(torch.arange(20), keys[:20], values[:20])
+    assert second.keys.shape[0] == 0 and budget.used == 20 * per_position   # nothing taken
+    first.release()
+    assert budget.used == 0
+    short = Budget(max_bytes=1 << 30, max_positions=16)
+    with pytest.raises(Unavailable, match="EAGLE_PROBE_MAX_POSITIONS"):
+        written(keys, values, [range(10), range(10, 20)], short)
+    assert short.used == 10 * per_position   # grown to its 10 positions only, never past 16
 
 
 def test_tensor_parallel_ranks_give_the_mean_over_all_heads():
@@ -127,6 +255,21 @@ def test_tensor_parallel_ranks_give_the_mean_over_all_heads():
     ranks[1]["records"][0] = {"drafts": [7], "attention_error": "no keys"}   # one rank could not measure
     assert across_ranks(ranks)["records"][0] == {"drafts": [7], "attention_error": "no keys"}
 
+
+
+def test_ranks_that_disagree_are_an_error_in_the_answer():
+    ranks = [{"records": [{"drafts": [7], "tokens": [7, 8]}], "finished": False},
+             {"records": [], "finished": False}]
+    assert "different numbers of records [1, 0]" in across_ranks(ranks)["error"]
+    ranks[1]["records"] = [{"drafts": [7], "tokens": [7, 9]}]
+    assert "different drafts or tokens" in across_ranks(ranks)["records"][0]["error"]
+    assert across_ranks([None, ranks[0]]) is ranks[0]   # a pipeline stage that records nothing is left out
+
+
+def test_data_parallel_engines_answer_for_the_keys_they_hold():
+    held = {"records": [{"drafts": [1]}], "finished": False}
+    assert one_answer([[None], [held]]) is held and one_answer([[None], [None]]) is None
+    assert "two data-parallel engines" in one_answer([[held], [dict(held)]])["error"]
 
 VERSION_CHECK = """
 import logging, multiprocessing, sys

@@ -31,6 +31,8 @@ class StepEvent:
     finish_reason: str | None = None    # "eos" | "length" | "context" on the last event ("stopped": its reader stopped it)
     backend: str = "reference"
     observed: tuple[str, ...] = field(default=("drafts", "attention", "hidden_norm"))
+    note: str = ""                      # what the backend stopped observing in this run and why (vLLM's probe
+                                        # stopping mid-answer), on every event from the one where it stopped
     # Backends that learn the exact step boundaries only at the end (vLLM: chunks can merge
     # steps) put the accepted / drafted count of every verify step on the last event.
     step_accepted: tuple[int, ...] = ()
@@ -108,7 +110,8 @@ def reconcile(events: list[StepEvent]) -> list[StepEvent]:
         end = min(start + size, len(ids))
         if start >= end:
             break
-        steps.append(replace(events[0], step=i, position=position + start, token_ids=tuple(ids[start:end]),
+        steps.append(replace(events[0], observed=last.observed, note=last.note, step=i, position=position + start,
+                             token_ids=tuple(ids[start:end]),
                              token_texts=tuple(texts[start:end]), drafted=drafted[i - 1] if i else 0,
                              accepted=last.step_accepted[i - 1] if i else 0, elapsed_s=elapsed[end - 1],
                              finish_reason=None, step_accepted=(), step_drafted=()))

@@ -39,12 +39,14 @@ class Servers:
     urls: tuple[str, ...] = ()
     launch: LaunchSpec | None = None
     status: Callable[[str], None] = print   # start-up progress
+    api_key: str | None = None              # vLLM's --api-key of the servers (those it starts are given it)
 
 
 @contextmanager
 def serving(reference: ReferenceEngine, servers: Servers) -> Iterator[VLLMEngine]:
     """The vLLM engine over `servers`; the servers it started stop on leaving."""
-    engine, launched = vllm_backend(reference, list(servers.urls), servers.launch, status=servers.status)
+    engine, launched = vllm_backend(reference, list(servers.urls), servers.launch, status=servers.status,
+                                    api_key=servers.api_key)
     try:
         yield engine
     finally:

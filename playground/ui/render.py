@@ -49,6 +49,7 @@ def answer_html(events: list[StepEvent], note: str = "") -> str:
         body += f'<span class="finish">[{escape(events[-1].finish_reason)}]</span>'
     elif events:
         body += '<span class="cursor">▌</span>'
+    note = " ".join(filter(None, (note, events[-1].note if events else "")))
     note_html = f'<div class="note">{escape(note)}</div>' if note else ""
     return f'{note_html}<div class="answer">{body}</div>'
 

@@ -1,18 +1,23 @@
 """eagle-probe: see inside a vLLM server's speculative decoding, per request.
 
-A request opts in with `"vllm_xargs": {"eagle_probe": "<an id of its own>"}` (one completion, n=1:
-the records of a request are keyed by that id). For each of its verify
-steps the probe records the draft token ids the target verified, how many it accepted, the tokens
-the step committed, and (EAGLE-3 drafters) the RMS of the hidden state fed into each draft depth and
-the drafter's attention by depth: its mass on the first 4 positions (the sinks), on this round's
-drafts and on the rest, averaged over heads (per head too when the request also sets
-`"eagle_probe_heads": true`). Recorded requests should carry a unique `cache_salt`: keys a
-prefix-cache hit supplies are never seen by the probe, and attention is then reported unavailable.
-`GET /eagle_probe/v1/records/{id}` hands over the records made since the last fetch.
+A request opts in with `"vllm_xargs": {"eagle_probe": "<a key of its own>"}` (one completion, n=1),
+a key of at least 32 characters that no other client can guess (a uuid4's hex): the request's records,
+its answer included, are read by that key. For each of its verify steps the probe records the draft
+token ids the target verified, how many it accepted, the tokens the step committed, and (EAGLE-3
+drafters) the RMS of the hidden state fed into each draft depth and the drafter's attention by depth:
+its mass on the first 4 positions of the prompt (the sinks), on this round's drafts and on the rest,
+averaged over heads (per head too when the request also sets `"eagle_probe_heads": true`). Recorded
+requests should carry a unique `cache_salt`: keys a prefix-cache hit supplies are never seen by the
+probe, and attention is then reported unavailable.
+
+`GET /v1/eagle_probe/records/{key}` hands over the records made since the last fetch, and
+`GET /v1/eagle_probe/status` says what the probe measures in this server; both need the server's API
+key where it has one. Limits (settings.py) bound what the probe holds; a request over one is recorded
+without what it would cost, and its records say which limit.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 PLUGIN = "eagle_probe"          # the entry points' name, for VLLM_PLUGINS
-REQUEST_FIELD = "eagle_probe"   # the vllm_xargs field a request sets to its id to be recorded
+REQUEST_FIELD = "eagle_probe"   # the vllm_xargs field a request sets to its key to be recorded
 HEADS_FIELD = "eagle_probe_heads"   # ... and to true for its attention per head
 VLLM_VERSION = "0.32.0"         # the runner code the hooks were written against

@@ -7,21 +7,30 @@ by position, as they are written. The attention mass of a query is then softmax(
 the keys at positions 0..p of its own sequence, exactly what a causal decoder attends to.
 
 That this copy is what the backend attended over is checked on every query it measures: the copy's
-attention output, probs @ V, must equal the output the backend wrote for that query row. Where it
-does not (a prefix-cache hit left keys the probe never saw, a sliding window, a quantised cache, an
-unknown backend), the record says attention is unavailable and why, never a wrong number.
+attention output, probs @ V, must equal the output the backend wrote for that query row, to within
+the rounding of the backend's dtype measured against the size of the values attended over (an output
+is a weighted mean of those values, so an output computed over other keys, or for another query, is
+off by a fraction of them). Where it is not (a prefix-cache hit left keys the probe never saw, a
+sliding window, a quantised cache, an unknown backend), the record says attention is unavailable and
+why, never a wrong number.
+
+Copies are paid for from a byte budget (Budget) before any memory is taken, and every measurement
+works through the copy in chunks, so a long context costs no whole-prefix float32 temporaries.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 
 SINK_TOKENS = 4
-# largest |copy output - backend output| / max(1, |backend output|) that counts as equal
-OUTPUT_TOLERANCE = {torch.float32: 1e-3}
-HALF_TOLERANCE = 3e-2   # 16-bit activations
+CHUNK = 4096   # positions converted to float32 at once while measuring
+# largest |copy output - backend output| / max |value attended over| that counts as equal, by the
+# backend output's dtype: a few units of its rounding (16-bit backends also round the probabilities)
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2 * 2.0 ** -8, torch.float16: 2 * 2.0 ** -10}
+OTHER_TOLERANCE = 2 * 2.0 ** -8
 
 
 @dataclass
@@ -36,73 +45,131 @@ class Unavailable(Exception):
     """Attention cannot be measured truthfully for this query; the message says why."""
 
 
-class KeyCopy:
-    """One request's drafter keys and values by position, as the attention layer was handed them."""
+class Budget:
+    """Bytes every key copy of one worker may hold together, and positions one copy may hold."""
 
-    def __init__(self, like: torch.Tensor, value_dim: int):
-        self.keys = like.new_zeros((0, *like.shape[1:]))
-        self.values = like.new_zeros((0, like.shape[1], value_dim))
-        self.written = torch.zeros(0, dtype=torch.bool, device=like.device)
+    def __init__(self, max_bytes: int, max_positions: int):
+        self.max_bytes, self.max_positions = max_bytes, max_positions
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.used + nbytes > self.max_bytes:
+                return False
+            self.used += nbytes
+            return True
+
+    def give_back(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
+
+
+class KeyCopy:
+    """One request's drafter keys and values by position, as the attention layer was handed them.
+    Its memory comes from `budget`, asked before each allocation; `release()` gives it back."""
+
+    def __init__(self, like_keys: torch.Tensor, value_dim: int, budget: Budget):
+        self.budget = budget
+        self.keys = like_keys.new_zeros((0, *like_keys.shape[1:]))
+        self.values = like_keys.new_zeros((0, like_keys.shape[1], value_dim))
+        self.written = torch.zeros(0, dtype=torch.bool, device=like_keys.device)
+        self.bytes = 0
 
     def write(self, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Raises Unavailable, having allocated nothing, when the copy would pass the budget's limits."""
         end = int(positions.max()) + 1
+        if end > self.budget.max_positions:
+            raise Unavailable(f"the request passed the {self.budget.max_positions} positions the probe copies "
+                              "keys for (EAGLE_PROBE_MAX_POSITIONS): attention is not measured past them")
         if end > self.keys.shape[0]:
-            self._grow(max(end, 2 * self.keys.shape[0]))
+            self._grow(min(max(end, 2 * self.keys.shape[0]), self.budget.max_positions), keys, values)
         self.keys[positions] = keys
         self.values[positions] = values
         self.written[positions] = True
 
-    def masses(self, query: torch.Tensor, position: int, round_start: int, scale: float,
+    def release(self) -> None:
+        self.budget.give_back(self.bytes)
+        self.bytes = 0
+        self.keys = self.values = self.written = None
+
+    def masses(self, query: torch.Tensor, position: int, round_start: int, sinks: int, scale: float,
                backend_output: torch.Tensor) -> Masses:
-        """The attention of `query` [heads, head_dim] at `position` over positions 0..position; this
-        round's drafts sit at positions round_start..position. Raises Unavailable unless the copy
-        reproduces `backend_output` [heads, value_dim], the backend's output for that query."""
+        """The attention of `query` [heads, head_dim] at `position` over positions 0..position: on the
+        first `sinks` positions, on this round's drafts (positions round_start..position) and on the
+        rest. Raises Unavailable unless the copy reproduces `backend_output` [heads, value_dim], the
+        backend's output for that query."""
         length = position + 1
         if length > self.written.shape[0] or not bool(self.written[:length].all()):
             missing = int((~self.written[:length]).nonzero()[0]) if length <= self.written.shape[0] else length - 1
             raise Unavailable(f"the drafter's key at position {missing} was not computed in this request "
                               f"(a prefix-cache hit? send recorded requests with a unique cache_salt)")
-        keys, values = self.keys[:length].float(), self.values[:length].float()   # [L, kv, d]
-        heads, kv_heads = query.shape[0], keys.shape[1]
+        heads, kv_heads = query.shape[0], self.keys.shape[1]
         group = heads // kv_heads                       # query head h reads kv head h // group
         q = query.float().reshape(kv_heads, group, -1)
-        probs = (torch.einsum("kgd,lkd->kgl", q, keys) * scale).softmax(-1)   # [kv, group, L]
-        output = torch.einsum("kgl,lkd->kgd", probs, values).reshape(heads, -1)
-        expected = backend_output.float()
-        error = float((output - expected).abs().max()) / max(1.0, float(expected.abs().max()))
-        if error > OUTPUT_TOLERANCE.get(backend_output.dtype, HALF_TOLERANCE):
+        scores = torch.cat([torch.einsum("kgd,lkd->kgl", q, self.keys[s:min(s + CHUNK, length)].float())
+                            for s in range(0, length, CHUNK)], dim=-1)
+        probs = (scores * scale).softmax(-1)            # [kv, group, L]: float32, a few bytes a position
+        output = q.new_zeros((kv_heads, group, self.values.shape[-1]))
+        largest = torch.zeros((), device=q.device)
+        for s in range(0, length, CHUNK):
+            values = self.values[s:min(s + CHUNK, length)].float()
+            output += torch.einsum("kgl,lkd->kgd", probs[..., s:s + CHUNK], values)
+            largest = torch.maximum(largest, values.abs().max())
+        error = float((output.reshape(heads, -1) - backend_output.float()).abs().max()) / max(float(largest), 1e-30)
+        if error > TOLERANCE.get(backend_output.dtype, OTHER_TOLERANCE):
             raise Unavailable(f"the probe's copy of the keys does not reproduce the backend's attention output "
-                              f"(relative difference {error:.1e}): this backend attends differently")
+                              f"({error:.1e} of the largest value attended over): this backend attends differently")
         probs = probs.reshape(heads, length)
-        sinks = min(SINK_TOKENS, round_start)
-        return Masses(sink=probs[:, :SINK_TOKENS].sum(-1).tolist(), drafts=probs[:, round_start:].sum(-1).tolist(),
+        sinks = min(sinks, round_start)
+        return Masses(sink=probs[:, :sinks].sum(-1).tolist(), drafts=probs[:, round_start:].sum(-1).tolist(),
                       rest=probs[:, sinks:round_start].sum(-1).tolist())
 
-    def _grow(self, capacity: int) -> None:
+    def _grow(self, capacity: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        per_position = (keys[0].numel() + values[0].numel()) * keys.element_size() + 1
+        nbytes = capacity * per_position
+        if not self.budget.take(nbytes):   # the old copy stays counted until the new one replaces it
+            raise Unavailable(f"the probe's key copies would pass their {self.budget.max_bytes >> 20} MiB "
+                              "(EAGLE_PROBE_MAX_KEY_BYTES): attention is not measured for this request")
         for name in ("keys", "values", "written"):
             old = getattr(self, name)
             new = old.new_zeros((capacity, *old.shape[1:]))
             new[:old.shape[0]] = old
             setattr(self, name, new)
+        self.budget.give_back(self.bytes)
+        self.bytes = nbytes
 
 
 MEAN_FIELDS = ("sink_attention", "self_attention", "rest_attention")
 
 
 def across_ranks(answers: list[dict | None]) -> dict | None:
-    """One fetch answer from every tensor-parallel rank's. The ranks record the same steps; only their
-    attention differs, each measuring its own query heads. Ranks hold equally many heads, so the mean
-    over all heads is the mean of the ranks' means."""
+    """One fetch answer from the answers of one engine's workers. Workers that record nothing (pipeline
+    stages before the last never sample, gpu_model_runner.py ~4307) answer None and are left out. The
+    tensor-parallel ranks that remain record the same steps; only their attention differs, each
+    measuring its own query heads. Ranks hold equally many heads, so the mean over all heads is the
+    mean of the ranks' means. Ranks that disagree make an error in the answer, never an exception."""
+    answers = [a for a in answers if a is not None]
+    if not answers:
+        return None
     first = answers[0]
-    if first is None or len(answers) == 1:
+    if len(answers) == 1:
         return first
+    counts = [len(a.get("records") or []) for a in answers]
+    if len(set(counts)) > 1:
+        return {**first, "records": [], "error": f"the tensor-parallel ranks hold different numbers of records "
+                                                 f"{counts}: this fetch's records are dropped"}
     for i, record in enumerate(first.get("records") or []):
         ranks = [answer["records"][i] for answer in answers]
+        if any((r.get("drafts"), r.get("tokens")) != (record.get("drafts"), record.get("tokens")) for r in ranks):
+            record["error"] = "the tensor-parallel ranks recorded different drafts or tokens for this step"
         errors = [r["attention_error"] for r in ranks if "attention_error" in r]
-        if errors:
+        measured = [all(f in r for f in MEAN_FIELDS) for r in ranks]
+        if errors or any(measured) != all(measured):   # some ranks measured attention, others not
             for field in (*MEAN_FIELDS, "attention_by_head"):
                 record.pop(field, None)
-            record["attention_error"] = errors[0]
+            if errors:
+                record["attention_error"] = errors[0]
             continue
         for field in MEAN_FIELDS:
             if field in record:

@@ -1,5 +1,5 @@
 """The worker side: wraps of vLLM 0.32's V1 model runner and speculative proposer that record the
-steps of requests that opted in, and the worker method the HTTP route calls.
+steps of requests that opted in, and the worker methods the HTTP routes call.
 
 Where each figure comes from (vllm/v1/worker/gpu_model_runner.py, vllm/v1/spec_decode/llm_base_proposer.py):
 - drafts verified in a step: `scheduler_output.scheduled_spec_decode_tokens[req]`, what the
@@ -16,6 +16,10 @@ Where each figure comes from (vllm/v1/worker/gpu_model_runner.py, vllm/v1/spec_d
   attention layer, whose backend `forward` is wrapped on the instance; its keys are the probe's own
   copy of the request's keys (attention.py), checked against the backend's output on every query.
 Nothing is computed for a step in which no request opted in.
+
+No hook raises into vLLM: the probe's part of every hook runs guarded, and a failure ends the
+recording of the requests in that step with a record that says where and why. vLLM's own calls are
+never inside the guard, so its exceptions reach it as they would without the probe.
 """
 
 from __future__ import annotations
@@ -23,18 +27,37 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import fmean
+from typing import Callable
 
 from eagle_probe import HEADS_FIELD, REQUEST_FIELD, VLLM_VERSION, __version__
-from eagle_probe.attention import KeyCopy, Masses, Unavailable
+from eagle_probe.attention import SINK_TOKENS, Budget, KeyCopy, Masses, Unavailable
+from eagle_probe.capabilities import measures
+from eagle_probe.settings import Settings
 from eagle_probe.store import Store
 
 log = logging.getLogger("eagle_probe")
-STORE = Store()
 # processes that run the model: the engine core (a single in-process worker) and multiprocess workers
 RUNNER_PROCESSES = ("EngineCore", "VllmWorker")
+# a file whose text names the hooks that raise (tests: every failure of the probe must leave vLLM serving)
+FAULT_FILE = "EAGLE_PROBE_FAULT_FILE"
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except ValueError as e:
+        log.warning("eagle_probe: %s; the defaults apply", e)
+        return Settings()
+
+
+SETTINGS = _settings()
+STORE = Store(SETTINGS)
+BUDGET = Budget(SETTINGS.max_key_bytes, SETTINGS.max_positions)
 
 
 def install() -> None:
@@ -60,9 +83,14 @@ def install() -> None:
     _wrap(SpecDecodeBaseProposer, "set_inputs_first_pass", _set_inputs_first_pass)
     _wrap(SpecDecodeBaseProposer, "_sample_draft_tokens", _sample_draft_tokens)
     _wrap(SpecDecodeBaseProposer, "load_model", _load_model)
-    WorkerBase.eagle_probe_fetch = lambda worker, key, final=False: STORE.fetch(key, final)
-    WorkerBase.eagle_probe_status = lambda worker: {"version": __version__, "vllm": vllm.__version__,
-                                                    "recording": len(STORE), "steps_seen": WORKER.steps}
+    WorkerBase.eagle_probe_fetch = lambda worker, asked: STORE.fetch_many(asked)
+    WorkerBase.eagle_probe_status = lambda worker: status(getattr(worker, "model_runner", None), GPUModelRunner)
+
+
+def status(runner, hooked_class: type) -> dict:
+    return {"version": __version__, "vllm": VLLM_VERSION, "recording": STORE.live(), "steps_seen": WORKER.steps,
+            "record_bytes": STORE.held_bytes, "key_copy_bytes": BUDGET.used, "limits": SETTINGS.describe(),
+            "measures": measures(runner, hooked_class, WORKER.attention_backend)}
 
 
 def _wrap(cls: type, name: str, wrapper) -> None:
@@ -74,14 +102,17 @@ def _wrap(cls: type, name: str, wrapper) -> None:
     setattr(cls, name, wrapped)
 
 
-def probed(runner) -> dict[str, str]:
-    """The requests of the runner's batch that asked to be recorded: internal id -> the client's id."""
-    keys = {}
-    for req_id in runner.input_batch.req_ids:
-        extra = _extra_args(runner, req_id)
-        if extra.get(REQUEST_FIELD):
-            keys[req_id] = str(extra[REQUEST_FIELD])
-    return keys
+def guarded(hook: str, part: Callable, *args, **kwargs):
+    """`part(*args, **kwargs)`, the probe's share of a hook: an exception in it ends the recording of the
+    requests in this step (their records say why), and returns None."""
+    try:
+        if os.environ.get(FAULT_FILE) and hook in Path(os.environ[FAULT_FILE]).read_text().split():
+            raise RuntimeError(f"a fault injected into {hook} ({FAULT_FILE})")
+        return part(*args, **kwargs)
+    except Exception as e:
+        log.warning("eagle_probe failed in %s: %r; the requests it was recording are no longer recorded", hook, e)
+        WORKER.fail(f"the probe failed in {hook}: {type(e).__name__}: {e}")
+        return None
 
 
 def _extra_args(runner, req_id: str) -> dict:
@@ -107,6 +138,7 @@ class Capture:
     """What one `propose` call records: the batch rows to measure and, per row, the RMS and the
     attention by depth."""
     rows: dict[int, str]                      # batch row -> internal request id
+    prompt_tokens: dict[int, int]             # batch row -> its prompt's length (sinks lie within it)
     first_rows: dict[int, int] | None = None  # batch row -> its row in call 0 (token_indices_to_sample)
     calls: int = 0
     positions: object = None                  # the current call's positions tensor
@@ -119,20 +151,59 @@ class Capture:
 
 @dataclass
 class Worker:
-    """What the hooks keep between calls in one worker process (the runner calls them one at a time)."""
-    pending: dict[str, Proposal] = field(default_factory=dict)   # internal request id -> its next drafts
-    keys: dict[str, str] = field(default_factory=dict)           # internal request id -> the client's id
-    copies: dict[str, KeyCopy] = field(default_factory=dict)     # internal request id -> its drafter keys
+    """What the hooks keep between calls in one worker process (the runner calls them one at a time).
+    Every dict is keyed by vLLM's internal request id and emptied when vLLM reports the request finished."""
+    keys: dict[str, str] = field(default_factory=dict)           # admitted requests -> their client's key
+    passed: set[str] = field(default_factory=set)                # requests not recorded (not asked, or refused)
+    broken: set[str] = field(default_factory=set)                # admitted requests whose recording failed
+    pending: dict[str, Proposal] = field(default_factory=dict)   # admitted requests -> their next drafts
+    copies: dict[str, KeyCopy] = field(default_factory=dict)     # admitted requests -> their drafter keys
+    no_copy: dict[str, str] = field(default_factory=dict)        # admitted requests -> why they have no copy
     capture: Capture | None = None   # set while a propose call for probed requests runs
     steps: int = 0                   # steps the hooks have seen: 0 under traffic means they do not run
+    attention_backend: str = ""      # the drafter attention backend's class, once the drafter loads
+
+    def admitted(self, runner) -> dict[str, str]:
+        """The requests of the runner's batch being recorded: internal id -> the client's key. A request
+        is admitted or refused once, at its first step."""
+        keys = {}
+        for req in runner.input_batch.req_ids:
+            if req in self.passed or req in self.broken:
+                continue
+            if req not in self.keys:
+                key = _extra_args(runner, req).get(REQUEST_FIELD)
+                if not key or STORE.admit(str(key)) is not None:
+                    self.passed.add(req)
+                    continue
+                self.keys[req] = str(key)
+            keys[req] = self.keys[req]
+        return keys
 
     def forget(self, finished: set[str]) -> None:
-        """Requests the scheduler reports finished: their records are complete, their proposals void."""
+        """Requests the scheduler reports finished (aborted ones too): their records are complete."""
         for req in finished:
+            self.passed.discard(req)
+            self.broken.discard(req)
             self.pending.pop(req, None)
-            self.copies.pop(req, None)
+            self.no_copy.pop(req, None)
+            self.drop_copy(req)
             if req in self.keys:
                 STORE.finish(self.keys.pop(req))
+
+    def drop_copy(self, req: str) -> None:
+        copy = self.copies.pop(req, None)
+        if copy is not None:
+            copy.release()
+
+    def fail(self, why: str) -> None:
+        """End the recording of every request being recorded now: the last record of each says why."""
+        self.capture = None
+        for req, key in self.keys.items():
+            if req not in self.broken:
+                self.broken.add(req)
+                self.pending.pop(req, None)
+                self.drop_copy(req)
+                STORE.add(key, {"request": req, "error": why})
 
 
 WORKER = Worker()
@@ -140,36 +211,49 @@ WORKER = Worker()
 
 def _update_states(original, runner, scheduler_output):
     """Every step begins here, scheduled or not: the moment to forget the requests that finished."""
-    WORKER.steps += 1
-    if WORKER.pending or WORKER.keys or WORKER.copies:
-        WORKER.forget(scheduler_output.finished_req_ids)
+    guarded("update_states", _count_step, scheduler_output)
     return original(runner, scheduler_output)
 
 
+def _count_step(scheduler_output) -> None:
+    WORKER.steps += 1
+    if WORKER.keys or WORKER.passed:
+        WORKER.forget(scheduler_output.finished_req_ids)
+
+
 def _sample_tokens(original, runner, grammar_output):
-    state = runner.execute_model_state
-    if state is None:
-        return original(runner, grammar_output)
-    scheduler_output = state[0]
-    keys = probed(runner)
-    if not keys:
-        return original(runner, grammar_output)
-    verified = {req: list(scheduler_output.scheduled_spec_decode_tokens.get(req, ())) for req in keys}
-    proposals = {req: WORKER.pending.pop(req, None) for req in keys}
+    before = guarded("sample_tokens", _verified_drafts, runner)
     output = original(runner, grammar_output)   # also proposes the next step's drafts
+    if before:
+        guarded("sample_tokens", _record_step, runner, output, *before)
+    return output
+
+
+def _verified_drafts(runner) -> tuple[dict, dict, dict] | None:
+    """Before the step's sampling: the recorded requests, the drafts their step verifies, and the
+    proposals those drafts came from."""
+    state = runner.execute_model_state
+    keys = WORKER.admitted(runner) if state is not None else {}
+    if not keys:
+        return None
+    scheduled = state[0].scheduled_spec_decode_tokens
+    verified = {req: list(scheduled.get(req, ())) for req in keys}
+    return keys, verified, {req: WORKER.pending.pop(req, None) for req in keys}
+
+
+def _record_step(runner, output, keys: dict, verified: dict, proposals: dict) -> None:
     index = getattr(output, "req_id_to_index", None)
     for req, key in keys.items():
-        if not STORE.open(key):
+        if req in WORKER.broken:
             continue
-        WORKER.keys[req] = key
         if index is None:   # asynchronous scheduling hands its output over later
+            WORKER.broken.add(req)
             STORE.add(key, {"request": req, "error": "asynchronous scheduling: start vLLM with "
                                                      "--no-async-scheduling to record steps"})
             continue
         tokens = [int(t) for t in output.sampled_token_ids[index[req]]] if req in index else []
         if tokens:   # none: a chunk of a long prompt, nothing committed yet
             STORE.add(key, _record(runner, req, verified[req], tokens, proposals[req]))
-    return output
 
 
 def _record(runner, req: str, drafts: list[int], tokens: list[int], proposal: Proposal | None) -> dict:
@@ -201,29 +285,45 @@ def _attention_fields(by_depth: Attention, heads: bool) -> dict:
 
 
 def _propose_draft_token_ids(original, runner, *args, **kwargs):
-    keys = probed(runner)
-    if not keys:
+    capture = guarded("propose_draft_token_ids", _start_capture, runner)
+    if capture is None:
         return original(runner, *args, **kwargs)
-    rows = {i: req for i, req in enumerate(runner.input_batch.req_ids) if req in keys}
-    WORKER.capture = capture = Capture(rows)
     try:
         drafts = original(runner, *args, **kwargs)
     finally:
         WORKER.capture = None
-    for row, req in rows.items():
+    guarded("propose_draft_token_ids", _keep_proposals, capture, drafts)
+    return drafts
+
+
+def _start_capture(runner) -> Capture | None:
+    keys = WORKER.admitted(runner)
+    if not keys:
+        return None
+    rows = {i: req for i, req in enumerate(runner.input_batch.req_ids) if req in keys}
+    WORKER.capture = Capture(rows, {row: runner.requests[req].num_prompt_tokens for row, req in rows.items()})
+    return WORKER.capture
+
+
+def _keep_proposals(capture: Capture, drafts) -> None:
+    for row, req in capture.rows.items():
+        if req in WORKER.broken:
+            continue
         ids = drafts[row].tolist() if hasattr(drafts, "tolist") else list(drafts[row])
         WORKER.pending[req] = Proposal([int(t) for t in ids], capture.rms.get(row, []),
                                        capture.attention.get(row, []), capture.probs.get(row, []),
                                        capture.spent_s * 1e3)
-    return drafts
 
 
 def _set_inputs_first_pass(original, proposer, *args, **kwargs):
     result = original(proposer, *args, **kwargs)
     if WORKER.capture is not None:
-        token_indices_to_sample = result[1]
-        WORKER.capture.first_rows = {row: int(token_indices_to_sample[row]) for row in WORKER.capture.rows}
+        guarded("set_inputs_first_pass", _note_first_rows, WORKER.capture, result[1])
     return result
+
+
+def _note_first_rows(capture: Capture, token_indices_to_sample) -> None:
+    capture.first_rows = {row: int(token_indices_to_sample[row]) for row in capture.rows}
 
 
 def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
@@ -232,39 +332,53 @@ def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
     result = original(proposer, hidden_states, *args, **kwargs)
     capture = WORKER.capture
     one_row_each = not getattr(proposer, "parallel_drafting", False)   # parallel drafting: k rows a request
-    if capture is None or not one_row_each or not hasattr(proposer.model, "compute_logits"):
-        return result
+    if capture is not None and one_row_each and hasattr(proposer.model, "compute_logits"):
+        guarded("sample_draft_tokens", _draft_probs, capture, proposer, hidden_states, result)
+    return result
+
+
+def _draft_probs(capture: Capture, proposer, hidden_states, result) -> None:
     start = time.perf_counter()
     drafts = result[0] if isinstance(result, tuple) else result
     rows = list(capture.rows)
     logits = proposer.model.compute_logits(hidden_states[rows])
     if logits is not None:
         chosen = drafts[rows].reshape(-1, 1).to(logits.device)
+        if int(chosen.max()) >= logits.shape[-1]:   # a drafter with a vocabulary of its own: no probabilities
+            return
         probs = logits.float().softmax(-1).gather(1, chosen)[:, 0].tolist()
         for row, prob in zip(rows, probs):
             capture.probs.setdefault(row, []).append(prob)
     capture.spent_s += time.perf_counter() - start
-    return result
 
 
 def _load_model(original, proposer, *args, **kwargs):
     result = original(proposer, *args, **kwargs)
+    guarded("load_model", _attach_to_drafter, proposer)
+    return result
+
+
+def _attach_to_drafter(proposer) -> None:
     if proposer.method.startswith("eagle3"):
         proposer.model.register_forward_pre_hook(_measure_fed_back_state, with_kwargs=True)
         layers = [m for m in proposer.model.modules() if hasattr(m, "impl") and hasattr(m.impl, "forward")]
         if layers:   # EAGLE-3 drafters have one decoder layer; deeper ones are measured at the first
+            WORKER.attention_backend = type(layers[0].impl).__name__
             _watch_attention(layers[0].impl)
-    return result
 
 
 def _measure_fed_back_state(module, args, kwargs):
     """A forward pre-hook on the EAGLE-3 drafter: the RMS of the state entering this depth, per probed row."""
     capture = WORKER.capture
-    if capture is None:   # warm-up, dummy runs, batches without a probed request
-        return None
+    if capture is not None:   # None: warm-up, dummy runs, batches without a probed request
+        guarded("fed_back_state", _fed_back_rms, capture, kwargs)
+    return None
+
+
+def _fed_back_rms(capture: Capture, kwargs: dict) -> None:
     hidden = kwargs.get("hidden_states")
     if hidden is None:
-        return None
+        return
     start = time.perf_counter()
     capture.positions = kwargs.get("positions")
     if capture.calls == 0:
@@ -277,7 +391,6 @@ def _measure_fed_back_state(module, args, kwargs):
             capture.rms.setdefault(row, []).append(value)
     capture.calls += 1
     capture.spent_s += time.perf_counter() - start
-    return None
 
 
 def _watch_attention(impl) -> None:
@@ -292,14 +405,7 @@ def _watch_attention(impl) -> None:
         if capture is not None and attn_metadata is not None:
             start = time.perf_counter()
             output = kwargs["output"] if "output" in kwargs else args[0]
-            try:
-                _measure_attention(capture, impl, query, key, value, attn_metadata, output)
-            except Exception as e:   # the probe must never break the server: the record says why instead
-                if not isinstance(e, Unavailable):
-                    log.warning("eagle_probe could not measure the drafter's attention: %r", e)
-                    e = f"the probe failed: {type(e).__name__}: {e}"
-                for row in capture.rows:
-                    capture.attention.setdefault(row, []).append(str(e))
+            guarded("attention", _measure_attention, capture, impl, query, key, value, attn_metadata, output)
             capture.spent_s += time.perf_counter() - start
         return result
     impl.forward = forward
@@ -308,8 +414,12 @@ def _watch_attention(impl) -> None:
 def _measure_attention(capture: Capture, impl, query, key, value, attn_metadata, output) -> None:
     """Add the probed rows' keys of this drafter call to their copies, and measure each one's query."""
     depth = capture.calls - 1   # the pre-hook has counted this call
-    if key is None or capture.positions is None or (depth == 0 and capture.first_rows is None):
-        raise Unavailable("the drafter's attention layer was not handed its keys and positions")
+    if key is None or capture.positions is None or (depth == 0 and capture.first_rows is None) \
+            or not hasattr(attn_metadata, "query_start_loc"):
+        for row in capture.rows:
+            capture.attention.setdefault(row, []).append(
+                "the drafter's attention backend does not hand the probe its keys, positions and query rows")
+        return
     starts = attn_metadata.query_start_loc.tolist()
     positions = capture.positions
     keys, values = (t.reshape(t.shape[0], impl.num_kv_heads, -1) for t in (key, value))
@@ -317,18 +427,38 @@ def _measure_attention(capture: Capture, impl, query, key, value, attn_metadata,
         start, end = starts[row], starts[row + 1]
         if end <= start:
             continue
+        capture.attention.setdefault(row, []).append(
+            _measure_row(capture, impl, req, row, depth, start, end, positions, query, keys, values, output))
+
+
+def _measure_row(capture: Capture, impl, req: str, row: int, depth: int, start: int, end: int, positions,
+                 query, keys, values, output) -> Masses | str:
+    """One request's query at this depth, or why it has none. The row measured must be the one whose
+    output becomes the draft: at depth 0 the row vLLM samples from, at depth d >= 1 the request's only
+    row, at the position d after the round's first (the sink/draft split depends on it)."""
+    at = capture.first_rows[row] if depth == 0 else start
+    position = int(positions[at])
+    if depth == 0:
+        if not start <= at < end:
+            return "the row vLLM drafts from lies outside the request's query rows: the probe cannot place it"
+        capture.round_start[row] = position + 1
+    elif end - start != 1 or position != capture.round_start[row] + depth - 1:
+        return (f"at draft depth {depth + 1} the drafter's query is not one row at the position after the last "
+                "draft: the probe would measure another row than the draft's")
+    if req in WORKER.no_copy:
+        return WORKER.no_copy[req]
+    try:
         copy = WORKER.copies.get(req)
         if copy is None:
-            copy = WORKER.copies[req] = KeyCopy(keys, values.shape[-1])
+            copy = WORKER.copies[req] = KeyCopy(keys, values.shape[-1], BUDGET)
         copy.write(positions[start:end], keys[start:end], values[start:end])
-        at = capture.first_rows[row] if depth == 0 else end - 1
-        position = int(positions[at])
-        if depth == 0:
-            capture.round_start[row] = position + 1
-        try:
-            measured: Masses | str = copy.masses(query[at].reshape(impl.num_heads, -1), position,
-                                                 capture.round_start[row], impl.scale,
-                                                 output[at].reshape(impl.num_heads, -1))
-        except Unavailable as e:
-            measured = str(e)
-        capture.attention.setdefault(row, []).append(measured)
+    except Unavailable as e:   # over a limit: no copy at all for this request from now on
+        WORKER.no_copy[req] = str(e)
+        WORKER.drop_copy(req)
+        return str(e)
+    try:
+        return copy.masses(query[at].reshape(impl.num_heads, -1), position, capture.round_start[row],
+                           min(SINK_TOKENS, capture.prompt_tokens[row]), impl.scale,
+                           output[at].reshape(impl.num_heads, -1))
+    except Unavailable as e:
+        return str(e)

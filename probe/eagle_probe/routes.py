@@ -1,13 +1,32 @@
-"""The API-server side: `GET /eagle_probe/v1/records/{id}` and `GET /eagle_probe/v1/status`."""
+"""The API-server side: `GET /v1/eagle_probe/records/{key}` and `GET /v1/eagle_probe/status`.
+
+The routes live under `/v1`, so vLLM's own `--api-key` / `VLLM_API_KEY` middleware guards them exactly
+as it guards `/v1/completions` (vllm/entrypoints/serve/middleware/authenticate.py ~11, ~59).
+
+No client reaches the engine directly. Each call to a worker is a `collective_rpc`, which the engine
+core serves between two steps (vllm/v1/engine/core.py ~1599), so the routes bound how often that
+happens however many clients ask: `/status` answers from a copy at most STATUS_EVERY_S old, and every
+fetch waiting is served by one call at most every FETCH_EVERY_S (Fetches). The calls go to every
+data-parallel engine (`call_utility_all_async`, vllm/v1/engine/core_client.py ~1262; a plain
+`collective_rpc` hears from engine 0 only, ~1699) and every worker of each.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 
 from eagle_probe import PLUGIN, VLLM_VERSION, __version__
 from eagle_probe.attention import across_ranks
 
+PREFIX = "/v1/eagle_probe"
 RPC_TIMEOUT_S = 5.0
+STATUS_EVERY_S = 1.0
+FETCH_EVERY_S = 0.1
+MAX_WAITING = 1024     # keys waiting for the next fetch; more are told to come back
+MAX_KEY_CHARS = 256
 
 
 class ProbeRoutes:
@@ -16,36 +35,116 @@ class ProbeRoutes:
     required_tasks = ("generate",)
 
     def attach_router(self, app: FastAPI) -> None:
-        router = APIRouter(prefix="/eagle_probe/v1")
+        router = APIRouter(prefix=PREFIX)
 
         @router.get("/records/{key}")
         async def records(key: str, request: Request, final: bool = False) -> dict:
             """The records of request `key` made since the last fetch; `final=true` (after its stream
             ended) also drops the request from the probe."""
-            found = across_ranks(await _ask(request, "eagle_probe_fetch", key, final))
+            found = None
+            if len(key) <= MAX_KEY_CHARS:
+                found = await _state(request).fetches.fetch(key, final)
             if found is None:
                 raise HTTPException(404, f"no request {key!r} is recorded: it did not set vllm_xargs "
-                                         f"{{\"{PLUGIN}\": id}}, has not started, or was fetched to its end")
+                                         f"{{\"{PLUGIN}\": key}}, has not started, or was fetched to its end")
             return found
 
         @router.get("/status")
         async def status(request: Request) -> dict:
-            return (await _ask(request, "eagle_probe_status"))[0]
+            return await _state(request).status()
 
         app.include_router(router)
 
     async def init_state(self, engine_client, state, args) -> None:
-        state.eagle_probe_engine = engine_client
+        state.eagle_probe = Probe(engine_client) if engine_client is not None else None
 
 
-async def _ask(request: Request, method: str, *args) -> list:
-    """Every worker's answer, in rank order."""
-    engine = getattr(request.app.state, "eagle_probe_engine", None)
-    if engine is None:
+def _state(request: Request) -> "Probe":
+    probe = getattr(request.app.state, "eagle_probe", None)
+    if probe is None:
         raise HTTPException(503, "this server has no engine")
-    try:
-        answers = await engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)
-    except Exception as e:   # the worker half is off (another vLLM version), or the worker failed or timed out
-        raise HTTPException(503, f"eagle_probe {__version__} is not running in this server's workers "
-                                 f"(it runs on vLLM {VLLM_VERSION}): {type(e).__name__}: {e}") from None
-    return answers
+    return probe
+
+
+class Probe:
+    """The API process's side of one server: its status copy and its fetches."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.fetches = Fetches(self)
+        self._status: tuple[float, dict] | None = None
+        self._status_lock = asyncio.Lock()
+
+    async def ask(self, method: str, *args) -> list[list]:
+        """Every worker's answer, by data-parallel engine, then by rank."""
+        core = getattr(self.engine, "engine_core", None)
+        try:
+            if hasattr(core, "call_utility_all_async"):
+                call = core.call_utility_all_async("collective_rpc", method, RPC_TIMEOUT_S, args, None)
+                return list(await asyncio.wait_for(call, RPC_TIMEOUT_S + 1))
+            return [await self.engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)]
+        except Exception as e:   # the worker half is off (another vLLM version), or a worker failed or timed out
+            raise HTTPException(503, f"eagle_probe {__version__} is not running in this server's workers "
+                                     f"(it runs on vLLM {VLLM_VERSION}): {type(e).__name__}: {e}") from None
+
+    async def status(self) -> dict:
+        async with self._status_lock:
+            if self._status is None or time.monotonic() - self._status[0] >= STATUS_EVERY_S:
+                engines = await self.ask("eagle_probe_status")
+                workers = [w for ranks in engines for w in ranks]
+                first = dict(workers[0])
+                first["recording"] = sum(ranks[0]["recording"] for ranks in engines)
+                first.update(engines=len(engines), workers=workers, api_key="guarded as /v1")
+                self._status = (time.monotonic(), first)
+            return self._status[1]
+
+
+class Fetches:
+    """Fetches waiting for the next call to the workers, one call for all of them."""
+
+    def __init__(self, probe: Probe):
+        self.probe = probe
+        self.waiting: dict[str, tuple[bool, list[asyncio.Future]]] = {}
+        self.pump: asyncio.Task | None = None
+        self.last = float("-inf")
+
+    async def fetch(self, key: str, final: bool) -> dict | None:
+        if key not in self.waiting and len(self.waiting) >= MAX_WAITING:
+            raise HTTPException(503, "the probe has too many fetches waiting: ask again in a moment")
+        future = asyncio.get_running_loop().create_future()
+        was_final, futures = self.waiting.get(key, (False, []))
+        self.waiting[key] = (was_final or final, [*futures, future])
+        if self.pump is None or self.pump.done():
+            self.pump = asyncio.create_task(self._serve())
+        return await future
+
+    async def _serve(self) -> None:
+        while self.waiting:
+            await asyncio.sleep(max(0.0, self.last + FETCH_EVERY_S - time.monotonic()))
+            batch, self.waiting = self.waiting, {}
+            self.last = time.monotonic()
+            asked = [(key, final) for key, (final, _) in batch.items()]
+            try:
+                engines = await self.probe.ask("eagle_probe_fetch", asked)
+                answers = [one_answer([[ranks[i] for ranks in by_rank] for by_rank in engines])
+                           for i in range(len(asked))]
+            except HTTPException as e:
+                for _, futures in batch.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(HTTPException(e.status_code, e.detail))
+                continue
+            for (_, futures), answer in zip(batch.values(), answers):
+                for n, future in enumerate(futures):   # the records go to the first; a repeat of a key gets none
+                    if not future.done():
+                        future.set_result(answer if n == 0 or answer is None else {**answer, "records": []})
+
+
+def one_answer(by_engine: list[list[dict | None]]) -> dict | None:
+    """One key's answer from every engine's workers: the ranks of the engine that holds it merged
+    (across_ranks; workers that do not record, such as pipeline stages before the last, answer None)."""
+    held = [answer for ranks in by_engine if (answer := across_ranks(ranks)) is not None]
+    if len(held) > 1:
+        return {"records": [], "finished": True,
+                "error": "two data-parallel engines recorded requests under this key: neither is kept apart"}
+    return held[0] if held else None

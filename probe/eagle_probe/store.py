@@ -1,14 +1,23 @@
-"""The records of the requests being probed, in one worker process: bounded in number and in time."""
+"""The records of the requests being probed, in one worker process: bounded in requests, in bytes and
+in time, each request's records under its own key.
+
+A request is admitted once, at its first step, or refused then and never recorded: its key too short
+to be private, its key held by another request's records, or the store holding as many live requests
+as it may. A refusal is kept (a bounded number, for a bounded time) so that a fetch can say why.
+"""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
-MAX_REQUESTS = 64        # requests recorded at once; more are told so instead of recorded
-MAX_STEPS = 8192         # records held per request between two fetches; later ones are dropped and counted
-IDLE_TTL_S = 300.0       # a request neither updated nor fetched this long is dropped
+from eagle_probe.settings import Settings
+
+MIN_KEY_CHARS = 32   # a key names its request's records, answer included: it must be as hard to guess as a uuid4
+MAX_REFUSED = 1024   # refusals kept for a fetch to read
 
 
 @dataclass
@@ -16,28 +25,41 @@ class Entry:
     records: list[dict] = field(default_factory=list)
     finished: bool = False
     steps: int = 0           # records made so far, fetched or not
-    dropped: int = 0         # records lost to MAX_STEPS
+    dropped: int = 0         # records lost to the byte limit
+    held_bytes: int = 0      # of the records not yet fetched
+    turned_away: int = 0     # other requests that sent this key while it was held: not recorded
     touched: float = field(default_factory=time.monotonic)
 
 
 class Store:
-    def __init__(self, max_requests: int = MAX_REQUESTS, idle_ttl_s: float = IDLE_TTL_S):
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or Settings.from_env()
         self._lock = threading.Lock()
         self._entries: dict[str, Entry] = {}
-        self.max_requests, self.idle_ttl_s = max_requests, idle_ttl_s
-        self._refused: dict[str, float] = {}   # key -> when it was refused
+        self._refused: OrderedDict[str, tuple[float, str]] = OrderedDict()   # key -> (when, why)
+        self.held_bytes = 0
 
-    def open(self, key: str) -> bool:
-        """Start recording `key` (a no-op if it is recorded); False when the store is full."""
+    def admit(self, key: str) -> str | None:
+        """Start recording `key`; None when admitted, else why it is not (the request is never recorded)."""
         with self._lock:
             self._expire()
-            if key in self._entries:
-                return True
-            if len(self._entries) >= self.max_requests:
-                self._refused[key] = time.monotonic()
-                return False
-            self._entries[key] = Entry()
-            return True
+            if len(key) < MIN_KEY_CHARS:
+                why = (f"not recorded: the key is {len(key)} characters; the probe records keys of at least "
+                       f"{MIN_KEY_CHARS} (a uuid4's hex), which no other client can guess")
+            elif key in self._entries:
+                self._entries[key].turned_away += 1
+                return "not recorded: another request holds this key"
+            elif sum(not e.finished for e in self._entries.values()) >= self.settings.max_requests:
+                why = (f"not recorded: the probe records at most {self.settings.max_requests} requests at once "
+                       "(EAGLE_PROBE_MAX_REQUESTS)")
+            else:
+                self._entries[key] = Entry()
+                return None
+            self._refused[key] = (time.monotonic(), why)
+            self._refused.move_to_end(key)
+            while len(self._refused) > MAX_REFUSED:
+                self._refused.popitem(last=False)
+            return why
 
     def add(self, key: str, record: dict) -> None:
         with self._lock:
@@ -46,8 +68,11 @@ class Store:
                 return
             record["step"] = entry.steps
             entry.steps += 1
-            if len(entry.records) < MAX_STEPS:
+            size = len(json.dumps(record))
+            if self.held_bytes + size <= self.settings.max_record_bytes:
                 entry.records.append(record)
+                entry.held_bytes += size
+                self.held_bytes += size
             else:
                 entry.dropped += 1
             entry.touched = time.monotonic()
@@ -62,24 +87,39 @@ class Store:
         The request leaves with them when it has finished, or when the caller says this fetch is its last."""
         with self._lock:
             self._expire()
-            if self._refused.pop(key, None) is not None:
-                return {"records": [], "finished": True,
-                        "error": f"not recorded: the probe records at most {self.max_requests} requests at once"}
+            refused = self._refused.pop(key, None)
             entry = self._entries.get(key)
             if entry is None:
-                return None
+                return None if refused is None else {"records": [], "finished": True, "error": refused[1]}
             records, entry.records, entry.touched = entry.records, [], time.monotonic()
+            self.held_bytes -= entry.held_bytes
+            entry.held_bytes = 0
             if entry.finished or final:
                 del self._entries[key]
-            return {"records": records, "finished": entry.finished, "dropped": entry.dropped}
+            answer = {"records": records, "finished": entry.finished, "dropped": entry.dropped}
+            if entry.dropped:
+                answer["dropped_why"] = (f"the probe holds at most {self.settings.max_record_bytes >> 20} MiB of "
+                                         "unfetched records (EAGLE_PROBE_MAX_RECORD_BYTES)")
+            if entry.turned_away:
+                answer["turned_away"] = entry.turned_away
+            return answer
+
+    def fetch_many(self, asked: list[tuple[str, bool]]) -> list[dict | None]:
+        return [self.fetch(key, final) for key, final in asked]
+
+    def live(self) -> int:
+        """Requests recorded now (finished ones whose records wait for their fetch do not count)."""
+        with self._lock:
+            return sum(not e.finished for e in self._entries.values())
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
 
     def _expire(self) -> None:
-        cutoff = time.monotonic() - self.idle_ttl_s
-        for key in [k for k, e in self._entries.items() if e.touched < cutoff]:
-            del self._entries[key]
-        for key in [k for k, when in self._refused.items() if when < cutoff]:
-            del self._refused[key]
+        cutoff = time.monotonic() - self.settings.idle_ttl_s
+        # a live request leaves when vLLM reports it finished (aborted ones too); a finished one when fetched
+        for key in [k for k, e in self._entries.items() if e.finished and e.touched < cutoff]:
+            self.held_bytes -= self._entries.pop(key).held_bytes
+        while self._refused and next(iter(self._refused.values()))[0] < cutoff:
+            self._refused.popitem(last=False)

@@ -8,6 +8,31 @@ import httpx
 
 from playground.errors import PlaygroundError
 
+API_KEY_ENV = "PLAYGROUND_VLLM_API_KEY"
+
+
+class ServerAnswered(PlaygroundError):
+    """The server answered, with an HTTP status other than 200."""
+
+    def __init__(self, message: str, status_code: int):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+def http_client(api_key: str | None, timeout: httpx.Timeout) -> httpx.Client:
+    """A client for vLLM servers that sends `api_key` (vLLM's --api-key) as a bearer token, if given."""
+    return httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+
+
+def refusal(url: str, path: str, response: httpx.Response) -> ServerAnswered:
+    """The error for a non-200 answer: a refused API key named as such."""
+    if response.status_code == 401:
+        refused = "the API key given" if "Authorization" in response.request.headers else "a request without an API key"
+        return ServerAnswered(f"the vLLM server at {url} refused {refused} (401 on {path}): pass the key it was "
+                              f"started with (--api-key) as --vllm-api-key KEY or {API_KEY_ENV}", 401)
+    return ServerAnswered(f"the server at {url} answered {path} with {response.status_code}: "
+                          f"{error_text(response.read())}", response.status_code)
+
 
 def call(client: httpx.Client, method: str, url: str, path: str, **kwargs) -> httpx.Response:
     """`method` `url + path`; a 200 answer, or a PlaygroundError that says what went wrong."""
@@ -20,8 +45,7 @@ def call(client: httpx.Client, method: str, url: str, path: str, **kwargs) -> ht
     except httpx.InvalidURL as e:
         raise PlaygroundError(f"{url} is not a URL: {e}") from None
     if response.status_code != 200:
-        raise PlaygroundError(f"the server at {url} answered {path} with {response.status_code}: "
-                              f"{error_text(response.content)}")
+        raise refusal(url, path, response)
     return response
 
 

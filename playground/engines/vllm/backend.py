@@ -160,18 +160,19 @@ def launch_config(reference: ReferenceEngine, spec: LaunchSpec, names: tuple[str
 
 def vllm_backend(reference: ReferenceEngine, urls: list[str], launch: LaunchSpec | None,
                  names: tuple[str, ...] | None = None, status: Callable[[str], None] = print,
-                 ports: dict[str, int] | None = None) -> tuple[VLLMEngine, Launched | None]:
+                 ports: dict[str, int] | None = None, api_key: str | None = None) -> tuple[VLLMEngine, Launched | None]:
     """The vLLM engine over the servers at `urls` (NAME=URL), or over servers it starts (those of
-    `launch`, or only those in `names`) on free local ports, or on `ports[name]` as given."""
+    `launch`, or only those in `names`) on free local ports, or on `ports[name]` as given. `api_key`
+    is vLLM's --api-key: sent to every server, and given to the servers it starts."""
     launched = None
     if launch is not None:
-        launched = Launched(launch_config(reference, launch, names), status, ports)
+        launched = Launched(replace(launch_config(reference, launch, names), api_key=api_key), status, ports)
         servers = launched.wait_healthy(status=status)
     else:
         servers = parse_urls(urls)
     if not servers:
         raise PlaygroundError("the vLLM backend needs --vllm-url NAME=URL (repeatable) or --launch")
-    engine = VLLMEngine(servers, max_tokens_limit=reference.max_tokens_limit)
+    engine = VLLMEngine(servers, max_tokens_limit=reference.max_tokens_limit, api_key=api_key)
     return engine, launched
 
 

@@ -27,7 +27,7 @@ import httpx
 from playground.engines.drafters import DrafterInfo
 from playground.engines.events import EXACT_STEPS, StepEvent
 from playground.engines.request import GenerationRequest
-from playground.engines.vllm.api import error_text
+from playground.engines.vllm.api import error_text, http_client, refusal
 from playground.engines.vllm.introspect import EAGLE_METHODS, ServerInfo, inspect_server
 from playground.engines.vllm.probe import ProbedRequest
 from playground.engines.vllm.tokens import ServerTokenizer
@@ -89,44 +89,59 @@ class ChunkSteps:
 class ProbedSteps:
     """Verify steps from the probe's records, each given the tokens that streamed for it: the drafts
     the target verified (rejected ones included), the accepted count, and by depth the drafter's
-    probabilities, its attention and the fed-back RMS."""
+    probabilities, its attention and the fed-back RMS. Where the records stop before the answer does
+    (the probe refused the request, failed, or lost records), the rest of the answer is read as
+    ChunkSteps reads it, every step's count then comes from vLLM, and `lost` says why."""
 
-    def __init__(self, connection: "Connection", probe: ProbedRequest):
+    def __init__(self, connection: "Connection", probe: ProbedRequest, k: int):
         self.connection, self.probe = connection, probe
         self.ids: list[int] = []
         self.texts: list[str] = []
         self.used = 0        # streamed tokens given to a step
         self.records = 0     # records made into steps
         self.attention_error = ""   # why the probe could not measure attention (said once)
+        self.lost = ""       # why the probe's records stopped before the answer's end
+        self.chunks = ChunkSteps(k)
 
     def receive(self, ids: list[int], texts: tuple[str, ...]) -> None:
-        self.ids += ids
-        self.texts += texts
+        if self.lost:
+            self.chunks.receive(ids, texts)
+        else:
+            self.ids += ids
+            self.texts += texts
 
     def ready(self, final: bool) -> Iterator[dict]:
         """Steps for the records whose tokens have streamed; at the end, the last ones with the tokens
-        that did stream (the server may have stepped on past a stop string), and any tokens left over."""
-        try:
-            records = self.probe.fetch(final)
-        except PlaygroundError as e:   # the stream goes on; its tokens end in one step without drafts
-            log.warning("%s", e)
-            records = self.probe.records
+        that did stream (the server may have stepped on past a stop string)."""
+        if not self.lost:
+            yield from self._recorded(self.probe.fetch(final), final)
+            if final and self.used < len(self.ids) and not self.probe.error:
+                self.probe.error = f"the probe's records account for {self.used} of {len(self.ids)} tokens"
+            if self.probe.error and (not final or self.used < len(self.ids)):
+                self._lose(self.probe.error)
+        if self.lost:
+            yield from self.chunks.ready(final)
+
+    def _recorded(self, records: list[dict], final: bool) -> Iterator[dict]:
         while self.records < len(records) and self.used < len(self.ids):
             record = records[self.records]
             if record["step"] != self.records:   # records were lost: no longer know which tokens are whose
-                log.warning("the probe at %s skipped records after step %d", self.probe.url, self.records - 1)
-                self.probe.records = records = records[:self.records]
-                break
+                self.probe.error = f"the probe dropped records after step {self.records - 1}"
+                return
             size, available = len(record["tokens"]), len(self.ids) - self.used
             if size > available and not final:
                 return   # its tokens have not all streamed yet
             end = self.used + min(size, available)
             yield self.step(record, self.ids[self.used:end], self.texts[self.used:end])
             self.used, self.records = end, self.records + 1
-        if final and self.used < len(self.ids):   # tokens no record accounts for
-            yield {"step": self.records, "token_ids": tuple(self.ids[self.used:]),
-                   "token_texts": tuple(self.texts[self.used:]), "observed": (EXACT_STEPS,)}
-            self.used = len(self.ids)
+
+    def _lose(self, why: str) -> None:
+        self.lost = (f"The probe stopped recording this answer after {self.records} steps ({why}): its steps "
+                     "are vLLM's own counts, without drafts.")
+        log.warning("the probe at %s: %s", self.probe.url, why)
+        self.chunks.step = self.records
+        self.chunks.receive(self.ids[self.used:], tuple(self.texts[self.used:]))
+        self.used = len(self.ids)
 
     def step(self, record: dict, ids: list[int], texts: list[str]) -> dict:
         drafts = [int(t) for t in record["drafts"]]
@@ -150,11 +165,12 @@ class ProbedSteps:
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, servers: list[Server], max_tokens_limit: int | None = None, timeout_s: float = 120.0):
+    def __init__(self, servers: list[Server], max_tokens_limit: int | None = None, timeout_s: float = 120.0,
+                 api_key: str | None = None):
         self.servers = {s.drafter: s for s in servers}
         self.drafter_names = tuple(self.servers)
         self.max_tokens_limit, self.timeout_s = max_tokens_limit, timeout_s
-        self.client = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
+        self.client = http_client(api_key, httpx.Timeout(30.0, connect=5.0))   # api_key: vLLM's --api-key
         self.connections: dict[str, Connection] = {}
         self.lock = threading.Lock()
 
@@ -226,6 +242,9 @@ class VLLMEngine:
         elif c.info.probe:
             notes.append("The server's probe reports each step's drafts, rejected ones included, the drafter's "
                          "probabilities, its attention and the fed-back RMS as the answer streams.")
+        elif c.info.probe_off:
+            notes.append(f"The server runs the probe, but it records no drafts there ({c.info.probe_off}): steps are "
+                         "vLLM's own counts, without the rejected tokens or the drafter's internals.")
         else:
             notes.append("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
                          "nor the drafter's internals: run the server with the probe to see them (docs/vllm.md).")
@@ -268,7 +287,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         server, k = connection.server, connection.info.k or 0
         probe = ProbedRequest(self.client, server.url) if connection.info.probe and k else None
-        steps = ProbedSteps(connection, probe) if probe else ChunkSteps(k)
+        steps = ProbedSteps(connection, probe, k) if probe else ChunkSteps(k)
         finish, metrics = None, None
 
         def step_fields() -> Iterator[dict]:
@@ -286,11 +305,17 @@ class VLLMEngine:
 
         # each step is held back one, so that the last can carry the finish reason and the server's counts
         position, pending = len(prompt_ids), None
-        for fields in step_fields():
-            if pending is not None:
-                yield pending
-            pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name, **fields)
-            position += len(pending.token_ids)
+        try:
+            for fields in step_fields():
+                if pending is not None:
+                    yield pending
+                note = steps.lost if probe else ""
+                pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name,
+                                    note=note, **fields)
+                position += len(pending.token_ids)
+        finally:
+            if probe is not None:
+                probe.release()
         if pending is None:
             raise PlaygroundError(f"the vLLM server at {server.url} returned no tokens")
         reason = "context" if context_bound and finish == "length" else FINISH.get(finish, finish or "length")
@@ -298,7 +323,7 @@ class VLLMEngine:
         if metrics and metrics.get("per_step_accepted") is not None:
             counts = {"step_accepted": tuple(metrics["per_step_accepted"]),
                       "step_drafted": tuple(metrics.get("per_step_drafted") or ())}
-        elif k and not probe:
+        elif k and (not probe or steps.lost):
             counts = {"observed": OBSERVED_CHUNKS}
         yield StepEvent(**{**pending.to_fields(), "finish_reason": reason,
                            "elapsed_s": time.perf_counter() - t0, **counts})
@@ -307,10 +332,9 @@ class VLLMEngine:
         """Parsed server-sent events up to [DONE]; every way the stream can fail is a PlaygroundError."""
         url = f"{server.url}/v1/completions"
         try:
-            with httpx.stream("POST", url, json=body, timeout=httpx.Timeout(self.timeout_s, connect=5.0)) as r:
+            with self.client.stream("POST", url, json=body, timeout=httpx.Timeout(self.timeout_s, connect=5.0)) as r:
                 if r.status_code != 200:
-                    raise PlaygroundError(f"the vLLM server at {server.url} answered {r.status_code}: "
-                                          f"{error_text(r.read())}")
+                    raise refusal(server.url, "/v1/completions", r)
                 for line in r.iter_lines():
                     if not line.startswith("data:"):
                         continue

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import httpx
 
 from playground.engines.vllm.api import call, call_json
-from playground.engines.vllm.probe import probe_version
+from playground.engines.vllm.probe import probe_status
 from playground.errors import PlaygroundError
 from playground.model.drafter import variant_of
 from playground.model.variants import NONE
@@ -37,7 +37,8 @@ class ServerInfo:
     speculative: bool
     k: int | None            # draft positions, when it speculates
     config: dict | None      # /server_info's vllm_config, when published
-    probe: str | None = None  # the eagle_probe plugin's version, when the server runs it
+    probe: str | None = None  # the eagle_probe plugin's version, when the server runs it and it records drafts
+    probe_off: str = ""       # why a server that runs the probe records no drafts (another model runner, ...)
     switches: tuple[bool, bool] | None = None   # the EAGLE-3 drafter's (fc_norm, norm_output), when readable
 
     @property
@@ -88,7 +89,7 @@ class ServerInfo:
                        else f"{self.method} drafting" if self.method
                        else "a drafter it does not name (start it with VLLM_SERVER_DEV_MODE=1 to publish it)")
             drafting = f"{drafter}, k = {self.k}"
-        probe = f"; eagle_probe {self.probe}" if self.probe else ""
+        probe = f"; eagle_probe {self.probe}" if self.probe else "; eagle_probe off" if self.probe_off else ""
         return f"{self.model} ({self.root}, context {self.max_model_len:,}) with {drafting}{probe}"
 
 
@@ -107,12 +108,13 @@ def inspect_server(url: str, client: httpx.Client) -> ServerInfo:
         config = call_json(client, "GET", url, "/server_info", params={"config_format": "json"}).get("vllm_config")
     except PlaygroundError:
         config = None
+    probe = probe_status(client, url)
     k = ((config or {}).get("speculative_config") or {}).get("num_speculative_tokens") or (
         max(positions) + 1 if positions else None)
     info = ServerInfo(url=url, model=card["id"], root=str(card.get("root") or card["id"]),
                       max_model_len=int(card.get("max_model_len") or 0), speculative=speculative,
                       k=k if speculative else None, config=config if isinstance(config, dict) else None,
-                      probe=probe_version(client, url))
+                      probe=probe.version if not probe.off else None, probe_off=probe.off)
     if info.speculative and info.method in EAGLE_METHODS and isinstance(info.drafter_source, str):
         return replace(info, switches=drafter_switches(info.drafter_source))
     return info

@@ -66,6 +66,7 @@ class LaunchConfig:
     kv_cache_gib: int = 1                   # VLLM_CPU_KVCACHE_SPACE on CPU
     log_dir: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
     extra_args: tuple[str, ...] = field(default_factory=lambda: env_server_args())
+    api_key: str | None = None              # the servers' --api-key (given as VLLM_API_KEY, out of their command line)
 
 
 PROBE_PLUGIN = "eagle_probe"
@@ -137,7 +138,8 @@ class Launched:
         # VLLM_USE_V2_MODEL_RUNNER=0 keeps a GPU server on the model runner it hooks (CPU runs no other)
         env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": PROBE_PLUGIN,
                "VLLM_USE_V2_MODEL_RUNNER": "0", **os.environ,
-               "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)}
+               "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
+               **({"VLLM_API_KEY": config.api_key} if config.api_key else {})}
         atexit.register(self.stop)
         taken: set[int] = set()
         for i, name in enumerate(config.servers):

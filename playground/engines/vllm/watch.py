@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
+from playground.engines.vllm.api import http_client
 from playground.engines.vllm.metrics import MetricsError, SpecCounters, read_counters
 from playground.errors import PlaygroundError
 
@@ -142,11 +143,12 @@ class Watch:
     """Servers (name -> URL) watched together; `read()` reads them all at once and returns their views."""
 
     def __init__(self, servers: dict[str, str], window: float = 60.0, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.time, shared: RecentReadings | None = None):
+                 clock: Callable[[], float] = time.time, shared: RecentReadings | None = None,
+                 api_key: str | None = None):
         if not servers:
             raise PlaygroundError("watch needs at least one server: NAME=URL")
         self.windows = [ServerWindow(name, url, window) for name, url in servers.items()]
-        self.client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 2.0)))
+        self.client = http_client(api_key, httpx.Timeout(timeout, connect=min(timeout, 2.0)))
         self.pool = ThreadPoolExecutor(len(self.windows), thread_name_prefix="watch")
         self.clock = clock
         self.readings = shared or RecentReadings(fresh_s=0.0)
