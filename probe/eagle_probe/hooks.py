@@ -45,6 +45,7 @@ log = logging.getLogger("eagle_probe")
 RUNNER_PROCESSES = ("EngineCore", "VllmWorker")
 # a file whose text names the hooks that raise (tests: every failure of the probe must leave vLLM serving)
 FAULT_FILE = "EAGLE_PROBE_FAULT_FILE"
+FAULTS = os.environ.get(FAULT_FILE)
 
 
 def _settings() -> Settings:
@@ -106,7 +107,7 @@ def guarded(hook: str, part: Callable, *args, **kwargs):
     """`part(*args, **kwargs)`, the probe's share of a hook: an exception in it ends the recording of the
     requests in this step (their records say why), and returns None."""
     try:
-        if os.environ.get(FAULT_FILE) and hook in Path(os.environ[FAULT_FILE]).read_text().split():
+        if FAULTS and hook in Path(FAULTS).read_text().split():
             raise RuntimeError(f"a fault injected into {hook} ({FAULT_FILE})")
         return part(*args, **kwargs)
     except Exception as e:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from playground.engines.vllm.api import ServerAnswered, call_json
+from playground.engines.vllm.api import ServerAnswered, call, call_json
 from playground.errors import PlaygroundError
 
 FIELD = "eagle_probe"
@@ -54,7 +54,7 @@ class ProbedRequest:
         self.client, self.url, self.key = client, url, uuid.uuid4().hex
         self.records: list[dict] = []
         self.fetched_at = float("-inf")
-        self.finished = False   # the probe said the request finished and gave its last records: it holds none now
+        self.finished = False   # the probe gave the request's last records (or has none): it holds none now
         self.error = ""
 
     @property
@@ -77,8 +77,9 @@ class ProbedRequest:
         except ServerAnswered as e:
             if e.status_code == 404 and not final:
                 return self.records
-            self.error = ("the probe holds no records of this request: its hooks did not run for it"
-                          if e.status_code == 404 else str(e))
+            self.finished = e.status_code == 404
+            self.error = "the probe holds no records of this request: its hooks did not run for it" \
+                if self.finished else str(e)
             return self.records
         except PlaygroundError as e:
             self.error = str(e)
@@ -89,13 +90,14 @@ class ProbedRequest:
                 break
             self.records.append(record)
         self.error = self.error or answer.get("error") or ""
-        self.finished = bool(answer.get("finished"))
+        self.finished = final or bool(answer.get("finished"))   # a final fetch drops the request there
         return self.records
 
     def release(self) -> None:
         """The last fetch of a stream that ended early: the probe drops the request's records."""
         if not self.finished:
             try:
-                self.client.get(f"{self.url}{PREFIX}/records/{self.key}", params={"final": "true"}, timeout=5.0)
-            except httpx.HTTPError:
+                call(self.client, "GET", self.url, f"{PREFIX}/records/{self.key}", params={"final": "true"},
+                     timeout=5.0)
+            except PlaygroundError:
                 pass   # the server drops them itself when the request ends, after EAGLE_PROBE_IDLE_TTL_S
