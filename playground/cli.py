@@ -488,15 +488,11 @@ def bench_prompts(args: argparse.Namespace) -> int:
     from playground.engines.reference import ReferenceEngine
     from playground.engines.tree import TreeShape
     from playground.evaluation import prompt_report, prompt_study
-    from playground.evaluation.prompt_files import PromptLimits, read_prompts
+    from playground.evaluation.prompt_files import PromptLimits, read_prompt_file
 
-    try:
-        data = args.prompt_file.read_bytes()
-    except OSError as e:
-        raise PlaygroundError(f"cannot read {args.prompt_file}: {e.strerror}") from None
     limits = PromptLimits(max_prompts=args.max_prompts, max_prompt_chars=args.max_prompt_chars)
     try:
-        prompts = read_prompts(data, limits, args.sample, args.seed)
+        prompts = read_prompt_file(args.prompt_file, limits, args.sample, args.seed)
     except PlaygroundError as e:
         raise PlaygroundError(f"{args.prompt_file}: {e}") from None
     config = prompt_study.StudyConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,

@@ -1,10 +1,12 @@
 """Prompt files in every supported form, and every way one can be unreadable: one line naming the record."""
 
 import json
+import time
+import tracemalloc
 
 import pytest
 
-from playground.evaluation.prompt_files import PromptFileError, PromptLimits, read_prompts
+from playground.evaluation.prompt_files import PromptFileError, PromptLimits, read_prompt_file, read_prompts
 from playground.evaluation.prompt_sets import ASSETS
 
 
@@ -65,6 +67,7 @@ def test_plain_text_prompts_separated_by_blank_lines():
                                                                     "Third", "Fourth"]
     assert [p.prompt for p in read_prompts(b"[INST] Hi [/INST]\n\n{not a record}").prompts] == [
         "[INST] Hi [/INST]", "{not a record}"]
+    assert [p.prompt for p in read_prompts("One\n\u00a0\f\nTwo\n\n\n".encode()).prompts] == ["One", "Two"]   # any blank
 
 
 def test_json_lines_keep_unicode_line_separators_and_a_pretty_printed_object_is_one_record():
@@ -108,19 +111,95 @@ def test_a_sample_is_seeded_and_keeps_file_order():
     (b"prompt,id\nfine,1\n,2\n", "row 3: prompt is empty"),
     (b"prompt\nok,extra\n", "row 2: more cells than the header has columns"),
     ("caf\xe9 au lait".encode("latin-1"), "the file is not UTF-8 text (byte 3"),
+    (b'[{"prompt": "a"} {"prompt": "b"}]', "not JSON: Expecting ',' delimiter at line 1, column 18"),
+    (b'[{"prompt": "a"},]', "not JSON: Expecting value at line 1, column 18"),
+    (b'[{"prompt": "a"}] and more', "not JSON: Extra data at line 1, column 19"),
+    (b'{"prompt": "a", "id": [1]}\n', "line 1: id is not text"),
+    (b'{"prompt": "a", "id": 1' + b"0" * 5000 + b"}\n", "line 1: a number of more than 4,300 digits"),
+    (jsonl({"messages": [{"role": "x" * 100_000, "content": "hi"}]}), "line 1: turn 1 has the unknown role 'xxx"),
+    (b"prompt\nok\n" + b"x" * 5_000_000 + b"\n", "row 3: a cell of more than 131,072 characters"),
 ])
 def test_an_unreadable_file_is_one_line_naming_the_record(data, message):
+    assert message in refused(data)[0]
+
+
+def refused(data: bytes | str, limits: PromptLimits = PromptLimits(), sample: int | None = None) -> tuple[str, float]:
+    """The message `data` is refused with, checked to be one short line, and the seconds the refusal took."""
+    started = time.perf_counter()
     with pytest.raises(PromptFileError) as e:
-        read_prompts(data)
-    assert message in str(e.value) and "\n" not in str(e.value)
+        read_prompts(data, limits, sample)
+    message = str(e.value)
+    assert "\n" not in message and len(message) < 200, message
+    return message, time.perf_counter() - started
+
+
+def test_a_repeated_id_among_100000_records_is_found_at_once():
+    records = [{"prompt": f"p{i}", "id": str(i)} for i in range(99_999)] + [{"prompt": "again", "id": "99998"}]
+    message, seconds = refused(json.dumps(records).encode(), PromptLimits(max_prompts=100_000))
+    assert message == "the id '99998' names two prompts" and seconds < 1
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"[" * 10_000 + b"]" * 10_000, "record 1: JSON nested too deeply"),
+    (b'[{"prompt": "a"}, ' + b'{"a": ' * 10_000 + b"1" + b"}" * 10_000 + b"]", "record 2: JSON nested too deeply"),
+    (b'{"prompt": "a"}\n{"prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}\n", "line 2: JSON nested too deeply"),
+    (b'{\n  "prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"\n}", "record 1: JSON nested too deeply"),
+])
+def test_json_nested_10000_deep_is_one_message(data, message):
+    said, seconds = refused(data)
+    assert said == message and seconds < 2
+
+
+def many(form: str, size: int) -> bytes:
+    """About `size` bytes of the smallest prompts a file of `form` holds."""
+    unit = {"text": b"x\n\n", "jsonl": b'{"prompt":"x"}\n', "json": b'{"prompt":"x"},', "csv": b"x\n"}[form]
+    body = unit * (size // len(unit))
+    return {"text": body, "jsonl": body, "json": b"[" + body[:-1] + b"]", "csv": b"prompt\n" + body}[form]
+
+
+@pytest.mark.parametrize("form", ["text", "jsonl", "json", "csv"])
+def test_a_19_MiB_file_of_tiny_prompts_is_refused_once_past_the_limit(form):
+    """Reading stops one prompt past the limit: millions of prompts are never built."""
+    data = many(form, 19 * 2**20)
+    tracemalloc.start()
+    try:
+        message, seconds = refused(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message.startswith("the file has more than 1,000 prompts; the limit is 1,000") and seconds < 2
+    assert peak < 4 * len(data), f"{peak / 2**20:.0f} MiB to refuse a {len(data) / 2**20:.0f} MiB file"
+    message, seconds = refused(data, sample=3)   # a sample is drawn from all of a file's prompts: a limit of its own
+    assert "more than 100,000 prompts" in message and seconds < 2
+
+
+def test_a_50_MB_paste_is_refused_by_its_size():
+    message, seconds = refused("x" * 50_000_000)
+    assert message == "the pasted text is 47.7 MiB; the limit is 20 MiB" and seconds < 1
+
+
+def test_a_file_over_the_size_limit_is_not_read(tmp_path):
+    path = tmp_path / "huge.txt"
+    with open(path, "wb") as f:
+        f.truncate(8 * 2**30)   # sparse: reading it would take seconds and 8 GiB
+    started = time.perf_counter()
+    with pytest.raises(PromptFileError, match="^the file is 8 GiB; the limit is 20 MiB$"):
+        read_prompt_file(path)
+    assert time.perf_counter() - started < 1
+    path.write_bytes(b"Hi\n\nThere")
+    assert [p.prompt for p in read_prompt_file(path).prompts] == ["Hi", "There"]
 
 
 def test_the_limits_are_settings_with_clear_messages():
     data = jsonl(*({"prompt": f"p{i}"} for i in range(5)), {"prompt": "x" * 300, "id": "long"})
-    with pytest.raises(PromptFileError, match="the file has 6 prompts; the limit is 5"):
+    with pytest.raises(PromptFileError, match="the file has more than 5 prompts; the limit is 5"):
         read_prompts(data, PromptLimits(max_prompts=5))
     with pytest.raises(PromptFileError, match="long: the prompt is 300 characters; the limit is 200"):
         read_prompts(data, PromptLimits(max_prompt_chars=200))
     with pytest.raises(PromptFileError, match=f"the file is {len(data)} bytes; the limit is 10 bytes"):
         read_prompts(data, PromptLimits(max_file_bytes=10))
     assert len(read_prompts(data, PromptLimits(max_prompts=5), sample=5).prompts) == 5   # the limit is on what runs
+    with pytest.raises(PromptFileError, match="the sample must be 1 to 5 prompts, got 6"):
+        read_prompts(data, PromptLimits(max_prompts=5), sample=6)
+    with pytest.raises(PromptFileError, match="the file has more than 4 prompts; the limit is 4 to draw a sample from"):
+        read_prompts(data, PromptLimits(max_sampled_from=4), sample=2)

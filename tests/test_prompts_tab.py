@@ -3,11 +3,13 @@ unreadable file a one-line message after which the page keeps serving."""
 
 import json
 import time
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from gradio_client import handle_file
 
-from playground.app_process import api_client
+from playground.app_process import ROOT, api_client
 from playground.evaluation.prompt_files import read_prompts
 from playground.evaluation.prompt_sets import ASSETS
 from playground.evaluation.prompt_study import StudyConfig, measure
@@ -58,11 +60,17 @@ def test_pasted_prompts_run_with_trees_and_no_speculation(client):
     ("caf\xe9".encode("latin-1"), {}, "not UTF-8"),
     (b'[{"text": "no prompt here"}]', {}, "record 1: no prompt"),
     (b"x" * 30_000, {}, "the limit is 20,000"),
-    ("\n\n".join(f"p{i}" for i in range(201)).encode(), {}, "the file has 201 prompts; the limit is 200"),
+    ("\n\n".join(f"p{i}" for i in range(201)).encode(), {}, "the file has more than 200 prompts; the limit is 200"),
+    (b"x\n\n" * (19 * 2**20 // 3), {}, "the file has more than 200 prompts; the limit is 200"),
+    (b"[" * 10_000 + b"]" * 10_000, {}, "record 1: JSON nested too deeply"),
+    (b"prompt\n" + b"x" * 5_000_000, {}, "row 2: a cell of more than 131,072 characters"),
+    (b'{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', {}, "the id '1' names two prompts"),
     (b"Hi", {"drafters": ()}, "pick at least one drafter"),
     (b"Hi", {"k": 11}, "k must be between 1 and 10"),
     (b"Hi", {"max_tokens": 5000}, "max tokens is limited to 512"),
     (b"Hi", {"sample": 2.5}, "sample must be a whole number"),
+    (b"Hi", {"sample": -1}, "sample must be 0 \\(every prompt\\) to 200 prompts, got -1"),
+    (b"Hi", {"sample": 1e300}, "sample must be 0 \\(every prompt\\) to 200 prompts, got 1e\\+300"),
 ])
 def test_an_unreadable_file_is_one_message_and_the_page_keeps_serving(client, tmp_path, content, kwargs, message):
     path = None
@@ -72,6 +80,44 @@ def test_an_unreadable_file_is_one_message_and_the_page_keeps_serving(client, tm
     with pytest.raises(Exception, match=message):
         study(client, path, **kwargs)
     assert "finished" in study(client, pasted="Hi", drafters=("eagle3",), max_tokens=2)["progress"]
+
+
+def test_a_paste_over_the_size_limit_is_refused_before_it_is_queued(client):
+    started = time.monotonic()
+    with pytest.raises(Exception, match="the pasted text is 47.7 MiB; the limit is 20 MiB"):
+        study(client, pasted="x" * 50_000_000)
+    assert time.monotonic() - started < 10
+
+
+def test_an_upload_over_the_size_limit_is_refused_by_the_server(app_url):
+    answer = httpx.post(f"{app_url}/gradio_api/upload", files={"files": ("big.txt", b"x" * (20 * 2**20 + 1))})
+    assert answer.status_code == 413 and "maximum allowed size of 20971520 bytes" in answer.text
+
+
+@pytest.mark.parametrize("args, message", [
+    ((["reference"], ["eagle3"], 5), "backend must be a backend's name"),
+    (("reference", "eagle3", 5), "drafters must be a list of drafter names"),
+    (("reference", [["eagle3"]], 5), "drafters must be a list of drafter names"),
+    (("reference", ["eagle3"], [5]), "k must be a number"),
+])
+def test_settings_of_the_wrong_type_are_one_message(client, args, message):
+    backend_name, drafters, k = args
+    with pytest.raises(Exception, match=message):
+        client.predict(None, "Hi", backend_name, drafters, k, "chain", 2, 0, api_name="/study")
+
+
+def test_a_study_refused_once_queued_logs_one_line(client, app_url, tmp_path):
+    log = ROOT / ".cache" / "app-logs" / f"app-{urlsplit(app_url).port}.log"   # where AppServer writes it
+    path = tmp_path / "deep.json"
+    path.write_bytes(b"[" * 10_000 + b"]" * 10_000)
+    before = log.stat().st_size
+    with pytest.raises(Exception, match="record 1: JSON nested too deeply"):
+        study(client, path)
+    time.sleep(0.5)   # for the app to write its line
+    with open(log) as f:
+        f.seek(before)
+        written = f.read()
+    assert written == "refused: record 1: JSON nested too deeply\n", written
 
 
 def test_the_playground_is_served_while_a_study_runs(client, app_url):

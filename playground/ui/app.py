@@ -67,4 +67,5 @@ def servers_panel(engine, demo: gr.Blocks) -> None:
 def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:
     demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS + prompts_tab.CSS + servers_tab.CSS, js=render.PAGE_JS,
                 theme=THEME, footer_links=["api"], allowed_paths=[str(prompts_tab.SAMPLES)],
-                show_error=True, state_session_capacity=limits.sessions, **kwargs)
+                show_error=True, state_session_capacity=limits.sessions,
+                max_file_size=prompts_tab.prompt_limits(limits).max_file_bytes, **kwargs)

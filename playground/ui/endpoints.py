@@ -8,6 +8,7 @@ the name tuples below fix the order the API returns them in.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -15,6 +16,8 @@ import gradio as gr
 from gradio.components import Component
 
 from playground.errors import PlaygroundError
+
+log = logging.getLogger("playground.ui")
 
 SLOTS = ("first", "second", "none")   # the Comparison tab's columns; element ids end with the slot
 COLUMN_PARTS = ("cards", "answer", "text")
@@ -117,15 +120,23 @@ def stream_handler(settings: type[SettingsT], outputs: Sequence[str],
 
 def input_validator(settings: type[SettingsT], check: Callable[[SettingsT], object]) -> Callable[..., list[dict]]:
     """Gradio's validator for an endpoint: `check` the settings before the run is queued, and show its
-    PlaygroundError as one message at the control it names (the prompt when it names none). The page
-    then shows that message and nothing else; an API caller gets it as the call's error."""
+    PlaygroundError as one message at the control it names (the first control when it names none of them).
+    The page then shows that message and nothing else; an API caller gets it as the call's error. The
+    validator runs as the request arrives, outside the queue and its concurrency limits: `check` must be cheap."""
     names = [f.name for f in fields(settings)]
 
     def validate(**values: Any) -> list[dict]:
         try:
             check(settings(**values))
         except PlaygroundError as e:
-            at = e.setting if e.setting in names else "prompt"
+            at = e.setting if e.setting in names else names[0]
             return [gr.validate(name != at, str(e) if name == at else "") for name in names]
         return [gr.validate(True, "") for _ in names]
     return validate
+
+
+def refusal(error: PlaygroundError) -> gr.Error:
+    """What a handler raises for a request it refuses once queued: the one-line message for the page and the
+    API caller, and one line in the log instead of Gradio's traceback."""
+    log.warning("refused: %s", error)
+    return gr.Error(str(error), print_exception=False)

@@ -21,13 +21,14 @@ from playground.engines.request import K_RANGE, GenerationRequest
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import prompt_report
-from playground.evaluation.prompt_files import PromptFile, PromptLimits, read_prompts
+from playground.evaluation.prompt_files import PromptFile, PromptFileError, PromptLimits, check_size, \
+    read_prompt_file, read_prompts
 from playground.evaluation.prompt_study import PromptResult, StudyConfig, measure
 from playground.plots import label
 from playground.ui import unchecked
 from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, input_validator, named_inputs, \
-    stream_handler
+    refusal, stream_handler
 from playground.ui.runs import LivePlots, Pacer, export_folder
 from playground.ui.streams import Limits, StopRequests, backend, failure_message, stop_handler, unknown_drafter
 
@@ -39,18 +40,28 @@ HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `syste
 SAMPLES = Path(__file__).resolve().parents[2] / "assets" / "prompts"
 
 
-def study_inputs(limits: Limits, settings: StudySettings, engine: Engine) -> tuple[PromptFile, StudyConfig]:
-    """The prompts and the study's configuration; every problem a PlaygroundError naming its control."""
-    if settings.file:
-        data = Path(settings.file).read_bytes()
-    elif (settings.pasted or "").strip():
-        data = settings.pasted
-    else:
+def prompt_limits(limits: Limits) -> PromptLimits:
+    """What one prompt file of the tab may hold; its byte limit is the page's upload limit too."""
+    return PromptLimits(max_prompts=limits.study_prompts, max_prompt_chars=limits.max_prompt_chars)
+
+
+def study_config(limits: Limits, settings: StudySettings, engine: Engine) -> StudyConfig:
+    """The study's configuration, and that it has prompts to read, without reading them: the checks of the
+    validator, which runs outside the queue. Every problem is a PlaygroundError naming its control."""
+    if not settings.file and (not settings.pasted or settings.pasted.isspace()):
         raise PlaygroundError("upload a prompt file or paste prompts", "file")
+    if settings.pasted and not settings.file:
+        try:
+            check_size(settings.pasted, prompt_limits(limits))
+        except PromptFileError as e:
+            raise PlaygroundError(str(e), "pasted") from None
     sample = _whole(settings.sample, "sample")
-    prompt_limits = PromptLimits(max_prompts=limits.study_prompts, max_prompt_chars=limits.max_prompt_chars)
-    prompts = read_prompts(data, prompt_limits, sample or None)
-    picked = list(settings.drafters or [])
+    if not 0 <= sample <= limits.study_prompts:
+        raise PlaygroundError(f"sample must be 0 (every prompt) to {limits.study_prompts} prompts, got {sample:.6g}",
+                              "sample")
+    picked = settings.drafters or []
+    if not isinstance(picked, list) or not all(isinstance(d, str) for d in picked):
+        raise PlaygroundError("drafters must be a list of drafter names", "drafters")
     unknown = [d for d in picked if d not in engine.drafter_names]
     if unknown:
         raise unknown_drafter(unknown[0], engine, "drafters")
@@ -58,12 +69,20 @@ def study_inputs(limits: Limits, settings: StudySettings, engine: Engine) -> tup
     if not drafters:
         raise PlaygroundError("pick at least one drafter", "drafters")
     if settings.draft not in ("chain", "tree"):
-        raise PlaygroundError(f"draft must be 'chain' or 'tree', got {settings.draft!r}", "draft")
+        raise PlaygroundError(f"draft must be 'chain' or 'tree', got {settings.draft!r:.40}", "draft")
     k, max_tokens = _whole(settings.k, "k"), _whole(settings.max_tokens, "max_tokens")
     tree = TreeShape() if settings.draft == "tree" else None
     GenerationRequest(prompt="check", k=k, max_tokens=max_tokens, tree=tree).validate(limits.max_tokens)
     config = StudyConfig(drafters=drafters, k=k, max_tokens=max_tokens, tree=tree, backend=engine.name)
-    return prompts, config.runnable_on(engine)
+    return config.runnable_on(engine)
+
+
+def study_prompts(limits: Limits, settings: StudySettings) -> PromptFile:
+    """The prompts of the upload, else of the paste: read once per study, in the study's queue."""
+    sample = _whole(settings.sample, "sample") or None
+    if settings.file:
+        return read_prompt_file(settings.file, prompt_limits(limits), sample)
+    return read_prompts(settings.pasted, prompt_limits(limits), sample)
 
 
 def _whole(value, name: str) -> int:
@@ -71,7 +90,7 @@ def _whole(value, name: str) -> int:
         number = float(value)
     except (TypeError, ValueError):
         raise PlaygroundError(f"{name.replace('_', ' ')} must be a number", name) from None
-    if not number.is_integer() or number < 0:
+    if not number.is_integer():
         raise PlaygroundError(f"{name.replace('_', ' ')} must be a whole number, got {number:g}", name)
     return int(number)
 
@@ -129,11 +148,19 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
 
     stops = StopRequests()
 
+    def engine_named(name) -> Engine:
+        if not isinstance(name, str):   # the dropdown passes what an API caller sends
+            raise PlaygroundError("backend must be a backend's name", "backend_name")
+        return backend(backends, name)
+
     def stream(settings: StudySettings, session: str | None) -> Iterator[dict]:
         stops.take(session)
         try:
-            engine = backend(backends, settings.backend_name)
-            prompts, config = study_inputs(limits, settings, engine)
+            engine = engine_named(settings.backend_name)
+            config = study_config(limits, settings, engine)
+            prompts = study_prompts(limits, settings)
+        except PlaygroundError as e:
+            raise refusal(e) from None
         except Exception as e:
             raise gr.Error(failure_message(e)) from None
         results: list[PromptResult] = []
@@ -178,8 +205,8 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
 
     outputs = [*(view[name] for name in STUDY_OUTPUTS), opened]
     handler = stream_handler(StudySettings, (*STUDY_OUTPUTS, "opened"), stream)
-    validator = input_validator(StudySettings, lambda settings: study_inputs(
-        limits, settings, backend(backends, settings.backend_name)))
+    validator = input_validator(StudySettings, lambda settings: study_config(
+        limits, settings, engine_named(settings.backend_name)))
     run.click(handler, inputs_kwargs=named_inputs(StudySettings, c), outputs=outputs, validator=validator,
               api_name="study", concurrency_id="study", concurrency_limit=1)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)

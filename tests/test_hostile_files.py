@@ -1,0 +1,104 @@
+"""The real app under many visitors and hostile prompt files, its memory read from /proc: each file is refused
+within the limits, in the study's own queue, at little cost to the process that serves everyone else."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from gradio_client import handle_file
+
+from playground.app_process import AppServer, api_client
+
+pytestmark = pytest.mark.slow
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def study(client, path) -> str:
+    """The message the app refuses the file at `path` with."""
+    with pytest.raises(Exception) as e:
+        client.predict(handle_file(str(path)), "", "reference", ["eagle3"], 5, "chain", 8, 0, api_name="/study")
+    return str(e.value)
+
+
+def test_three_19_MiB_files_of_tiny_prompts_at_once_cost_the_app_little(tmp_path):
+    """6.6 million blank-line-separated prompts each: reading stops at the 201st."""
+    path = tmp_path / "tiny.txt"
+    path.write_bytes(b"x\n\n" * (19 * 2**20 // 3))
+    server = AppServer("--max-tokens", "64")
+    try:
+        clients = [api_client(server.url) for _ in range(3)]
+        clients[0].predict(None, "Hi", "reference", ["eagle3"], 5, "chain", 2, 0, api_name="/study")   # warm
+        before = rss_mib(server.pid)
+        samples, done = [before], threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                samples.append(rss_mib(server.pid))
+                time.sleep(0.02)
+
+        messages, seconds = [""] * len(clients), [0.0] * (len(clients) + 1)
+        visitor = api_client(server.url)
+
+        def upload(i: int) -> None:
+            start = time.monotonic()
+            messages[i] = study(clients[i], path)
+            seconds[i] = time.monotonic() - start
+
+        def run() -> None:   # a visitor of the Playground tab meanwhile
+            start = time.monotonic()
+            visitor.predict("Say hi.", "", "model", "eagle3.1", 5, 0.0, 1.0, 8, "reference", api_name="/run")
+            seconds[-1] = time.monotonic() - start
+
+        watcher = threading.Thread(target=watch)
+        calls = [threading.Thread(target=upload, args=(i,)) for i in range(len(clients))] + [threading.Thread(target=run)]
+        for thread in (watcher, *calls):
+            thread.start()
+        for thread in calls:
+            thread.join()
+        done.set()
+        watcher.join()
+    finally:
+        server.stop()
+    grown = max(samples) - before
+    print(f"three uploads: {seconds[:-1]} s, a run meanwhile {seconds[-1]:.1f} s, RSS {before:.0f} MiB + "
+          f"{grown:.0f} MiB at most")
+    assert all("the file has more than 200 prompts; the limit is 200" in m for m in messages), messages
+    assert grown < 600 and max(seconds) < 10, (grown, seconds)
+
+
+def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memory():
+    """15 Playground runs and 5 studies at once: every one answers, and the app's RSS comes back."""
+    server = AppServer("--max-tokens", "64")
+    try:
+        warm = api_client(server.url)
+        warm.predict("Say hi.", "", "model", "eagle3.1", 5, 0.0, 1.0, 8, "reference", api_name="/run")
+        warm.predict(None, "Name a colour.\n\nName a fruit.", "reference", ["eagle3", "eagle3.1"], 5, "chain", 8, 0,
+                     api_name="/study")
+        before = rss_mib(server.pid)
+        clients = [api_client(server.url) for _ in range(20)]
+
+        def visit(i: int) -> str:
+            if i < 15:
+                out = clients[i].predict(f"Count to {i + 3}.", "", "model", "eagle3.1", 5, 0.0, 1.0, 16, "reference",
+                                         api_name="/run")
+                return "run" if out else ""
+            out = clients[i].predict(None, f"Name {i} colours.\n\nName a fruit.\n\nWhat is {i} + {i}?", "reference",
+                                     ["eagle3", "eagle3.1"], 5, "chain", 8, 0, api_name="/study")
+            return "study" if "finished" in out[0] else ""
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(20) as pool:
+            served = [future.result(timeout=600) for future in [pool.submit(visit, i) for i in range(20)]]
+        seconds = time.monotonic() - started
+        time.sleep(2)
+        after = rss_mib(server.pid)
+    finally:
+        server.stop()
+    print(f"20 visitors: {seconds:.1f} s, RSS {before:.0f} MiB before, {after:.0f} MiB after")
+    assert served == ["run"] * 15 + ["study"] * 5
+    assert after - before < 200
