@@ -448,6 +448,8 @@ def _add_bench(sub) -> None:
     c.add_argument("--rounds", type=int, default=4)
     c.add_argument("--contexts", type=int, nargs="*", default=[1000, 4000], choices=[1000, 2000, 4000],
                    help="document lengths (tokens) after which a recorded step's cost is measured")
+    c.add_argument("--flood-rounds", type=int, default=4, help="rounds of streams under a flood of calls (0: none)")
+    c.add_argument("--load", type=int, default=40, help="requests sent at once, recorded and not (0: none)")
     c.set_defaults(func=bench_probe)
     m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
     _bench_options(m, False)
@@ -537,7 +539,8 @@ def bench_probe(args: argparse.Namespace) -> int:
     from playground.evaluation import probe_cost
 
     config = probe_cost.ProbeCostConfig(tuple(args.concurrency), args.max_tokens, args.rounds,
-                                        contexts=tuple(args.contexts))
+                                        contexts=tuple(args.contexts), flood_rounds=args.flood_rounds,
+                                        load_requests=args.load)
     print(probe_cost.markdown(probe_cost.run(config, status=_to_stderr)))
     return 0
 

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "probe"))
 
 # the probe is its own package, not installed here
 from eagle_probe.attention import CHUNK, Budget, KeyCopy, Unavailable, across_ranks  # noqa: E402
+from eagle_probe.capabilities import measures  # noqa: E402
 from eagle_probe.routes import one_answer  # noqa: E402
 from eagle_probe.settings import Settings  # noqa: E402
 from eagle_probe.store import MAX_REFUSED, Store  # noqa: E402
@@ -160,6 +161,33 @@ def test_a_long_context_is_measured_in_chunks_exactly():
     assert masses.drafts == pytest.approx(probs[:, length - 3:].sum(-1).tolist(), abs=1e-6)
 
 
+def test_a_round_measured_at_its_end_equals_each_depth_measured_as_it_ran():
+    """Depth 0 writes the verified rows (a rejected one at 32 included), each later depth one position
+    over it; measuring all depths once the round has ended reads what each depth attended over."""
+    keys, values, _ = sequence()
+    later_keys, later_values, _ = sequence(1)   # the drafts' keys, written over the rejected row's
+    queries = torch.stack([sequence(seed)[2] for seed in range(2, 6)])
+    copy = written(keys, values, [range(0, 33)])   # the round's first draft comes from position 30
+    positions, round_start = [30, 31, 32, 33], 31
+    singles = []
+    for depth, position in enumerate(positions):
+        if depth:
+            index = torch.tensor([position])
+            copy.write(index, later_keys[index], later_values[index])
+        attended_keys = torch.cat([keys[:31], later_keys[31:position + 1]])
+        attended_values = torch.cat([values[:31], later_values[31:position + 1]])
+        output = backend_output(queries[depth], attended_keys, attended_values, position + 1)
+        singles.append((copy.masses(queries[depth], position, round_start, 4, SCALE, output), output))
+    round_ = copy.masses_of_round(queries, positions, round_start, 4, SCALE, torch.stack([o for _, o in singles]))
+    for (single, _), measured in zip(singles, round_):
+        for part in ("sink", "drafts", "rest"):
+            assert getattr(measured, part) == pytest.approx(getattr(single, part), abs=1e-6)
+    wrong = torch.stack([o for _, o in singles])
+    wrong[2] = wrong[1]   # depth 2 given depth 1's output
+    checked = copy.masses_of_round(queries, positions, round_start, 4, SCALE, wrong)
+    assert [isinstance(m, str) for m in checked] == [False, False, True, False]
+
+
 def test_a_key_the_probe_never_saw_makes_attention_unavailable():
     keys, values, query = sequence()
     copy = written(keys, values, [range(8, 30)])   # positions 0..7 came from a cached prefix
@@ -222,14 +250,14 @@ def test_the_16_bit_check_catches_what_a_looser_one_passed(case):
 
 def test_key_copies_stay_within_their_budget_and_refuse_before_allocating():
     keys, values, _ = sequence()
-    per_position = KV_HEADS * HEAD_DIM * 2 * 4 + 1
+    per_position = KV_HEADS * HEAD_DIM * 2 * 4 + 1 + 4   # keys and values in float32, written, max |value|
     budget = Budget(max_bytes=30 * per_position, max_positions=1000)
     first = written(keys, values, [range(20)], budget)
     assert budget.used == 20 * per_position
     second = KeyCopy(keys[:1], HEAD_DIM, budget)
     with pytest.raises(Unavailable, match="EAGLE_PROBE_MAX_KEY_BYTES"):
         second.write(torch.arange(20), keys[:20], values[:20])
-    assert second.keys.shape[0] == 0 and budget.used == 20 * per_position   # nothing taken
+    assert second.capacity == 0 and budget.used == 20 * per_position   # nothing taken
     first.release()
     assert budget.used == 0
     short = Budget(max_bytes=1 << 30, max_positions=16)
@@ -294,3 +322,33 @@ def test_the_probe_runs_only_on_the_vllm_it_was_written_for(version, state):
     assert run.stdout.strip().splitlines()[-1] == state, run.stderr[-2000:]
     if state == "off":
         assert "written for vLLM 0.32.0, not 0.33.0: it stays off" in run.stderr
+
+
+class V1Runner:
+    """What `measures` reads of vLLM's V1 model runner: its speculative, scheduling and cache settings."""
+
+    def __init__(self, method: str = "eagle3", async_scheduling: bool = False, cache_dtype: str = "auto"):
+        self.speculative_config = type("SpeculativeConfig", (), {"method": method})()
+        self.use_async_scheduling = async_scheduling
+        self.cache_config = type("CacheConfig", (), {"cache_dtype": cache_dtype})()
+
+
+class V2Runner:
+    """Model Runner V2 (vllm/v1/worker/gpu/model_runner.py): none of the methods the probe wraps."""
+
+
+@pytest.mark.parametrize("runner, backend, expected", [
+    (V1Runner(), "CPUAttentionBackendImpl", ("yes", "yes", "yes")),
+    (V2Runner(), "", ("no: this server runs",) * 3),
+    (V1Runner(async_scheduling=True), "", ("no: asynchronous scheduling",) * 3),
+    (V1Runner(method="ngram"), "", ("yes", "no: the ngram drafter", "no: the ngram drafter")),
+    (V1Runner(cache_dtype="fp8_e4m3"), "FlashAttentionImpl", ("yes", "yes", "no: the KV cache is fp8_e4m3")),
+    (V1Runner(), "FlashInferImpl", ("yes", "yes", "no: FlashInfer's metadata")),
+])
+def test_status_says_what_the_probe_can_measure_in_each_server_and_why_not(runner, backend, expected):
+    said = measures(runner, V1Runner, backend)
+    assert [said[part].startswith(start) for part, start in zip(("drafts", "hidden_rms", "attention"), expected)] == [
+        True] * 3, said
+    if isinstance(runner, V2Runner):
+        assert "VLLM_USE_V2_MODEL_RUNNER=0" in said["drafts"]
+

@@ -3,11 +3,14 @@ two recorded requests at once, and a fault file naming the hooks that raise."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -108,29 +111,75 @@ def test_a_fault_in_any_hook_leaves_the_server_serving_and_the_run_on_vllms_coun
 def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(server, greedy):
     backend, url, _ = server
     keyed = {"Authorization": f"Bearer {API_KEY}"}
-    started = threading.Barrier(3)
+    started, done, ended_early = threading.Barrier(3), threading.Event(), []
     model = backend.connection("eagle3.1").info.model
 
-    def hold_a_slot():   # a recorded request long enough to outlast the one below
+    def hold_a_slot():   # a recorded request that runs until the one below has ended, then is dropped
         key = uuid.uuid4().hex
-        body = {"model": model, "prompt": "Count from 1 to 500.", "max_tokens": 400, "temperature": 0,
+        body = {"model": model, "prompt": "Count from 1 to 5000.", "max_tokens": 4000, "temperature": 0,
                 "ignore_eos": True, "vllm_xargs": {"eagle_probe": key}, "cache_salt": key, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=keyed, timeout=300) as r:
             lines = r.iter_lines()
             next(lines)
             started.wait()
-            for _ in lines:
-                pass
+            for line in lines:
+                if "[DONE]" in line:
+                    ended_early.append(key)
+                if done.is_set():
+                    break
         httpx.get(f"{url}{PREFIX}/records/{key}", params={"final": "true"}, headers=keyed)
 
     holders = [threading.Thread(target=hold_a_slot) for _ in range(2)]
     for thread in holders:
         thread.start()
     started.wait()
-    events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
-    for thread in holders:
-        thread.join()
+    try:
+        events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+    finally:
+        done.set()
+        for thread in holders:
+            thread.join()
+    assert not ended_early, "a request holding a slot ended before the refused one did"
     assert_vllm_counts_with_a_note(events, greedy, "the probe records at most 2 requests at once")
+
+
+def test_forty_requests_at_once_are_all_served_and_a_key_they_share_records_one_at_most(server):
+    backend, url, _ = server
+    keyed = {"Authorization": f"Bearer {API_KEY}"}
+    model = backend.connection("eagle3.1").info.model
+    document = " ".join(f"Item {n} costs {n * n} coins." for n in range(40))   # about 300 tokens
+    shared = uuid.uuid4().hex
+    keys = [shared if i % 2 else uuid.uuid4().hex for i in range(40)]
+    most_at_once = []
+
+    def complete(i: int) -> tuple[int, int]:
+        body = {"model": model, "prompt": f"{i}. {document} Which item costs most?", "max_tokens": 8,
+                "ignore_eos": True, "temperature": 0, "vllm_xargs": {"eagle_probe": keys[i]}, "cache_salt": uuid.uuid4().hex}
+        answer = httpx.post(f"{url}/v1/completions", json=body, headers=keyed, timeout=600)
+        return answer.status_code, answer.json()["usage"]["completion_tokens"]
+
+    def watch(done: threading.Event) -> None:
+        while not done.wait(0.5):
+            status = httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()
+            most_at_once.append(status["recording"])
+
+    done = threading.Event()
+    watcher = threading.Thread(target=watch, args=(done,))
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(40) as pool:
+            answers = list(pool.map(complete, range(40)))
+    finally:
+        done.set()
+        watcher.join()
+    assert answers == [(200, 8)] * 40 and healthy(url)
+    assert most_at_once and max(most_at_once) <= 2
+    recorded = {}
+    for key in set(keys):
+        answer = httpx.get(f"{url}{PREFIX}/records/{key}", params={"final": "true"}, headers=keyed)
+        recorded[key] = {r["request"] for r in answer.json()["records"]} if answer.status_code == 200 else set()
+    assert len(recorded[shared]) <= 1
+    assert any(recorded[key] for key in keys if key != shared)
 
 
 def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
@@ -142,3 +191,29 @@ def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
     time.sleep(1.5)   # the status the route serves is at most a second old
     status = httpx.get(f"{url}{PREFIX}/status", headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert status["recording"] == 0 and status["record_bytes"] == 0 and status["key_copy_bytes"] == 0
+
+
+
+def test_every_data_parallel_engine_records_its_requests(engine, greedy):
+    """Two engines (--data-parallel-size 2): vLLM spreads the requests over both, and each request's
+    records come back from whichever engine ran it."""
+    backend, launched = vllm_backend(engine, [], LaunchSpec(k=5, server_args=("--data-parallel-size", "2")),
+                                     names=("eagle3.1",))
+    try:
+        url = backend.urls()["eagle3.1"]
+        status = httpx.get(f"{url}{PREFIX}/status").json()
+        assert status["engines"] == 2 and status["measures"]["attention"] == "yes"
+        request = GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)
+        with ThreadPoolExecutor(4) as pool:
+            runs = list(pool.map(lambda _: list(backend.generate(request)), range(4)))
+        served = Counter()   # finished requests by engine, from vLLM's own metrics
+        for line in httpx.get(f"{url}/metrics").text.splitlines():
+            if line.startswith("vllm:request_success_total{"):
+                served[re.search(r'engine="(\d+)"', line).group(1)] += float(line.split()[-1])
+    finally:
+        launched.stop()
+    for events in runs:
+        assert summarize(events).token_ids == greedy and not events[-1].note
+        drafting = [e for e in events[:-1] if e.drafted]
+        assert drafting and all(e.draft_ids and e.sink_attention and e.hidden_norm for e in drafting)
+    assert len(served) == 2 and all(served.values()), served   # each engine ran some of them

@@ -12,6 +12,15 @@ of the probed server recording and not recording, and the time the probe's own m
 in a recorded step (its records' `probe_ms`: fed-back RMS, attention with its self-check, draft
 probabilities). Last, the round trip of the probe's status route: the path a fetch of records
 takes (HTTP, then collective_rpc to the worker).
+
+Two checks of the probe in a server strangers reach follow. A flood: while unrecorded requests stream
+(4 at once), clients hammer the probe's routes (status, and fetches of keys nobody holds), round after
+round in both orders beside a quiet round and a flood of vLLM's own /v1/models, which never reaches
+the engine: what the probe's routes cost the engine is the gap between the two floods, what any
+flood of HTTP costs this 2-core machine is the gap between /v1/models and quiet. A load: 40 requests
+opting in at once with ~1,500-token prompts, half of them sending one key, after the same 40 not
+opting in: every completion served, the model-running process's peak RSS with and without recording beside
+the probe's limits, and how many requests the shared key recorded (at most one).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +58,9 @@ class ProbeCostConfig:
     rounds: int = 4
     k: int = 5
     contexts: tuple[int, ...] = (1000, 4000)   # tokens of document before the question (1k, 2k or 4k)
+    flood_rounds: int = 4        # 0: no flood
+    load_requests: int = 40      # 0: no load
+    load_prompt_tokens: int = 1500
 
 
 def run(config: ProbeCostConfig, status=print) -> list[dict]:
@@ -96,6 +109,12 @@ def run(config: ProbeCostConfig, status=print) -> list[dict]:
                       **({"probe_ms": statistics.median(spent)} if lane == LANES[2] else {})}
                      for lane, values in steps.items()]
         rows.append({"status_round_trip_ms": _round_trip_ms(probed)})
+        if config.flood_rounds:
+            rows += _flood(probed, launch.served_name, prompts, config)
+        if config.load_requests:
+            document = engine.prompt_ids(suite(engine.tokenizer, ("long context 4k",), per_category=1)[0].request(
+                EAGLE31, config.k, config.max_tokens))
+            rows.append(_load(servers[PROBE_PLUGIN], document, launch.served_name, config))
         return rows
     finally:
         for server in servers.values():
@@ -148,6 +167,147 @@ def _round_trip_ms(url: str, calls: int = 200) -> float:
         return (time.perf_counter() - start) / calls * 1e3
 
 
+FLOODS = ("quiet", "flood of /v1/models", "flood of the probe's routes")
+FLOOD_CLIENTS = 16
+
+
+def _flood(url: str, model: str, prompts: list[list[int]], config: ProbeCostConfig) -> list[dict]:
+    """Output tokens/s of 4 unrecorded streams at once, quiet and under each flood, rounds in both orders."""
+    rates, calls = {lane: [] for lane in FLOODS}, {lane: [] for lane in FLOODS[1:]}
+    for r in range(config.flood_rounds):
+        batch = [prompts[(r * 4 + i) % len(prompts)] for i in range(4)]
+        for lane in (FLOODS if r % 2 == 0 else FLOODS[::-1]):
+            done, made = threading.Event(), []
+            flooders = [threading.Thread(target=_hammer, args=(url, lane, done, made)) for _ in range(FLOOD_CLIENTS)
+                        if lane != FLOODS[0]]
+            for thread in flooders:
+                thread.start()
+            start = time.perf_counter()
+            with ThreadPoolExecutor(4) as pool:
+                tokens = sum(pool.map(lambda ids: _completion(url, False, ids, model, config.max_tokens), batch))
+            seconds = time.perf_counter() - start
+            done.set()
+            for thread in flooders:
+                thread.join()
+            rates[lane].append(tokens / seconds)
+            if lane in calls:
+                calls[lane].append(sum(made))
+    return [{"flood": lane, "tokens_per_s": statistics.median(values), "rounds": [round(v, 1) for v in values],
+             **({"calls": calls[lane]} if lane in calls else {})} for lane, values in rates.items()]
+
+
+def _hammer(url: str, lane: str, done: threading.Event, made: list[int]) -> None:
+    """Calls the lane's routes one after another until `done`; appends how many it made."""
+    count = 0
+    with httpx.Client(timeout=60) as client:
+        while not done.is_set():
+            if lane == FLOODS[1]:
+                client.get(f"{url}/v1/models")
+            elif count % 2:
+                client.get(f"{url}{PREFIX}/status")
+            else:
+                client.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}")   # a key nobody holds: 404
+            count += 1
+    made.append(count)
+
+
+def _load(server: ServerProcess, document: list[int], model: str, config: ProbeCostConfig) -> dict:
+    """`config.load_requests` completions at once, first not opting in, then opting in (half with one key)."""
+    runner_pid = _runner_process(server.process.pid)
+    n, size = config.load_requests, config.load_prompt_tokens
+    # prompts of `size` tokens that differ from their first token: no prefix cached for another
+    prompts = [[100 + i] + document[:size - 1] for i in range(n)]
+    shared = uuid.uuid4().hex
+    keys = [shared if i % 2 else uuid.uuid4().hex for i in range(n)]
+    row = {"load": n, "prompt_tokens": size, "limits": httpx.get(f"{server.url}{PREFIX}/status").json()["limits"]}
+    for lane, record in (("not recording", False), ("recording", True)):
+        peak = _PeakRSS(runner_pid, server.url)
+        with peak, ThreadPoolExecutor(n) as pool:
+            served = list(pool.map(lambda i: _load_completion(server.url, model, prompts[i], keys[i] if record else
+                                                               None, config.max_tokens), range(n)))
+        row[lane] = {"served": sum(1 for s in served if s), "peak_rss_mib": peak.peak >> 20,
+                     "start_rss_mib": peak.start >> 20, "probe_key_copy_mib": round(peak.key_copy_bytes / 2**20, 1),
+                     "probe_recording_at_once": peak.recording, "status_failures": peak.status_failures}
+    recorded = {}
+    for key in set(keys):   # fetched once all have ended, so no key is free again before the last asks for it
+        answer = httpx.get(f"{server.url}{PREFIX}/records/{key}", params={"final": "true"}, timeout=60)
+        recorded[key] = {r["request"] for r in answer.json()["records"]} if answer.status_code == 200 else set()
+    row["shared_key_requests_recorded"] = len(recorded[shared])
+    row["requests_recorded"] = sum(len(requests) for requests in recorded.values())
+    row["healthy_after"] = healthy(server.url)
+    return row
+
+
+def _load_completion(url: str, model: str, prompt: list[int], key: str | None, max_tokens: int) -> bool:
+    """One greedy completion, opting in under `key` if given; served or not."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            **({"vllm_xargs": {FIELD: key}, "cache_salt": uuid.uuid4().hex} if key else {})}
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+    return answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0
+
+
+def _runner_process(server_pid: int) -> int:
+    """The pid of the process that runs the model and the probe: the server's worker, or its engine
+    core where the model runs in the engine core itself."""
+    children = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        children.setdefault(int(fields.get("PPid", "0")), []).append((int(fields["Pid"]), fields["Name"].strip()))
+    found, queue = [], [server_pid]
+    while queue:
+        for pid, name in children.get(queue.pop(), []):
+            found.append((pid, name))
+            queue.append(pid)
+    runners = [pid for pid, name in found if "Worker" in name] or [pid for pid, name in found if "EngineCore" in name]
+    if not runners:
+        raise RuntimeError(f"no vLLM worker or engine core process under the server (pid {server_pid}): {found}")
+    return runners[0]
+
+
+class _PeakRSS:
+    """While the block runs: the largest RSS of one process (sampled every 0.1 s) and, from the probe's
+    status (every second), the most key-copy bytes and recorded requests it held at once."""
+
+    def __init__(self, pid: int, url: str):
+        self.pid, self.url = pid, url
+        self.start = self.peak = self.key_copy_bytes = self.recording = 0
+        self.status_failures: list[str] = []
+        self._done = threading.Event()
+
+    def __enter__(self) -> "_PeakRSS":
+        self.start = self.peak = self._rss()
+        self._thread = threading.Thread(target=self._watch)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        samples = 0
+        while not self._done.wait(0.1):
+            self.peak = max(self.peak, self._rss())
+            samples += 1
+            if samples % 10 == 0:
+                answer = httpx.get(f"{self.url}{PREFIX}/status", timeout=120)
+                if answer.status_code != 200:
+                    self.status_failures.append(f"{answer.status_code}: {answer.text[:200]}")
+                    continue
+                status = answer.json()
+                self.key_copy_bytes = max(self.key_copy_bytes, status["key_copy_bytes"])
+                self.recording = max(self.recording, status["recording"])
+
+    def _rss(self) -> int:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| concurrency | server | output tokens/s (median) | rounds |", "|---|---|---|---|"]
     lines += [f"| {r['concurrency']} | {r['lane']} | {r['tokens_per_s']:.1f} | {', '.join(map(str, r['rounds']))} |"
@@ -159,4 +319,24 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['context']} | {r['lane']} | {r['ms_per_step']:.1f} | {', '.join(map(str, r['rounds']))} | "
                      f"{probe_ms} |")
     trip = next(r["status_round_trip_ms"] for r in rows if "status_round_trip_ms" in r)
-    return "\n".join(lines) + f"\n\nprobe status route round trip (HTTP + collective_rpc), idle server: {trip:.2f} ms"
+    lines += ["", f"probe status route round trip, idle server: {trip:.2f} ms"]
+    floods = [r for r in rows if "flood" in r]
+    if floods:
+        quiet = floods[0]["tokens_per_s"]
+        lines += ["", f"| 4 unrecorded streams, {FLOOD_CLIENTS} clients calling | output tokens/s (median) | vs quiet | "
+                      "rounds | calls made per round |", "|---|---|---|---|---|"]
+        lines += [f"| {r['flood']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / quiet - 1:+.1%} | "
+                  f"{', '.join(map(str, r['rounds']))} | {', '.join(map(str, r.get('calls', [])))} |" for r in floods]
+    for r in (r for r in rows if "load" in r):
+        lines += ["", f"{r['load']} requests at once, {r['prompt_tokens']} prompt tokens each; probe limits "
+                      f"{json.dumps(r['limits'])}", "",
+                  "| requests | served | worker RSS at start, MiB | peak, MiB | probe key copies at most, MiB | "
+                  "recorded at once at most |", "|---|---|---|---|---|---|"]
+        lines += [f"| {lane} | {r[lane]['served']} | {r[lane]['start_rss_mib']} | {r[lane]['peak_rss_mib']} | "
+                  f"{r[lane]['probe_key_copy_mib']} | {r[lane]['probe_recording_at_once']} |"
+                  for lane in ("not recording", "recording")]
+        failures = [f for lane in ("not recording", "recording") for f in r[lane]["status_failures"]]
+        lines += [f"\nthe probe's status failed {len(failures)} times meanwhile: {failures[0]}"] if failures else []
+        lines += ["", f"requests recorded: {r['requests_recorded']}, of them under the key that half of the requests "
+                      f"sent: {r['shared_key_requests_recorded']}; server healthy after: {r['healthy_after']}"]
+    return "\n".join(lines)

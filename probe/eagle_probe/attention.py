@@ -66,32 +66,42 @@ class Budget:
 
 
 class KeyCopy:
-    """One request's drafter keys and values by position, as the attention layer was handed them.
-    Its memory comes from `budget`, asked before each allocation; `release()` gives it back."""
+    """One request's drafter keys and values by position, as the attention layer was handed them, head
+    by head ([kv heads, positions, dim], so that measuring multiplies contiguous blocks), with the
+    largest |value| of each position. Its memory comes from `budget`, asked before each allocation;
+    `release()` gives it back."""
 
     def __init__(self, like_keys: torch.Tensor, value_dim: int, budget: Budget):
         self.budget = budget
-        self.keys = like_keys.new_zeros((0, *like_keys.shape[1:]))
-        self.values = like_keys.new_zeros((0, like_keys.shape[1], value_dim))
+        kv_heads = like_keys.shape[1]
+        self.keys = like_keys.new_zeros((kv_heads, 0, like_keys.shape[2]))
+        self.values = like_keys.new_zeros((kv_heads, 0, value_dim))
         self.written = torch.zeros(0, dtype=torch.bool, device=like_keys.device)
+        self.largest = torch.zeros(0, dtype=torch.float32, device=like_keys.device)   # max |value| by position
         self.bytes = 0
 
+    @property
+    def capacity(self) -> int:
+        return self.written.shape[0]
+
     def write(self, positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Raises Unavailable, having allocated nothing, when the copy would pass the budget's limits."""
+        """`keys` [n, kv heads, dim] and `values` at `positions`. Raises Unavailable, having allocated
+        nothing, when the copy would pass the budget's limits."""
         end = int(positions.max()) + 1
         if end > self.budget.max_positions:
             raise Unavailable(f"the request passed the {self.budget.max_positions} positions the probe copies "
                               "keys for (EAGLE_PROBE_MAX_POSITIONS): attention is not measured past them")
-        if end > self.keys.shape[0]:
-            self._grow(min(max(end, 2 * self.keys.shape[0]), self.budget.max_positions), keys, values)
-        self.keys[positions] = keys
-        self.values[positions] = values
+        if end > self.capacity:
+            self._grow(min(max(end, 2 * self.capacity), self.budget.max_positions), keys, values)
+        self.keys[:, positions] = keys.transpose(0, 1)
+        self.values[:, positions] = values.transpose(0, 1)
         self.written[positions] = True
+        self.largest[positions] = values.float().abs().flatten(1).amax(1)
 
     def release(self) -> None:
         self.budget.give_back(self.bytes)
         self.bytes = 0
-        self.keys = self.values = self.written = None
+        self.keys = self.values = self.written = self.largest = None
 
     def masses(self, query: torch.Tensor, position: int, round_start: int, sinks: int, scale: float,
                backend_output: torch.Tensor) -> Masses:
@@ -99,45 +109,83 @@ class KeyCopy:
         first `sinks` positions, on this round's drafts (positions round_start..position) and on the
         rest. Raises Unavailable unless the copy reproduces `backend_output` [heads, value_dim], the
         backend's output for that query."""
-        length = position + 1
-        if length > self.written.shape[0] or not bool(self.written[:length].all()):
-            missing = int((~self.written[:length]).nonzero()[0]) if length <= self.written.shape[0] else length - 1
-            raise Unavailable(f"the drafter's key at position {missing} was not computed in this request "
-                              f"(a prefix-cache hit? send recorded requests with a unique cache_salt)")
-        heads, kv_heads = query.shape[0], self.keys.shape[1]
+        measured = self.masses_of_round(query[None], [position], round_start, sinks, scale, backend_output[None])[0]
+        if isinstance(measured, str):
+            raise Unavailable(measured)
+        return measured
+
+    def masses_of_round(self, queries: torch.Tensor, positions: list[int], round_start: int, sinks: int, scale: float,
+                        backend_outputs: torch.Tensor) -> list[Masses | str]:
+        """`masses` of the queries of one drafting round at once, one per depth ([depths, heads, head_dim]
+        at `positions`), or why a depth has none; the copy is read once for all of them. A round writes
+        each depth's key after the position the depth before attended to, so that the copy as it stands
+        after the round holds what each depth attended over."""
+        length = max(positions) + 1
+        missing = length if length > self.capacity else None
+        if missing is None and not bool(self.written[:length].all()):
+            missing = int((~self.written[:length]).nonzero()[0])
+        if missing is not None:
+            length = missing
+        if length == 0:
+            return [_not_computed(0)] * len(positions)
+        depths, heads = queries.shape[0], queries.shape[1]
+        kv_heads = self.keys.shape[0]
         group = heads // kv_heads                       # query head h reads kv head h // group
-        q = query.float().reshape(kv_heads, group, -1)
-        scores = torch.cat([torch.einsum("kgd,lkd->kgl", q, self.keys[s:min(s + CHUNK, length)].float())
-                            for s in range(0, length, CHUNK)], dim=-1)
-        probs = (scores * scale).softmax(-1)            # [kv, group, L]: float32, a few bytes a position
-        output = q.new_zeros((kv_heads, group, self.values.shape[-1]))
-        largest = torch.zeros((), device=q.device)
-        for s in range(0, length, CHUNK):
-            values = self.values[s:min(s + CHUNK, length)].float()
-            output += torch.einsum("kgl,lkd->kgd", probs[..., s:s + CHUNK], values)
-            largest = torch.maximum(largest, values.abs().max())
-        error = float((output.reshape(heads, -1) - backend_output.float()).abs().max()) / max(float(largest), 1e-30)
-        if error > TOLERANCE.get(backend_output.dtype, OTHER_TOLERANCE):
-            raise Unavailable(f"the probe's copy of the keys does not reproduce the backend's attention output "
-                              f"({error:.1e} of the largest value attended over): this backend attends differently")
-        probs = probs.reshape(heads, length)
+        # [kv, depths * group, dim]: every depth's query heads that read one kv head, side by side
+        q = queries.float().reshape(depths, kv_heads, group, -1).transpose(0, 1).reshape(kv_heads, depths * group, -1)
+        spans = [(s, min(s + CHUNK, length)) for s in range(0, length, CHUNK)]
+        scores = torch.cat([torch.bmm(q, self.keys[:, s:e].float().transpose(1, 2)) for s, e in spans], dim=-1)
+        ends = torch.tensor(positions, device=scores.device)
+        later = torch.arange(length, device=scores.device)[None, :] > ends[:, None]   # [depths, L]: not attended
+        scores = (scores * scale).reshape(kv_heads, depths, group, length).masked_fill(later[None, :, None], -torch.inf)
+        probs = scores.softmax(-1).reshape(kv_heads, depths * group, length)
+        output = q.new_zeros((kv_heads, depths * group, self.values.shape[-1]))
+        for s, e in spans:
+            output.baddbmm_(probs[..., s:e], self.values[:, s:e].float())
+        output = output.reshape(kv_heads, depths, group, -1).transpose(0, 1).reshape(depths, heads, -1)
+        probs = probs.reshape(kv_heads, depths, group, length).transpose(0, 1).reshape(depths, heads, length)
+        largest = self.largest[:length].cummax(0).values[ends.clamp(max=length - 1)].clamp(min=1e-30)
+        errors = ((output - backend_outputs.float()).abs().flatten(1).amax(1) / largest).tolist()
+        limit = TOLERANCE.get(backend_outputs.dtype, OTHER_TOLERANCE)
         sinks = min(sinks, round_start)
-        return Masses(sink=probs[:, :sinks].sum(-1).tolist(), drafts=probs[:, round_start:].sum(-1).tolist(),
-                      rest=probs[:, sinks:round_start].sum(-1).tolist())
+        sink, drafts = probs[..., :sinks].sum(-1).tolist(), probs[..., round_start:].sum(-1).tolist()
+        rest = probs[..., sinks:round_start].sum(-1).tolist()
+        measured: list[Masses | str] = []
+        for d, position in enumerate(positions):
+            if position >= length:
+                measured.append(_not_computed(length))
+            elif errors[d] > limit:
+                measured.append(f"the probe's copy of the keys does not reproduce the backend's attention output "
+                                f"({errors[d]:.1e} of the largest value attended over): this backend attends "
+                                "differently")
+            else:
+                measured.append(Masses(sink=sink[d], drafts=drafts[d], rest=rest[d]))
+        return measured
 
     def _grow(self, capacity: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        per_position = (keys[0].numel() + values[0].numel()) * keys.element_size() + 1
+        per_position = (keys[0].numel() + values[0].numel()) * keys.element_size() + 1 + 4
         nbytes = capacity * per_position
         if not self.budget.take(nbytes):   # the old copy stays counted until the new one replaces it
             raise Unavailable(f"the probe's key copies would pass their {self.budget.max_bytes >> 20} MiB "
                               "(EAGLE_PROBE_MAX_KEY_BYTES): attention is not measured for this request")
-        for name in ("keys", "values", "written"):
+        old_capacity = self.capacity
+        for name in ("keys", "values"):
             old = getattr(self, name)
-            new = old.new_zeros((capacity, *old.shape[1:]))
-            new[:old.shape[0]] = old
+            new = old.new_zeros((old.shape[0], capacity, old.shape[2]))
+            new[:, :old_capacity] = old
+            setattr(self, name, new)
+        for name in ("written", "largest"):
+            old = getattr(self, name)
+            new = old.new_zeros(capacity)
+            new[:old_capacity] = old
             setattr(self, name, new)
         self.budget.give_back(self.bytes)
         self.bytes = nbytes
+
+
+def _not_computed(position: int) -> str:
+    return (f"the drafter's key at position {position} was not computed in this request (a prefix-cache hit? send "
+            "recorded requests with a unique cache_salt)")
 
 
 MEAN_FIELDS = ("sink_attention", "self_attention", "rest_attention")

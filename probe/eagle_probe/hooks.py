@@ -34,8 +34,10 @@ from pathlib import Path
 from statistics import fmean
 from typing import Callable
 
+import torch
+
 from eagle_probe import HEADS_FIELD, REQUEST_FIELD, VLLM_VERSION, __version__
-from eagle_probe.attention import SINK_TOKENS, Budget, KeyCopy, Masses, Unavailable
+from eagle_probe.attention import SINK_TOKENS, Budget, KeyCopy, Unavailable
 from eagle_probe.capabilities import measures
 from eagle_probe.settings import Settings
 from eagle_probe.store import Store
@@ -126,6 +128,15 @@ Attention = list   # by depth: the Masses of that depth's query, or why there ar
 
 
 @dataclass
+class Query:
+    """One depth's query row and the backend's output for it, kept until the round's drafts are all made:
+    the depths of a round are measured together, reading the request's key copy once."""
+    query: torch.Tensor    # [heads, head_dim]
+    output: torch.Tensor   # [heads, value_dim]
+    position: int
+
+
+@dataclass
 class Proposal:
     drafts: list[int]
     rms: list[float] = field(default_factory=list)
@@ -144,9 +155,12 @@ class Capture:
     calls: int = 0
     positions: object = None                  # the current call's positions tensor
     round_start: dict[int, int] = field(default_factory=dict)   # batch row -> position of its first draft
+    scale: float = 1.0                        # the drafter attention's softmax scale
     rms: dict[int, list[float]] = field(default_factory=dict)
-    attention: dict[int, Attention] = field(default_factory=dict)
+    attention: dict[int, list[Query | str]] = field(default_factory=dict)   # measured when the round ends
     probs: dict[int, list[float]] = field(default_factory=dict)
+    sampling: bool = False     # set while vLLM samples this call's drafts
+    logits: object = None      # the logits vLLM computed for them, all rows
     spent_s: float = 0.0   # time the probe's measurements took in this call, for all its rows
 
 
@@ -307,6 +321,7 @@ def _start_capture(runner) -> Capture | None:
 
 
 def _keep_proposals(capture: Capture, drafts) -> None:
+    _measure_round(capture)
     for row, req in capture.rows.items():
         if req in WORKER.broken:
             continue
@@ -329,24 +344,46 @@ def _note_first_rows(capture: Capture, token_indices_to_sample) -> None:
 
 def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
     """One depth's drafts, from one row per request; for the probed rows, the drafter's probability of
-    the draft chosen (the logits computed once more for those rows alone)."""
-    result = original(proposer, hidden_states, *args, **kwargs)
+    the draft chosen, from the logits vLLM computes for them (kept by _keep_logits while this runs)."""
     capture = WORKER.capture
     one_row_each = not getattr(proposer, "parallel_drafting", False)   # parallel drafting: k rows a request
-    if capture is not None and one_row_each and hasattr(proposer.model, "compute_logits"):
+    own_vocab = getattr(proposer, "use_heterogeneous_vocab", False)    # its logits are over another vocabulary
+    measuring = capture is not None and one_row_each and not own_vocab and hasattr(proposer.model, "compute_logits")
+    if measuring:
+        capture.sampling, capture.logits = True, None
+    try:
+        result = original(proposer, hidden_states, *args, **kwargs)
+    finally:
+        if measuring:
+            capture.sampling = False
+    if measuring:
         guarded("sample_draft_tokens", _draft_probs, capture, proposer, hidden_states, result)
+        capture.logits = None
     return result
+
+
+def _keep_logits(compute_logits):
+    """Wrap the drafter's `compute_logits` (on the instance): while drafts are sampled for a probed
+    batch, keep a reference to the logits vLLM computes, so the probe never computes them again."""
+    @functools.wraps(compute_logits)
+    def wrapped(hidden_states, *args, **kwargs):
+        logits = compute_logits(hidden_states, *args, **kwargs)
+        capture = WORKER.capture
+        if capture is not None and capture.sampling and logits is not None \
+                and logits.shape[0] == hidden_states.shape[0]:
+            capture.logits = logits
+        return logits
+    return wrapped
 
 
 def _draft_probs(capture: Capture, proposer, hidden_states, result) -> None:
     start = time.perf_counter()
     drafts = result[0] if isinstance(result, tuple) else result
     rows = list(capture.rows)
-    logits = proposer.model.compute_logits(hidden_states[rows])
+    # vLLM's own logits; computed here only where it drew the drafts without them (a local argmax)
+    logits = capture.logits[rows] if capture.logits is not None else proposer.model.compute_logits(hidden_states[rows])
     if logits is not None:
         chosen = drafts[rows].reshape(-1, 1).to(logits.device)
-        if int(chosen.max()) >= logits.shape[-1]:   # a drafter with a vocabulary of its own: no probabilities
-            return
         probs = logits.float().softmax(-1).gather(1, chosen)[:, 0].tolist()
         for row, prob in zip(rows, probs):
             capture.probs.setdefault(row, []).append(prob)
@@ -360,6 +397,8 @@ def _load_model(original, proposer, *args, **kwargs):
 
 
 def _attach_to_drafter(proposer) -> None:
+    if hasattr(proposer.model, "compute_logits"):
+        proposer.model.compute_logits = _keep_logits(proposer.model.compute_logits)
     if proposer.method.startswith("eagle3"):
         proposer.model.register_forward_pre_hook(_measure_fed_back_state, with_kwargs=True)
         layers = [m for m in proposer.model.modules() if hasattr(m, "impl") and hasattr(m.impl, "forward")]
@@ -433,10 +472,11 @@ def _measure_attention(capture: Capture, impl, query, key, value, attn_metadata,
 
 
 def _measure_row(capture: Capture, impl, req: str, row: int, depth: int, start: int, end: int, positions,
-                 query, keys, values, output) -> Masses | str:
-    """One request's query at this depth, or why it has none. The row measured must be the one whose
-    output becomes the draft: at depth 0 the row vLLM samples from, at depth d >= 1 the request's only
-    row, at the position d after the round's first (the sink/draft split depends on it)."""
+                 query, keys, values, output) -> Query | str:
+    """One request's query at this depth, kept to be measured when the round ends, or why it has none.
+    The row measured must be the one whose output becomes the draft: at depth 0 the row vLLM samples
+    from, at depth d >= 1 the request's only row, at the position d after the round's first (the
+    sink/draft split depends on it)."""
     at = capture.first_rows[row] if depth == 0 else start
     position = int(positions[at])
     if depth == 0:
@@ -457,9 +497,29 @@ def _measure_row(capture: Capture, impl, req: str, row: int, depth: int, start: 
         WORKER.no_copy[req] = str(e)
         WORKER.drop_copy(req)
         return str(e)
-    try:
-        return copy.masses(query[at].reshape(impl.num_heads, -1), position, capture.round_start[row],
-                           min(SINK_TOKENS, capture.prompt_tokens[row]), impl.scale,
-                           output[at].reshape(impl.num_heads, -1))
-    except Unavailable as e:
-        return str(e)
+    capture.scale = impl.scale
+    return Query(query[at].reshape(impl.num_heads, -1).clone(), output[at].reshape(impl.num_heads, -1).clone(),
+                 position)
+
+
+def _measure_round(capture: Capture) -> None:
+    """Every probed row's queries of this round, measured at once over the row's key copy."""
+    start = time.perf_counter()
+    for row, req in capture.rows.items():
+        by_depth = capture.attention.get(row)
+        if not by_depth:
+            continue
+        queries = [(d, q) for d, q in enumerate(by_depth) if isinstance(q, Query)]
+        copy = WORKER.copies.get(req)
+        if not queries:
+            continue
+        if copy is None:   # a limit was passed at a later depth of this round: the copy is gone
+            for d, _ in queries:
+                by_depth[d] = WORKER.no_copy.get(req, "the probe's key copy of this request is gone")
+            continue
+        measured = copy.masses_of_round(torch.stack([q.query for _, q in queries]), [q.position for _, q in queries],
+                                        capture.round_start[row], min(SINK_TOKENS, capture.prompt_tokens[row]),
+                                        capture.scale, torch.stack([q.output for _, q in queries]))
+        for (d, _), masses in zip(queries, measured):
+            by_depth[d] = masses
+    capture.spent_s += time.perf_counter() - start

@@ -303,13 +303,15 @@ class VLLMEngine:
                     metrics = (chunk.get("metrics") or {}).get("speculative_decoding")
             yield from steps.ready(final=True)
 
+        unprobed = (f"The server runs the probe, but it records no drafts there ({connection.info.probe_off}): its "
+                    "steps are vLLM's own counts, without drafts.") if connection.info.probe_off and k else ""
         # each step is held back one, so that the last can carry the finish reason and the server's counts
         position, pending = len(prompt_ids), None
         try:
             for fields in step_fields():
                 if pending is not None:
                     yield pending
-                note = steps.lost if probe else ""
+                note = steps.lost if probe else unprobed
                 pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name,
                                     note=note, **fields)
                 position += len(pending.token_ids)

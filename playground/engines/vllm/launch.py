@@ -135,7 +135,8 @@ class Launched:
         # VLLM_SERVER_DEV_MODE publishes each server's configuration (/server_info), so that the backend
         # can check which drafter it runs; the servers listen on 127.0.0.1 only
         # VLLM_PLUGINS enables the probe (probe/, installed by scripts/setup-vllm.sh) in the servers, and
-        # VLLM_USE_V2_MODEL_RUNNER=0 keeps a GPU server on the model runner it hooks (CPU runs no other)
+        # VLLM_USE_V2_MODEL_RUNNER=0 keeps a server on the model runner it hooks (unset, vLLM picks the V2 runner
+        # wherever Triton runs and the features allow, config/vllm.py ~703-730)
         env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": PROBE_PLUGIN,
                "VLLM_USE_V2_MODEL_RUNNER": "0", **os.environ,
                "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
