@@ -135,7 +135,7 @@ def test_out_of_range_study_options_are_one_line_errors(tmp_path, capsys):
     write_jsonl(tmp_path / "mine.jsonl", PROMPTS)
     for args, message in ((["--concurrency", "4"], "one prompt at a time"),
                           (["--drafters", "eagle3", "medusa"], "has no medusa"),
-                          (["--sample", "0"], "at least 1 prompt"),
+                          (["--sample", "0"], "the sample must be 1 to 1,000 prompts, got 0"),
                           (["--max-prompts", "2"], "the limit is 2")):
         code, _, err = run_cli(capsys, "bench", "--prompts", str(tmp_path / "mine.jsonl"), *args,
                                "--out", str(tmp_path / "report"))

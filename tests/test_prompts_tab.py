@@ -63,7 +63,7 @@ def test_pasted_prompts_run_with_trees_and_no_speculation(client):
     ("\n\n".join(f"p{i}" for i in range(201)).encode(), {}, "the file has more than 200 prompts; the limit is 200"),
     (b"x\n\n" * (19 * 2**20 // 3), {}, "the file has more than 200 prompts; the limit is 200"),
     (b"[" * 10_000 + b"]" * 10_000, {}, "record 1: JSON nested too deeply"),
-    (b"prompt\n" + b"x" * 5_000_000, {}, "row 2: a cell of more than 131,072 characters"),
+    (b"prompt\n" + b"x" * 5_000_000, {}, "row 2: a cell holds more than 131,072 characters"),
     (b'{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', {}, "the id '1' names two prompts"),
     (b"Hi", {"drafters": ()}, "pick at least one drafter"),
     (b"Hi", {"k": 11}, "k must be between 1 and 10"),

@@ -70,7 +70,9 @@ def run(config: ProbeCostConfig, status=print) -> list[dict]:
            "VLLM_CPU_KVCACHE_SPACE": str(launch.kv_cache_gib)}
     servers = {plugins: ServerProcess(f"vllm-probe-cost{'-probe' if plugins else ''}",
                                       partial(server_command, launch, EAGLE31), Path(launch.log_dir),
-                                      pick_port(launch.base_port + 10 + i), env={**env, "VLLM_PLUGINS": plugins},
+                                      pick_port(launch.base_port + 10 + i),
+                                      # records kept until fetched: the load fetches once all 40 have ended
+                                      env={**env, "VLLM_PLUGINS": plugins, "EAGLE_PROBE_IDLE_TTL_S": "3600"},
                                       status=status, new_session=True)
                for i, plugins in enumerate(("", PROBE_PLUGIN))}
     try:
@@ -182,13 +184,18 @@ def _flood(url: str, model: str, prompts: list[list[int]], config: ProbeCostConf
                         if lane != FLOODS[0]]
             for thread in flooders:
                 thread.start()
-            start = time.perf_counter()
-            with ThreadPoolExecutor(4) as pool:
-                tokens = sum(pool.map(lambda ids: _completion(url, False, ids, model, config.max_tokens), batch))
-            seconds = time.perf_counter() - start
-            done.set()
-            for thread in flooders:
-                thread.join()
+            try:
+                start = time.perf_counter()
+                with ThreadPoolExecutor(4) as pool:
+                    tokens = sum(pool.map(lambda ids: _completion(url, False, ids, model, config.max_tokens), batch))
+                seconds = time.perf_counter() - start
+            finally:
+                done.set()
+                for thread in flooders:
+                    thread.join()
+            failed = [m for m in made if isinstance(m, str)]
+            if failed:
+                raise RuntimeError(f"a client of the flood failed: {failed[0]}")
             rates[lane].append(tokens / seconds)
             if lane in calls:
                 calls[lane].append(sum(made))
@@ -196,19 +203,24 @@ def _flood(url: str, model: str, prompts: list[list[int]], config: ProbeCostConf
              **({"calls": calls[lane]} if lane in calls else {})} for lane, values in rates.items()]
 
 
-def _hammer(url: str, lane: str, done: threading.Event, made: list[int]) -> None:
-    """Calls the lane's routes one after another until `done`; appends how many it made."""
+def _hammer(url: str, lane: str, done: threading.Event, made: list[int | str]) -> None:
+    """Calls the lane's routes one after another until `done`; appends how many it made, or why it stopped."""
     count = 0
-    with httpx.Client(timeout=60) as client:
-        while not done.is_set():
-            if lane == FLOODS[1]:
-                client.get(f"{url}/v1/models")
-            elif count % 2:
-                client.get(f"{url}{PREFIX}/status")
-            else:
-                client.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}")   # a key nobody holds: 404
-            count += 1
-    made.append(count)
+    try:
+        with httpx.Client(timeout=60) as client:
+            while not done.is_set():
+                if lane == FLOODS[1]:
+                    answer, expected = client.get(f"{url}/v1/models"), 200
+                elif count % 2:
+                    answer, expected = client.get(f"{url}{PREFIX}/status"), 200
+                else:   # a key nobody holds
+                    answer, expected = client.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}"), 404
+                if answer.status_code != expected:
+                    raise RuntimeError(f"{answer.request.url.path} answered {answer.status_code}")
+                count += 1
+        made.append(count)
+    except Exception as e:
+        made.append(f"{type(e).__name__}: {e}")
 
 
 def _load(server: ServerProcess, document: list[int], model: str, config: ProbeCostConfig) -> dict:
@@ -219,7 +231,8 @@ def _load(server: ServerProcess, document: list[int], model: str, config: ProbeC
     prompts = [[100 + i] + document[:size - 1] for i in range(n)]
     shared = uuid.uuid4().hex
     keys = [shared if i % 2 else uuid.uuid4().hex for i in range(n)]
-    row = {"load": n, "prompt_tokens": size, "limits": httpx.get(f"{server.url}{PREFIX}/status").json()["limits"]}
+    row = {"load": n, "prompt_tokens": size,
+           "limits": httpx.get(f"{server.url}{PREFIX}/status", timeout=60).json()["limits"]}
     for lane, record in (("not recording", False), ("recording", True)):
         peak = _PeakRSS(runner_pid, server.url)
         with peak, ThreadPoolExecutor(n) as pool:
@@ -248,7 +261,7 @@ def _load_completion(url: str, model: str, prompt: list[int], key: str | None, m
 
 def _runner_process(server_pid: int) -> int:
     """The pid of the process that runs the model and the probe: the server's worker, or its engine
-    core where the model runs in the engine core itself."""
+    core where the model runs in the engine core itself (the kernel keeps 15 characters of a name)."""
     children = {}
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
@@ -261,7 +274,7 @@ def _runner_process(server_pid: int) -> int:
         for pid, name in children.get(queue.pop(), []):
             found.append((pid, name))
             queue.append(pid)
-    runners = [pid for pid, name in found if "Worker" in name] or [pid for pid, name in found if "EngineCore" in name]
+    runners = [pid for pid, name in found if "Worker" in name] or [pid for pid, name in found if "EngineCor" in name]
     if not runners:
         raise RuntimeError(f"no vLLM worker or engine core process under the server (pid {server_pid}): {found}")
     return runners[0]
@@ -288,6 +301,12 @@ class _PeakRSS:
         self._thread.join()
 
     def _watch(self) -> None:
+        try:
+            self._sample()
+        except Exception as e:
+            self.status_failures.append(f"the watch stopped: {type(e).__name__}: {e}")
+
+    def _sample(self) -> None:
         samples = 0
         while not self._done.wait(0.1):
             self.peak = max(self.peak, self._rss())
@@ -323,8 +342,8 @@ def markdown(rows: list[dict]) -> str:
     floods = [r for r in rows if "flood" in r]
     if floods:
         quiet = floods[0]["tokens_per_s"]
-        lines += ["", f"| 4 unrecorded streams, {FLOOD_CLIENTS} clients calling | output tokens/s (median) | vs quiet | "
-                      "rounds | calls made per round |", "|---|---|---|---|---|"]
+        lines += ["", f"| 4 unrecorded streams, {FLOOD_CLIENTS} clients calling | output tokens/s (median) | "
+                      "vs quiet | rounds | calls made per round |", "|---|---|---|---|---|"]
         lines += [f"| {r['flood']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / quiet - 1:+.1%} | "
                   f"{', '.join(map(str, r['rounds']))} | {', '.join(map(str, r.get('calls', [])))} |" for r in floods]
     for r in (r for r in rows if "load" in r):

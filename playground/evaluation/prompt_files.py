@@ -29,6 +29,7 @@ from playground.engines.request import GenerationRequest
 from playground.errors import PlaygroundError
 
 CSV_DELIMITERS = (",", ";", "\t")
+CSV_COLUMNS = ("prompt", "system", "id", "category")   # the columns read; others are left alone
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
                   "assistant": "assistant", "model": "assistant", "system": "system"}
@@ -357,20 +358,24 @@ def _csv_header(line: str, delimiter: str) -> list[str]:
 
 def _csv(text: str, begin: int, delimiter: str) -> Iterator[tuple[str, UserPrompt]]:
     lines = (line.group() for line in LINE.finditer(text, begin))   # not io.StringIO: it holds 4 bytes a character
-    reader = csv.DictReader(lines, delimiter=delimiter)
+    reader = csv.reader(lines, delimiter=delimiter)   # not DictReader: it walks every column of the header per row
+    read = 0   # lines of the rows read whole
     try:
-        reader.fieldnames = [(f or "").strip().lower() for f in reader.fieldnames or []]
+        header = [cell.strip().lower() for cell in next(reader, [])]
+        columns = {name: header.index(name) for name in CSV_COLUMNS if name in header}
         for row in reader:
-            where = f"row {reader.line_num}"
-            if None in row:
+            read = reader.line_num
+            where = f"row {read}"
+            if len(row) > len(header):
                 raise PromptFileError(f"{where}: more cells than the header has columns")
-            if not any((v or "").strip() for v in row.values()):
+            if not any(cell.strip() for cell in row):
                 continue
-            yield "csv", _prompt(where, (row.get("id") or "").strip(), _text(where, row.get("prompt"), "prompt"),
-                                 (row.get("system") or "").strip() or None, (), (row.get("category") or "").strip())
-    except csv.Error as e:   # "field larger than field limit (131072)": a cell far longer than any prompt may be
-        failed_at = reader.line_num + 1   # line_num counts the lines of the rows read whole
+            cell = {name: row[i] if i < len(row) else None for name, i in columns.items()}
+            yield "csv", _prompt(where, (cell.get("id") or "").strip(), _text(where, cell.get("prompt"), "prompt"),
+                                 (cell.get("system") or "").strip() or None, (), (cell.get("category") or "").strip())
+    except csv.Error as e:
+        failed_at = max(read, 1) + 1
         if "field limit" in str(e):
-            raise PromptFileError(f"row {failed_at}: a cell of more than {csv.field_size_limit():,} characters, "
-                                  "longer than any prompt may be") from None
+            raise PromptFileError(f"row {failed_at}: a cell holds more than {csv.field_size_limit():,} characters, "
+                                  "more than a CSV cell may hold here") from None
         raise PromptFileError(f"row {failed_at}: not CSV ({e})") from None

@@ -160,7 +160,7 @@ class Capture:
     attention: dict[int, list[Query | str]] = field(default_factory=dict)   # measured when the round ends
     probs: dict[int, list[float]] = field(default_factory=dict)
     sampling: bool = False     # set while vLLM samples this call's drafts
-    logits: object = None      # the logits vLLM computed for them, all rows
+    logits: object = None      # the logits vLLM computed for them, the probed rows in float32
     spent_s: float = 0.0   # time the probe's measurements took in this call, for all its rows
 
 
@@ -364,26 +364,35 @@ def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
 
 def _keep_logits(compute_logits):
     """Wrap the drafter's `compute_logits` (on the instance): while drafts are sampled for a probed
-    batch, keep a reference to the logits vLLM computes, so the probe never computes them again."""
+    batch, keep a copy of the probed rows of the logits vLLM computes (it may scale them in place
+    afterwards), so the probe never computes them again."""
     @functools.wraps(compute_logits)
     def wrapped(hidden_states, *args, **kwargs):
         logits = compute_logits(hidden_states, *args, **kwargs)
         capture = WORKER.capture
-        if capture is not None and capture.sampling and logits is not None \
-                and logits.shape[0] == hidden_states.shape[0]:
-            capture.logits = logits
+        if capture is not None and capture.sampling:
+            guarded("sample_draft_tokens", _keep_rows, capture, hidden_states, logits)
         return logits
     return wrapped
+
+
+def _keep_rows(capture: Capture, hidden_states, logits) -> None:
+    start = time.perf_counter()
+    if logits is not None and logits.shape[0] == hidden_states.shape[0] > max(capture.rows):
+        capture.logits = logits[list(capture.rows)].float()
+    capture.spent_s += time.perf_counter() - start
 
 
 def _draft_probs(capture: Capture, proposer, hidden_states, result) -> None:
     start = time.perf_counter()
     drafts = result[0] if isinstance(result, tuple) else result
     rows = list(capture.rows)
-    # vLLM's own logits; computed here only where it drew the drafts without them (a local argmax)
-    logits = capture.logits[rows] if capture.logits is not None else proposer.model.compute_logits(hidden_states[rows])
+    # vLLM's own logits of the probed rows; computed here only where it drew the drafts without them
+    logits = capture.logits if capture.logits is not None else proposer.model.compute_logits(hidden_states[rows])
     if logits is not None:
         chosen = drafts[rows].reshape(-1, 1).to(logits.device)
+        if int(chosen.max()) >= logits.shape[-1]:   # logits over another vocabulary than the drafts'
+            return
         probs = logits.float().softmax(-1).gather(1, chosen)[:, 0].tolist()
         for row, prob in zip(rows, probs):
             capture.probs.setdefault(row, []).append(prob)
@@ -494,6 +503,7 @@ def _measure_row(capture: Capture, impl, req: str, row: int, depth: int, start: 
             copy = WORKER.copies[req] = KeyCopy(keys, values.shape[-1], BUDGET)
         copy.write(positions[start:end], keys[start:end], values[start:end])
     except Unavailable as e:   # over a limit: no copy at all for this request from now on
+        _measure_queries(capture, row, req)   # the depths before this one attended within the limits
         WORKER.no_copy[req] = str(e)
         WORKER.drop_copy(req)
         return str(e)
@@ -506,20 +516,23 @@ def _measure_round(capture: Capture) -> None:
     """Every probed row's queries of this round, measured at once over the row's key copy."""
     start = time.perf_counter()
     for row, req in capture.rows.items():
-        by_depth = capture.attention.get(row)
-        if not by_depth:
-            continue
-        queries = [(d, q) for d, q in enumerate(by_depth) if isinstance(q, Query)]
-        copy = WORKER.copies.get(req)
-        if not queries:
-            continue
-        if copy is None:   # a limit was passed at a later depth of this round: the copy is gone
-            for d, _ in queries:
-                by_depth[d] = WORKER.no_copy.get(req, "the probe's key copy of this request is gone")
-            continue
-        measured = copy.masses_of_round(torch.stack([q.query for _, q in queries]), [q.position for _, q in queries],
-                                        capture.round_start[row], min(SINK_TOKENS, capture.prompt_tokens[row]),
-                                        capture.scale, torch.stack([q.output for _, q in queries]))
-        for (d, _), masses in zip(queries, measured):
-            by_depth[d] = masses
+        _measure_queries(capture, row, req)
     capture.spent_s += time.perf_counter() - start
+
+
+def _measure_queries(capture: Capture, row: int, req: str) -> None:
+    """The row's queries kept so far this round, measured together and put in their depths' places."""
+    by_depth = capture.attention.get(row) or []
+    queries = [(d, q) for d, q in enumerate(by_depth) if isinstance(q, Query)]
+    if not queries:
+        return
+    copy = WORKER.copies.get(req)
+    if copy is None:
+        for d, _ in queries:
+            by_depth[d] = WORKER.no_copy.get(req, "the probe's key copy of this request is gone")
+        return
+    measured = copy.masses_of_round(torch.stack([q.query for _, q in queries]), [q.position for _, q in queries],
+                                    capture.round_start[row], min(SINK_TOKENS, capture.prompt_tokens[row]),
+                                    capture.scale, torch.stack([q.output for _, q in queries]))
+    for (d, _), masses in zip(queries, measured):
+        by_depth[d] = masses

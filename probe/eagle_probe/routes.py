@@ -22,7 +22,7 @@ from eagle_probe import PLUGIN, VLLM_VERSION, __version__
 from eagle_probe.attention import across_ranks
 
 PREFIX = "/v1/eagle_probe"
-RPC_TIMEOUT_S = 60.0   # the engine answers between steps, and one step of a long prefill on a CPU takes seconds
+RPC_TIMEOUT_S = 25.0   # the engine answers between steps (a long prefill's take seconds on a CPU); clients wait 30 s
 STATUS_EVERY_S = 1.0
 FETCH_EVERY_S = 0.1
 MAX_WAITING = 1024     # keys waiting for the next fetch; more are told to come back
