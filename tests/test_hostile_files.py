@@ -9,13 +9,9 @@ import pytest
 from gradio_client import handle_file
 
 from playground.app_process import AppServer, api_client
+from playground.evaluation.memory import rss_mib
 
 pytestmark = pytest.mark.slow
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def study(client, path) -> str:
@@ -33,12 +29,12 @@ def test_three_19_MiB_files_of_tiny_prompts_at_once_cost_the_app_little(tmp_path
     try:
         clients = [api_client(server.url) for _ in range(3)]
         clients[0].predict(None, "Hi", "reference", ["eagle3"], 5, "chain", 2, 0, api_name="/study")   # warm
-        before = rss_mib(server.pid)
+        before = rss_mib(server.pid)[0]
         samples, done = [before], threading.Event()
 
         def watch() -> None:
             while not done.is_set():
-                samples.append(rss_mib(server.pid))
+                samples.append(rss_mib(server.pid)[0])
                 time.sleep(0.02)
 
         messages, seconds = [""] * len(clients), [0.0] * (len(clients) + 1)
@@ -55,7 +51,8 @@ def test_three_19_MiB_files_of_tiny_prompts_at_once_cost_the_app_little(tmp_path
             seconds[-1] = time.monotonic() - start
 
         watcher = threading.Thread(target=watch)
-        calls = [threading.Thread(target=upload, args=(i,)) for i in range(len(clients))] + [threading.Thread(target=run)]
+        calls = [threading.Thread(target=upload, args=(i,)) for i in range(len(clients))]
+        calls.append(threading.Thread(target=run))
         for thread in (watcher, *calls):
             thread.start()
         for thread in calls:
@@ -79,7 +76,7 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
         warm.predict("Say hi.", "", "model", "eagle3.1", 5, 0.0, 1.0, 8, "reference", api_name="/run")
         warm.predict(None, "Name a colour.\n\nName a fruit.", "reference", ["eagle3", "eagle3.1"], 5, "chain", 8, 0,
                      api_name="/study")
-        before = rss_mib(server.pid)
+        before = rss_mib(server.pid)[0]
         clients = [api_client(server.url) for _ in range(20)]
 
         def visit(i: int) -> str:
@@ -96,7 +93,7 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
             served = [future.result(timeout=600) for future in [pool.submit(visit, i) for i in range(20)]]
         seconds = time.monotonic() - started
         time.sleep(2)
-        after = rss_mib(server.pid)
+        after = rss_mib(server.pid)[0]
     finally:
         server.stop()
     print(f"20 visitors: {seconds:.1f} s, RSS {before:.0f} MiB before, {after:.0f} MiB after")

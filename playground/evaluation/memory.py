@@ -18,7 +18,8 @@ PROMPTS = ("Tell me about the Moon.", "Write a Python function that adds two num
            "Give me three tips for a job interview.", "What is a rainbow?")
 
 
-def _rss_mib(pid: int) -> tuple[float, float]:
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(RSS, peak RSS) of process `pid` in MiB, from /proc."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
@@ -30,13 +31,13 @@ def rss_over_runs(runs: int = 200, max_tokens: int = 24) -> list[tuple[int, floa
     try:
         client = api_client(app.url)
         pid = app.pid
-        samples = [(0, *_rss_mib(pid))]
+        samples = [(0, *rss_mib(pid))]
         for i in range(runs):
             drafter = (EAGLE31, EAGLE3, NONE)[i % 3]
             client.predict(PROMPTS[i % len(PROMPTS)], "", "model", drafter, 5, 0.0, 1.0, max_tokens, "reference",
                            api_name="/run")
             if (i + 1) % every == 0:
-                samples.append((i + 1, *_rss_mib(pid)))
+                samples.append((i + 1, *rss_mib(pid)))
         return samples
     finally:
         app.stop()
@@ -51,7 +52,7 @@ def rss_over_study(prompts: int = 200, max_tokens: int = 16) -> list[tuple[int, 
     app = AppServer("--study-prompts", str(prompts))
     try:
         client = api_client(app.url)
-        samples = [(0, *_rss_mib(app.pid))]
+        samples = [(0, *rss_mib(app.pid))]
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "prompts.txt"
             path.write_text("\n\n".join(f"{PROMPTS[i % len(PROMPTS)]} ({i + 1})" for i in range(prompts)))
@@ -60,7 +61,7 @@ def rss_over_study(prompts: int = 200, max_tokens: int = 16) -> list[tuple[int, 
             for output in job:
                 done = int(re.search(r"aria-valuenow='(\d+)'", output[0]).group(1))
                 if done >= samples[-1][0] + every:
-                    samples.append((done, *_rss_mib(app.pid)))
+                    samples.append((done, *rss_mib(app.pid)))
             job.result()
         return samples
     finally:

@@ -43,6 +43,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.vllm.backend import LaunchSpec, launch_config
 from playground.engines.vllm.launch import PROBE_PLUGIN, healthy, server_command
 from playground.engines.vllm.probe import FIELD, PREFIX
+from playground.evaluation.memory import rss_mib
 from playground.evaluation.prompt_sets import suite
 from playground.evaluation.vllm_load import EVERYDAY
 from playground.local_server import ServerProcess, pick_port
@@ -321,10 +322,7 @@ class _PeakRSS:
                 self.recording = max(self.recording, status["recording"])
 
     def _rss(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return int(rss_mib(self.pid)[0] * 2**20)
 
 
 def markdown(rows: list[dict]) -> str:
