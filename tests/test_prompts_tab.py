@@ -95,7 +95,7 @@ def test_an_upload_over_the_size_limit_is_refused_by_the_server(app_url):
 
 
 @pytest.mark.parametrize("args, message", [
-    ((["reference"], ["eagle3"], 5), "backend must be a backend's name"),
+    ((["reference"], ["eagle3"], 5), "backend must be one of the names offered, got a list"),
     (("reference", "eagle3", 5), "drafters must be a list of drafter names"),
     (("reference", [["eagle3"]], 5), "drafters must be a list of drafter names"),
     (("reference", ["eagle3"], [5]), "k must be a number"),

@@ -1,11 +1,14 @@
 """The running app, driven through its API with gradio_client (what scripts use)."""
 
 import json
+import math
 import subprocess
 import sys
 import threading
 import time
+import uuid
 
+import httpx
 import pytest
 
 from playground.app_process import ROOT, api_client
@@ -219,6 +222,55 @@ def test_prompt_past_the_context_is_refused(client):
 def test_odd_prompts_stream_an_answer(client, prompt):
     out = named(client.predict(*run_args(prompt=prompt, max_tokens=8), api_name="/run"))
     assert out["text"] and 'class="finish"' in out["answer"]
+
+
+# Values JSON carries that no control of the page sends: NaN as Python's json writes it, a lone UTF-16 surrogate,
+# an integer of 401 digits.
+ODD_VALUES = {"null": None, "list": [1], "object": {"a": 1}, "surrogate": "\ud800", "huge": 10**400,
+              "nan": math.nan, "text": "x"}
+
+
+def joined(url: str, fn_index: int, data: list) -> tuple[int, str]:
+    """Raw HTTP as any API caller may send it: the status of queue/join and the message the call ends with
+    ("" when it succeeds)."""
+    session = uuid.uuid4().hex[:10]
+    body = json.dumps({"data": data, "fn_index": fn_index, "session_hash": session}, allow_nan=True)
+    joined = httpx.post(f"{url}/gradio_api/queue/join", content=body, timeout=30,
+                        headers={"content-type": "application/json"})
+    if joined.status_code == 422:   # the validator: one message at the control at fault
+        return 422, next(d["message"] for d in joined.json()["detail"] if not d["is_valid"])
+    if joined.status_code != 200:
+        return joined.status_code, joined.text
+    with httpx.stream("GET", f"{url}/gradio_api/queue/data", params={"session_hash": session}, timeout=60) as events:
+        for line in events.iter_lines():
+            message = json.loads(line[5:]) if line.startswith("data:") else {}
+            if message.get("msg") == "process_completed":
+                return 200, "" if message["success"] else (message.get("output") or {}).get("error") or "no message"
+    return 200, "the stream ended without an answer"
+
+
+@pytest.mark.parametrize("api_name, valid", [
+    ("/run", ["Hi", "", "model", "eagle3.1", 2, 0.0, 1.0, 1, "reference", "chain", 2, 2, 4, -1]),
+    ("/compare", ["Hi", "", "model", 2, 0.0, 1.0, 1, False, "reference", "chain", 2, 2, 4, "drafters", "eagle3.1",
+                  -1, "", "", ""]),
+    ("/study", [None, "Hi", "reference", ["eagle3"], 2, "chain", 1, 0]),
+])
+def test_any_value_in_any_field_gets_an_answer_or_one_line_message(client, app_url, api_name, valid):
+    """No bare HTTP 400 and no Python internals: every value is run or refused in one line. The file of /study is
+    left out: Gradio itself refuses a file that is not its FileData, naming the field it needs."""
+    fn_index = client._infer_fn_index(api_name, None)
+    assert joined(app_url, fn_index, valid) == (200, "")
+    refused = {}
+    for i, value in ((i, v) for i in range(len(valid)) for v in ODD_VALUES.values()):
+        if api_name == "/study" and i == 0:
+            continue
+        status, message = joined(app_url, fn_index, [*valid[:i], value, *valid[i + 1:]])
+        assert status in (200, 422) and "\n" not in message and "Error" not in message, (i, value, status, message)
+        refused[i, repr(value)[:12]] = message
+    print(api_name, sum(bool(m) for m in refused.values()), "of", len(refused), "refused")
+    text_field = "the pasted prompts" if api_name == "/study" else "the prompt"
+    assert refused[1 if api_name == "/study" else 0, repr("\ud800")] == (
+        f"{text_field} holds a character that is not valid Unicode (a lone surrogate at character 0)")
 
 
 @pytest.mark.slow

@@ -22,12 +22,12 @@ from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_d
                                     follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
                                     wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
-                                     input_validator, named_inputs, stream_handler)
+                                     input_validator, named_inputs, refusal, stream_handler)
 from playground.ui.explainer import STORED_RESULTS
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, failure_message,
-                                   interleave, make_request, stop_handler, stopped)
+from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, interleave, make_request,
+                                   stop_handler, stopped)
 
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
 MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
@@ -195,7 +195,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             notes = {n: run_note(engine, r) for n, r in requests.items()}
             streams = {n: engine.generate(r) for n, r in requests.items()}
         except Exception as e:
-            raise gr.Error(failure_message(e)) from None
+            raise refusal(e) from None
         logs = {name: RunLog(r) for name, r in requests.items()}
         pacer, live = Pacer(), LivePlots()
         yield update(logs, notes, names, baseline, live, True, False)
@@ -214,7 +214,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                     return
         except Exception as e:
             yield update(logs, notes, names, baseline, live, True, True)
-            raise gr.Error(failure_message(e)) from None
+            raise refusal(e) from None
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
                live: LivePlots, redraw: bool, final: bool) -> dict:

@@ -118,6 +118,58 @@ def stream_handler(settings: type[SettingsT], outputs: Sequence[str],
     return handler
 
 
+LABELS = {"backend_name": "backend", "pasted": "the pasted prompts", "prompt": "the prompt",
+          "servers": "the servers", "system": "the system prompt", "top_p": "top-p", "tree_top_k": "tree top-k"}
+JSON_KINDS = {type(None): "nothing", bool: "true or false", int: "a number", float: "a number", list: "a list",
+              dict: "an object"}
+
+
+def label(setting: str) -> str:
+    """How a message names a setting: "top_p" is "top-p", "tree_depth" is "tree depth"."""
+    return LABELS.get(setting, setting.replace("_", " "))
+
+
+def number(value: Any, setting: str) -> float:
+    """A control's value as a number, or a PlaygroundError naming `setting`: API callers can send anything
+    JSON holds (text, lists, integers of 400 digits)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise PlaygroundError(f"{label(setting)} must be a number", setting) from None
+
+
+def whole_number(value: Any, setting: str) -> int:
+    """A control's value as a whole number (NaN and infinities are not), or a PlaygroundError naming `setting`."""
+    as_float = number(value, setting)
+    if not as_float.is_integer():
+        raise PlaygroundError(f"{label(setting)} must be a whole number, got {as_float:g}", setting)
+    return int(as_float)
+
+
+def text(value: Any, setting: str) -> str:
+    """A text control's value ("" for none) that a tokenizer can encode, or a PlaygroundError naming `setting`.
+    JSON can carry a lone UTF-16 surrogate, which no UTF-8 tokenizer takes."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PlaygroundError(f"{label(setting)} must be text, got {JSON_KINDS.get(type(value), 'something else')}",
+                              setting)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PlaygroundError(f"{label(setting)} holds a character that is not valid Unicode (a lone surrogate at "
+                              f"character {e.start:,})", setting) from None
+    return value
+
+
+def choice(value: Any, setting: str) -> str:
+    """A choice's value, which must be text before it is looked up among the choices."""
+    if not isinstance(value, str):
+        raise PlaygroundError(f"{label(setting)} must be one of the names offered, got "
+                              f"{JSON_KINDS.get(type(value), 'something else')}", setting)
+    return value
+
+
 def input_validator(settings: type[SettingsT], check: Callable[[SettingsT], object]) -> Callable[..., list[dict]]:
     """Gradio's validator for an endpoint: `check` the settings before the run is queued, and show its
     PlaygroundError as one message at the control it names (the first control when it names none of them).
@@ -129,14 +181,31 @@ def input_validator(settings: type[SettingsT], check: Callable[[SettingsT], obje
         try:
             check(settings(**values))
         except PlaygroundError as e:
-            at = e.setting if e.setting in names else names[0]
-            return [gr.validate(name != at, str(e) if name == at else "") for name in names]
+            return _invalid_at(names, e.setting, str(e))
+        except Exception as e:   # a value no check foresaw: still one message, never Gradio's bare 400
+            log.warning("settings not checked: %s: %s", type(e).__name__, e)
+            return _invalid_at(names, None, f"these settings could not be checked ({type(e).__name__}: {e})")
         return [gr.validate(True, "") for _ in names]
     return validate
 
 
-def refusal(error: PlaygroundError) -> gr.Error:
-    """What a handler raises for a request it refuses once queued: the one-line message for the page and the
-    API caller, and one line in the log instead of Gradio's traceback."""
-    log.warning("refused: %s", error)
-    return gr.Error(str(error), print_exception=False)
+def _invalid_at(names: list[str], setting: str | None, message: str) -> list[dict]:
+    """Gradio's validation answer: `message` at the control of `setting`, else at the first control."""
+    at = setting if setting in names else names[0]
+    return [gr.validate(n != at, message if n == at else "") for n in names]
+
+
+def failure_message(error: Exception) -> str:
+    """The one line a person reads for a run refused or failed; an engine's failure is logged with its traceback."""
+    if isinstance(error, PlaygroundError):
+        return str(error)
+    log.exception("engine failure", exc_info=error)
+    return f"the engine failed: {type(error).__name__}: {error}"
+
+
+def refusal(error: Exception) -> gr.Error:
+    """What a handler raises for a request it refuses once queued, or whose engine fails: the one-line message for
+    the page and the API caller. A refusal is one line in the log, a failure its traceback once (not Gradio's too)."""
+    if isinstance(error, PlaygroundError):
+        log.warning("refused: %s", error)
+    return gr.Error(failure_message(error), print_exception=False)

@@ -11,10 +11,10 @@ from playground.engines.protocol import Engine
 from playground.ui import render, tree_view, unchecked
 from playground.ui.controls import (answer_header, default_drafter, drafter_choices, follow_backend, keep_or,
                                     preset_dropdown, prompt_box, run_note, settings_panel, wire_presets)
-from playground.ui.endpoints import PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, stream_handler
+from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, refusal,
+                                     stream_handler)
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import (Limits, StopRequests, backend, failure_message, make_request,
-                                   stop_handler, stopped)
+from playground.ui.streams import Limits, StopRequests, backend, make_request, stop_handler, stopped
 
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
@@ -66,7 +66,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
             note = run_note(engine, request)
             steps = engine.generate(request)
         except Exception as e:  # bad input: nothing ran
-            raise gr.Error(failure_message(e)) from None
+            raise refusal(e) from None
         run_log, pacer, live = RunLog(request), Pacer(), LivePlots()
         yield update(run_log, note or "waiting for the engine…", live, False, False)
         try:
@@ -78,8 +78,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                 if final:
                     return
         except Exception as e:
-            yield update(run_log, note, live, True, True, failure_message(e))
-            raise gr.Error(failure_message(e)) from None
+            error = refusal(e)
+            yield update(run_log, note, live, True, True, error.message)
+            raise error from None
 
     def update(run_log: RunLog, note: str, live: LivePlots, redraw: bool, final: bool, error: str = "") -> dict:
         summary = run_log.summary

@@ -27,10 +27,10 @@ from playground.evaluation.prompt_study import PromptResult, StudyConfig, measur
 from playground.plots import label
 from playground.ui import unchecked
 from playground.ui.controls import default_pair, drafter_choices, follow_backend
-from playground.ui.endpoints import STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, input_validator, named_inputs, \
-    refusal, stream_handler
+from playground.ui.endpoints import (STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, failure_message, input_validator,
+                                     choice, named_inputs, refusal, stream_handler, text, whole_number)
 from playground.ui.runs import LivePlots, Pacer, export_folder
-from playground.ui.streams import Limits, StopRequests, backend, failure_message, stop_handler, unknown_drafter
+from playground.ui.streams import DRAFT_MODES, Limits, StopRequests, backend, stop_handler, unknown_drafter
 
 DEFAULT_MAX_TOKENS = 64
 FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
@@ -48,14 +48,15 @@ def prompt_limits(limits: Limits) -> PromptLimits:
 def study_config(limits: Limits, settings: StudySettings, engine: Engine) -> StudyConfig:
     """The study's configuration, and that it has prompts to read, without reading them: the checks of the
     validator, which runs outside the queue. Every problem is a PlaygroundError naming its control."""
-    if not settings.file and (not settings.pasted or settings.pasted.isspace()):
+    pasted = text(settings.pasted, "pasted")
+    if not settings.file and (not pasted or pasted.isspace()):
         raise PlaygroundError("upload a prompt file or paste prompts", "file")
-    if settings.pasted and not settings.file:
+    if pasted and not settings.file:
         try:
-            check_size(settings.pasted, prompt_limits(limits))
+            check_size(pasted, prompt_limits(limits))
         except PromptFileError as e:
             raise PlaygroundError(str(e), "pasted") from None
-    sample = _whole(settings.sample, "sample")
+    sample = whole_number(settings.sample, "sample")
     if not 0 <= sample <= limits.study_prompts:
         raise PlaygroundError(f"sample must be 0 (every prompt) to {limits.study_prompts} prompts, got {sample:.6g}",
                               "sample")
@@ -68,9 +69,9 @@ def study_config(limits: Limits, settings: StudySettings, engine: Engine) -> Stu
     drafters = tuple(d for d in engine.drafter_names if d in picked)
     if not drafters:
         raise PlaygroundError("pick at least one drafter", "drafters")
-    if settings.draft not in ("chain", "tree"):
+    if choice(settings.draft, "draft") not in DRAFT_MODES:
         raise PlaygroundError(f"draft must be 'chain' or 'tree', got {settings.draft!r:.40}", "draft")
-    k, max_tokens = _whole(settings.k, "k"), _whole(settings.max_tokens, "max_tokens")
+    k, max_tokens = whole_number(settings.k, "k"), whole_number(settings.max_tokens, "max_tokens")
     tree = TreeShape() if settings.draft == "tree" else None
     GenerationRequest(prompt="check", k=k, max_tokens=max_tokens, tree=tree).validate(limits.max_tokens)
     config = StudyConfig(drafters=drafters, k=k, max_tokens=max_tokens, tree=tree, backend=engine.name)
@@ -79,20 +80,10 @@ def study_config(limits: Limits, settings: StudySettings, engine: Engine) -> Stu
 
 def study_prompts(limits: Limits, settings: StudySettings) -> PromptFile:
     """The prompts of the upload, else of the paste: read once per study, in the study's queue."""
-    sample = _whole(settings.sample, "sample") or None
+    sample = whole_number(settings.sample, "sample") or None
     if settings.file:
         return read_prompt_file(settings.file, prompt_limits(limits), sample)
-    return read_prompts(settings.pasted, prompt_limits(limits), sample)
-
-
-def _whole(value, name: str) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise PlaygroundError(f"{name.replace('_', ' ')} must be a number", name) from None
-    if not number.is_integer():
-        raise PlaygroundError(f"{name.replace('_', ' ')} must be a whole number, got {number:g}", name)
-    return int(number)
+    return read_prompts(text(settings.pasted, "pasted"), prompt_limits(limits), sample)
 
 
 def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playground: dict) -> None:
@@ -148,21 +139,14 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
 
     stops = StopRequests()
 
-    def engine_named(name) -> Engine:
-        if not isinstance(name, str):   # the dropdown passes what an API caller sends
-            raise PlaygroundError("backend must be a backend's name", "backend_name")
-        return backend(backends, name)
-
     def stream(settings: StudySettings, session: str | None) -> Iterator[dict]:
         stops.take(session)
         try:
-            engine = engine_named(settings.backend_name)
+            engine = backend(backends, settings.backend_name)
             config = study_config(limits, settings, engine)
             prompts = study_prompts(limits, settings)
-        except PlaygroundError as e:
-            raise refusal(e) from None
         except Exception as e:
-            raise gr.Error(failure_message(e)) from None
+            raise refusal(e) from None
         results: list[PromptResult] = []
         pacer, live, started = Pacer(text_every_s=0.5, plots_every_s=2.0), LivePlots(len(STUDY_PLOTS)), time.monotonic()
         source = Path(settings.file).name if settings.file else "pasted prompts"
@@ -206,7 +190,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
     outputs = [*(view[name] for name in STUDY_OUTPUTS), opened]
     handler = stream_handler(StudySettings, (*STUDY_OUTPUTS, "opened"), stream)
     validator = input_validator(StudySettings, lambda settings: study_config(
-        limits, settings, engine_named(settings.backend_name)))
+        limits, settings, backend(backends, settings.backend_name)))
     run.click(handler, inputs_kwargs=named_inputs(StudySettings, c), outputs=outputs, validator=validator,
               api_name="study", concurrency_id="study", concurrency_limit=1)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)

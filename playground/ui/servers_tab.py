@@ -27,6 +27,7 @@ from playground.engines.vllm.watch import (LIVE, NO_SPECULATION, RESTARTED, Rece
 from playground.errors import PlaygroundError
 from playground.plots import COLORS, PALETTE, layout
 from playground.ui import unchecked
+from playground.ui.endpoints import number, refusal, text
 
 EVERY_S = 5.0
 WINDOWS_S = (30, 60, 300, 900)
@@ -80,14 +81,14 @@ def servers_text(servers: dict[str, str]) -> str:
     return "\n".join(f"{name}={url}" for name, url in servers.items())
 
 
-def watched_servers(text: str, fixed: dict[str, str], any_url: bool) -> dict[str, str]:
+def watched_servers(typed: str, fixed: dict[str, str], any_url: bool) -> dict[str, str]:
     """The servers to watch: those typed, where the app allows it, else the app's own."""
     if not any_url:
         if not fixed:
             raise PlaygroundError("no server to watch: start the app with --backend vllm, or --watch-url NAME=URL",
                                   "servers")
         return dict(fixed)
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    lines = [line.strip() for line in text(typed, "servers").splitlines() if line.strip()]
     if not lines:
         raise PlaygroundError("name a server per line: NAME=URL", "servers")
     if len(lines) > MAX_SERVERS:
@@ -97,8 +98,8 @@ def watched_servers(text: str, fixed: dict[str, str], any_url: bool) -> dict[str
 
 def window_seconds(value: object) -> float:
     try:
-        window = float(value)
-    except (TypeError, ValueError):
+        window = number(value, "window")
+    except PlaygroundError:
         window = None
     if window not in WINDOWS_S:
         raise PlaygroundError(f"window must be one of {', '.join(map(str, WINDOWS_S))} seconds", "window")
@@ -142,11 +143,11 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
         listed = gr.skip() if any_url else servers_text(page.servers)
         return page, listed, status_html(views, True), *shown
 
-    def first(text: str, window_s: object, page: WatchSession | None):
+    def first(typed: str, window_s: object, page: WatchSession | None):
         try:
-            return reading(page, watched_servers(text, app_servers(), any_url), window_s)
+            return reading(page, watched_servers(typed, app_servers(), any_url), window_s)
         except PlaygroundError as e:
-            raise gr.Error(str(e)) from None
+            raise refusal(e) from None
 
     def next_reading(window_s: object, page: WatchSession | None):
         """A reading on the timer, of the servers Watch started (the app's own as they are now); a

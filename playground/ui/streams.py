@@ -15,7 +15,7 @@ from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
-from playground.ui.endpoints import RunSettings
+from playground.ui.endpoints import RunSettings, choice, number, text, whole_number
 
 log = logging.getLogger("playground.ui")
 
@@ -40,28 +40,27 @@ NEW_SEED = -1   # the seed control's value for "a new seed every run"
 def make_request(limits: Limits, settings: RunSettings, engine: Engine) -> GenerationRequest:
     """A validated request for `engine`; every problem is a PlaygroundError with a one-line reason and the
     setting at fault."""
-    prompt, system = settings.prompt or "", settings.system or ""
-    if settings.drafter not in engine.drafter_names:   # the page never loads a checkpoint from a path it is given
+    prompt, system = text(settings.prompt, "prompt"), text(settings.system, "system")
+    # the page never loads a checkpoint from a path it is given: a drafter is one the engine names
+    if choice(settings.drafter, "drafter") not in engine.drafter_names:
         raise unknown_drafter(settings.drafter, engine, "drafter")
-    if settings.draft not in DRAFT_MODES:
+    if choice(settings.draft, "draft") not in DRAFT_MODES:
         raise PlaygroundError(f"draft must be {' or '.join(map(repr, DRAFT_MODES))}, got {settings.draft!r}", "draft")
     if len(prompt) > limits.max_prompt_chars:
         raise PlaygroundError(f"the prompt is {len(prompt):,} characters; this playground accepts up to "
                               f"{limits.max_prompt_chars:,}: shorten it", "prompt")
     if len(system) > limits.max_prompt_chars:
         raise PlaygroundError(f"the system prompt is limited to {limits.max_prompt_chars:,} characters", "system")
-    numbers = {name: _number(settings, name) for name in ("k", "temperature", "top_p", "max_tokens", "seed",
-                                                           "tree_top_k", "tree_depth", "tree_nodes")}
-    for name in ("k", "max_tokens", "seed", "tree_top_k", "tree_depth", "tree_nodes"):
-        if not numbers[name].is_integer():
-            raise PlaygroundError(f"{_label(name)} must be a whole number, got {numbers[name]:g}", name)
-    seed = int(numbers["seed"])
+    wholes = {setting: whole_number(getattr(settings, setting), setting)
+              for setting in ("k", "max_tokens", "seed", "tree_top_k", "tree_depth", "tree_nodes")}
+    seed = wholes["seed"]
     if not NEW_SEED <= seed <= MAX_SEED:
         raise PlaygroundError(f"the seed must be between {NEW_SEED} (a new one every run) and {MAX_SEED}", "seed")
-    shape = TreeShape(*(int(numbers[name]) for name in ("tree_top_k", "tree_depth", "tree_nodes")))
-    request = GenerationRequest(prompt=prompt, system=system or None, template=settings.template,
-                                drafter=settings.drafter, k=int(numbers["k"]), temperature=numbers["temperature"],
-                                top_p=numbers["top_p"], max_tokens=int(numbers["max_tokens"]),
+    shape = TreeShape(*(wholes[setting] for setting in ("tree_top_k", "tree_depth", "tree_nodes")))
+    request = GenerationRequest(prompt=prompt, system=system or None, template=choice(settings.template, "template"),
+                                drafter=settings.drafter, k=wholes["k"],
+                                temperature=number(settings.temperature, "temperature"),
+                                top_p=number(settings.top_p, "top_p"), max_tokens=wholes["max_tokens"],
                                 seed=random.randint(0, MAX_SEED) if seed == NEW_SEED else seed,
                                 tree=shape if settings.draft == "tree" else None)
     return request.validate(limits.max_tokens)
@@ -71,21 +70,11 @@ def unknown_drafter(name: str, engine: Engine, setting: str) -> PlaygroundError:
     return PlaygroundError(f"unknown drafter {name!r}; this backend runs {', '.join(engine.drafter_names)}", setting)
 
 
-def _label(name: str) -> str:
-    return name.replace("tree_", "tree ").replace("_", " ").replace("top p", "top-p").replace("top k", "top-k")
-
-
-def _number(settings: RunSettings, name: str) -> float:
-    try:
-        return float(getattr(settings, name))
-    except (TypeError, ValueError):
-        raise PlaygroundError(f"{_label(name)} must be a number", name) from None
-
-
-def backend(backends: Mapping[str, Engine], name: str) -> Engine:
-    if name not in backends:
-        raise PlaygroundError(f"unknown backend {name!r}; this playground runs {', '.join(backends)}", "backend_name")
-    return backends[name]
+def backend(backends: Mapping[str, Engine], backend_name: str) -> Engine:
+    if choice(backend_name, "backend_name") not in backends:
+        raise PlaygroundError(f"unknown backend {backend_name!r}; this playground runs {', '.join(backends)}",
+                              "backend_name")
+    return backends[backend_name]
 
 
 def interleave(streams: Mapping[str, Iterator[StepEvent]]) -> Iterator[tuple[str, StepEvent]]:
@@ -137,9 +126,4 @@ def stopped(event: StepEvent) -> StepEvent:
     return replace(event, finish_reason=event.finish_reason or STOPPED)
 
 
-def failure_message(error: Exception) -> str:
-    if isinstance(error, PlaygroundError):
-        return str(error)
-    log.exception("engine failure")
-    return f"the engine failed: {type(error).__name__}: {error}"
 
