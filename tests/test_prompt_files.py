@@ -14,6 +14,11 @@ def jsonl(*records) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in records).encode()
 
 
+def test_a_json_lines_file_may_mix_kinds_of_records():
+    f = read_prompts(b'{"prompt": "a"}\n{"messages": [{"role": "user", "content": "b"}]}\n{"prompt": "c"}\n')
+    assert f.format == "prompt records + messages" and [p.prompt for p in f.prompts] == ["a", "b", "c"]
+
+
 def test_openai_messages_answer_after_the_last_user_turn():
     data = jsonl({"id": "a", "category": "code", "messages": [
         {"role": "system", "content": "Be brief."},
@@ -106,7 +111,6 @@ def test_a_sample_is_seeded_and_keeps_file_order():
     (b'{"messages": [{"role": "assistant", "content": "x"}]}\n', "line 1: the conversation has no user turn"),
     (b'{"messages": [{"role": "robot", "content": "x"}]}\n', "line 1: turn 1 has the unknown role 'robot'"),
     (b'{"conversations": [{"from": "human"}]}\n', "line 1: turn 1 has no 'from' and 'value'"),
-    (b'{"prompt": "a"}\n{"messages": [{"role": "user", "content": "b"}]}\n', "line 2: a messages record in a file of"),
     (b'{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', "the id '1' names two prompts"),
     (b"prompt,id\nfine,1\n,2\n", "row 3: prompt is empty"),
     (b"prompt\nok,extra\n", "row 2: more cells than the header has columns"),

@@ -82,7 +82,7 @@ class UserPrompt:
 
 @dataclass(frozen=True)
 class PromptFile:
-    format: str
+    format: str    # its kind of records ("messages", "csv", ...); a JSON file mixing kinds names each, joined by " + "
     prompts: tuple[UserPrompt, ...]
 
     @property
@@ -114,8 +114,9 @@ def read_prompts(data: bytes | str, limits: PromptLimits = PromptLimits(), sampl
     if not text or text.isspace():
         raise PromptFileError("the file is empty")
     most = limits.max_prompts if sample is None else limits.max_sampled_from
-    form, prompts, ids = "", [], set()
+    forms, prompts, ids = {}, [], set()
     for form, prompt in _parse(text):
+        forms[form] = True
         if prompt.id in ids:
             raise PromptFileError(f"the id {_shown(prompt.id)} names two prompts")
         ids.add(prompt.id)
@@ -132,7 +133,7 @@ def read_prompts(data: bytes | str, limits: PromptLimits = PromptLimits(), sampl
         if p.chars > limits.max_prompt_chars:
             raise PromptFileError(f"{p.id}: the prompt is {p.chars:,} characters; the limit is "
                                   f"{limits.max_prompt_chars:,}")
-    return PromptFile(form, tuple(prompts))
+    return PromptFile(" + ".join(forms), tuple(prompts))
 
 
 def check_size(data: bytes | str, limits: PromptLimits) -> None:
@@ -265,8 +266,7 @@ def _unreadable(where: str, error: RecursionError | ValueError) -> PromptFileErr
 
 
 def _records(numbered: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, UserPrompt]]:
-    """Prompts from JSON records; every record of a file must be of the file's one kind."""
-    first_form = None
+    """Prompts from JSON records, each of its own kind: a file may mix them."""
     for where, record in numbered:
         if not isinstance(record, dict):
             raise PromptFileError(f"{where}: not a JSON object")
@@ -281,9 +281,6 @@ def _records(numbered: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, UserPro
             prompt, system = _text(where, record["prompt"], "prompt"), _system(where, record.get("system"))
         else:
             raise PromptFileError(f"{where}: no prompt (a record needs \"prompt\", \"messages\" or \"conversations\")")
-        first_form = first_form or form
-        if form != first_form:
-            raise PromptFileError(f"{where}: a {form} record in a file of {first_form} records")
         yield form, _prompt(where, record.get("id"), prompt, system, history, record.get("category"))
 
 
