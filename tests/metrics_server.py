@@ -3,6 +3,7 @@ vLLM 0.32's format (tests/test_vllm.py reads real servers)."""
 
 import http.server
 import threading
+import time
 
 
 def metrics_page(drafts=0, accepted_by_position=(0, 0, 0), generated=0, running=0, waiting=0, started=1.7e9,
@@ -35,11 +36,13 @@ class MetricsServer:
 
     def __init__(self):
         self.text, self.status, self.requests = metrics_page(), 200, 0
+        self.delay_s = 0.0   # how long each answer takes
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 owner.requests += 1
+                time.sleep(owner.delay_s)
                 body = owner.text.encode()
                 self.send_response(owner.status)
                 self.send_header("Content-Length", str(len(body)))

@@ -2,7 +2,9 @@
 servers under load; these check the arithmetic and every failure, served over real HTTP)."""
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from gradio_client.exceptions import AppError
@@ -165,6 +167,25 @@ def test_pages_watching_one_server_share_its_readings(metrics_server):
     try:
         for _ in range(3):
             assert [w.read()[0].state for w in watches] == [LIVE, LIVE]
+        assert metrics_server.requests == 1
+    finally:
+        for w in watches:
+            w.close()
+
+
+def test_pages_reading_one_server_at_the_same_moment_make_one_request(metrics_server):
+    metrics_server.delay_s = 0.3   # the other readers arrive while the first reading is under way
+    shared = RecentReadings(fresh_s=60)
+    watches = [Watch({f"page{i}": metrics_server.url}, shared=shared) for i in range(8)]
+    together = threading.Barrier(len(watches))
+
+    def read(watch: Watch) -> str:
+        together.wait(timeout=10)
+        return watch.read()[0].state
+
+    try:
+        with ThreadPoolExecutor(len(watches)) as pool:
+            assert list(pool.map(read, watches)) == [LIVE] * len(watches)
         assert metrics_server.requests == 1
     finally:
         for w in watches:

@@ -119,20 +119,23 @@ class RecentReadings:
     def __init__(self, fresh_s: float):
         self.fresh_s = fresh_s
         self.lock = threading.Lock()
+        self.url_locks: dict[str, threading.Lock] = {}
         self.latest: dict[str, tuple[float, SpecCounters | PlaygroundError]] = {}
 
     def read(self, client: httpx.Client, url: str, clock: Callable[[], float]) -> tuple[float, SpecCounters]:
-        """(when, counters) of a recent reading or a new one; a failed reading raises its error."""
+        """(when, counters) of a recent reading or a new one; a failed reading raises its error. Readers of
+        one URL take turns: one reads it, those who arrive meanwhile get that reading."""
         with self.lock:
+            url_lock = self.url_locks.setdefault(url, threading.Lock())
+        with url_lock:
             at, result = self.latest.get(url, (None, None))
-        now = clock()
-        if at is None or now - at >= self.fresh_s:
-            try:
-                result = read_counters(client, url)
-            except PlaygroundError as e:
-                result = e
-            at = now
-            with self.lock:
+            now = clock()
+            if at is None or now - at >= self.fresh_s:
+                try:
+                    result = read_counters(client, url)
+                except PlaygroundError as e:
+                    result = e
+                at = now
                 self.latest[url] = (at, result)
         if isinstance(result, PlaygroundError):
             raise result
