@@ -379,6 +379,23 @@ def test_a_masked_draft_step_is_the_op_by_op_step(engine, rows):
     assert 0 < fused_probe["sink"] < 1 and 0 < fused_probe["self"] < 1
 
 
+@pytest.mark.parametrize("one_call", [True, False])
+def test_sinks_are_the_committed_tokens_only_under_a_context_shorter_than_four(engine, one_call):
+    """Two committed tokens, then a draft: the draft is no sink, so sink and own-draft masses never overlap."""
+    from playground.engines.proposers import EagleProposer
+
+    drafter = engine.drafters.get("eagle3")[0]
+    torch.manual_seed(0)
+    H = drafter.config.hidden_size
+    proposer = EagleProposer(drafter, engine.target.embed_tokens, 16)
+    if not one_call:
+        proposer.step_weights = None
+    proposer._step(torch.randn(1, 2, H), torch.randn(1, 2, H), torch.arange(2), committed_end=2)
+    proposer._step(torch.randn(1, 1, H), torch.randn(1, 1, H), torch.tensor([2]), committed_end=2)
+    assert proposer.sink_tokens == 4 and 0 < proposer._probe["self"] < 1
+    assert proposer._probe["sink"] + proposer._probe["self"] == pytest.approx(1.0, abs=1e-5)
+
+
 @pytest.mark.parametrize("calls", ["a chain a call", "a step a call", "a tree's step a call"])
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
 def test_the_one_call_draft_step_is_the_op_by_op_step(engine, monkeypatch, drafter, calls):

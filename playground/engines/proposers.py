@@ -233,7 +233,8 @@ class EagleProposer:
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             probs = scores.softmax(-1)                                     # [kv, group, R, start+T]
-            self._probe = {"sink": float(probs[..., :self.sink_tokens].sum(-1).mean()),
+            sinks = min(self.sink_tokens, committed_end)   # a draft is never a sink, however short the context
+            self._probe = {"sink": float(probs[..., :sinks].sum(-1).mean()),
                            "self": float(probs[..., committed_end:].sum(-1).mean())}
             return out
 

@@ -30,7 +30,7 @@ std::pair<double, double> probe_masses(const float* weights, int64_t rows_and_he
   double on_sink = 0, on_own = 0;
   for (int64_t i = 0; i < rows_and_heads; ++i) {
     const float* w = weights + i * length;
-    on_sink += std::accumulate(w, w + std::min(sink, length), 0.0);
+    on_sink += std::accumulate(w, w + std::min({sink, own_from, length}), 0.0);  // sinks are committed tokens
     on_own += std::accumulate(w + std::min(own_from, length), w + length, 0.0);
   }
   return {on_sink / rows_and_heads, on_own / rows_and_heads};
