@@ -64,6 +64,22 @@ def test_the_inspector_and_the_csv_read_one_verdict_rule():
     assert ended.draft_verdicts == ("accepted", "accepted", "not reached", "not reached")
 
 
+def test_a_stream_that_reports_its_steps_at_its_end_is_exported_and_inspected_by_those_steps(tmp_path):
+    """A vLLM stream without the probe: chunks as they came, then the server's per-step counts (1 then 2
+    accepted). The answer's step numbers, the inspector's steps and the JSON export are the verify steps."""
+    chunk = dict(backend="vllm", drafted=3)
+    events = [StepEvent(step=0, position=12, token_ids=(1, 2), token_texts=("a", "b"), **chunk),
+              StepEvent(step=1, position=14, token_ids=(3, 4, 5), token_texts=("c", "d", "e"), **chunk,
+                        finish_reason="length", step_accepted=(1, 2), step_drafted=(3, 3))]
+    run = RunLog(GenerationRequest(prompt="p"), events)
+    assert [(e.token_texts, e.accepted) for e in run.steps] == [(("a",), 0), (("b", "c"), 1), (("d", "e"), 2)]
+    html = render.answer_html(run.steps)
+    assert re.findall(r'data-step="(\d+)"', html) == ["0", "1", "2"]
+    exported = json.loads(Path(export({"eagle3": run}, plots.all_figures({"eagle3": run.summary}),
+                                      tmp_path)[0]).read_text())
+    assert [step["token_texts"] for step in exported["eagle3"]["steps"]] == [["a"], ["b", "c"], ["d", "e"]]
+
+
 def test_file_names_say_which_runs_and_when():
     runs = {name: None for name in ("eagle3", "eagle3.1", "none")}
     assert file_stem(runs, "20261124-110512") == "eagle3_vs_eagle3.1_vs_none-20261124-110512"

@@ -85,15 +85,16 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     def update(run_log: RunLog, note: str, live: LivePlots, redraw: bool, final: bool, error: str = "") -> dict:
         summary = run_log.summary
         runs = {run_log.request.drafter: summary}
-        html = render.answer_html(run_log.events, note) + (render.error_html(error) if error else "")
-        last = len(run_log.events) - 1
+        steps = run_log.steps   # what the answer's data-step numbers index, so a clicked token opens its step
+        html = render.answer_html(steps, note) + (render.error_html(error) if error else "")
+        last = len(steps) - 1
         return {"answer": html, "text": run_log.text, "cards": render.figures_html(summary),
                 **dict(zip(PLOTS, live.get(lambda: plots.all_figures(runs), redraw))),
                 "step": gr.update(maximum=max(1, last), value=last) if final else 0,
-                "inspector": inspect(run_log.events[-1] if final else None),
+                "inspector": inspect(steps[-1] if final else None),
                 "files": export({run_log.request.drafter: run_log}, plots.all_figures(runs)) if final else None,
-                "events": list(run_log.events),
-                "tree": tree_view.tree_html(run_log.events[-1] if run_log.events else None)}
+                "events": steps,
+                "tree": tree_view.tree_html(steps[-1] if steps else None)}
 
     handler = stream_handler(RunSettings, OUTPUTS, stream)
     def check(settings: RunSettings) -> None:

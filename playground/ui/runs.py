@@ -32,6 +32,12 @@ class RunLog:
     events: list[StepEvent] = field(default_factory=list)
 
     @property
+    def steps(self) -> list[StepEvent]:
+        """The verify steps: the events, re-split once a stream without exact steps reports its counts at
+        its end (events.reconcile). The answer, the inspector and the exports all read these."""
+        return reconcile(self.events)
+
+    @property
     def summary(self) -> RunSummary | None:
         return summarize(self.events) if self.events else None
 
@@ -45,7 +51,7 @@ class RunLog:
 
     def to_json(self) -> dict:
         summary = self.summary
-        return {"request": asdict(self.request), "steps": [e.to_json() for e in self.events],
+        return {"request": asdict(self.request), "steps": [e.to_json() for e in self.steps],
                 "summary": summary.to_json() if summary else None}
 
 
@@ -83,7 +89,7 @@ def export(runs: Mapping[str, RunLog], figures: Sequence[go.Figure] = (), root: 
         writer = csv.DictWriter(f, CSV_FIELDS)
         writer.writeheader()
         # by verify step: a backend whose stream merges steps (vLLM) has them re-split; the JSON keeps the stream
-        writer.writerows(row for name, run in runs.items() for e in reconcile(run.events)
+        writer.writerows(row for name, run in runs.items() for e in run.steps
                          for row in csv_rows(name, e))
     paths = [json_path, csv_path]
     if figures:
