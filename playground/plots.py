@@ -112,7 +112,7 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
     for name, s in runs.items():
         if not s.mean_sink_attention:
             continue
-        shade, samples = color(name), s.drafting_steps_by_depth
+        shade, samples = color(name), s.attention_steps_by_depth
         fig.add_scatter(x=_depths(s.mean_sink_attention), y=list(s.mean_sink_attention), mode="lines+markers",
                         line=dict(color=shade), marker=_markers(shade, samples),
                         **_drafter_traces(name, "sink tokens", samples))
@@ -121,7 +121,7 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
                         **_drafter_traces(name, "own drafts", samples))
     return layout(fig, "Drafter attention by depth", "attention mass",
                    key=("solid: the sink tokens · dotted: its own drafts",
-                        _few_samples_key(n for s in runs.values() for n in s.drafting_steps_by_depth)))
+                        _few_samples_key(n for s in runs.values() for n in s.attention_steps_by_depth)))
 
 
 def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,

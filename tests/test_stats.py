@@ -1,6 +1,9 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from playground import plots
 from playground.engines.events import StepEvent, reconcile
 from playground.engines.stats import (acceptance_by_depth, bootstrap_interval, drafting_counts, mean_acceptance_length,
                                       summarize)
@@ -89,4 +92,16 @@ def test_summary_counts_the_samples_behind_each_mean_by_depth():
     assert s.drafting_steps == 3                        # behind every unconditional rate
     assert s.conditional_acceptance_steps == (3, 2, 1)  # steps that accepted at least 0, 1, 2 drafts
     assert s.drafting_steps_by_depth == (3, 3, 2)       # steps that drafted at depth 1, 2, 3
+    assert s.attention_steps_by_depth == (3, 3, 2)
     assert s.to_json()["conditional_acceptance_steps"] == (3, 2, 1)
+
+
+def test_attention_counts_its_own_samples_where_only_rms_was_measured():
+    """A probe past its key-copy limit records RMS without attention: the attention plot's points then say
+    how few steps they average, and are drawn hollow."""
+    events = [step(0, 0, 0, 1), *(replace(step(i, 3, 1, 2), sink_attention=(), self_attention=()) if i > 1
+                                  else step(i, 3, 1, 2) for i in range(1, 8))]
+    s = summarize(events)
+    assert (s.drafting_steps_by_depth, s.attention_steps_by_depth) == ((7, 7, 7), (1, 1, 1))
+    markers = [trace.marker.symbol for trace in plots.attention({"eagle3": s}).data]
+    assert markers == [("circle-open",) * 3] * 2

@@ -43,7 +43,9 @@ class RunSummary:
     # the samples behind the means by depth, so that a plot can say how far to trust each one
     drafting_steps: int                         # every per_position_acceptance value is over these
     conditional_acceptance_steps: tuple[int, ...]   # by depth d: steps that accepted d-1 drafts
-    drafting_steps_by_depth: tuple[int, ...]    # by depth: steps that drafted there (attention, RMS)
+    drafting_steps_by_depth: tuple[int, ...]    # by depth: steps whose fed-back RMS was measured there
+    attention_steps_by_depth: tuple[int, ...]   # by depth: steps whose attention was measured there (a probe
+                                                # past its key-copy limit, or FlashInfer, measures RMS alone)
     draft_ms_per_step: float                    # means over verify steps
     verify_ms_per_step: float
 
@@ -194,8 +196,8 @@ def summarize(events: list[StepEvent]) -> RunSummary:
         finish_reason=last.finish_reason,
         drafting_steps=drafting_counts(events)[1],
         conditional_acceptance_steps=accepting[1],
-        # every probe is recorded at every depth drafted, so the RMS rows count the attention's samples too
         drafting_steps_by_depth=count_by_depth(e.hidden_norm for e in events),
+        attention_steps_by_depth=count_by_depth(e.sink_attention for e in events),
         draft_ms_per_step=draft_ms_per_step,
         verify_ms_per_step=verify_ms_per_step,
     )
