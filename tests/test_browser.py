@@ -226,9 +226,10 @@ def test_model_text_stays_text(page):
 
 
 def error_states(page: Page) -> int:
-    """Outputs in Gradio's error state (its status tracker's red mark), plotly's SVG aside."""
+    """Outputs shown in Gradio's error state (its status tracker's red mark), plotly's SVG aside. An event run
+    with show_progress="hidden" keeps the mark in the page, transparent."""
     return page.evaluate("() => [...document.querySelectorAll('.error')]"
-                         ".filter(e => !(e instanceof SVGElement)).length")
+                         ".filter(e => !(e instanceof SVGElement) && e.checkVisibility({opacityProperty: true})).length")
 
 
 def messages(page: Page) -> list[str]:
@@ -418,3 +419,21 @@ def test_your_servers_reads_the_named_servers_every_few_seconds_until_stopped(pa
         assert server.requests == readings, "Stop ends the readings"
     finally:
         server.close()
+
+
+def test_a_file_or_watch_refused_in_the_queue_is_one_message_beside_its_control(page, tmp_path):
+    """Refusals the validator cannot make (the file is read in the study's queue; the servers are read when
+    Watch runs): the message where the tab shows its progress, no toast, no output in Gradio's error state."""
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    upload_prompts(page, tmp_path / "broken.jsonl")
+    page.locator("#study-run").click()
+    expect(page.locator("#study-progress .study-error")).to_have_text("line 2: not JSON", timeout=30_000)
+    page.wait_for_timeout(500)
+    assert error_states(page) == 0 and messages(page) == []
+    page.get_by_role("tab", name="Your servers").click()
+    page.locator("#watch-servers textarea").fill("")
+    page.locator("#watch-start").click()
+    expect(page.locator("#watch-status .watch-error")).to_have_text("stopped: name a server per line: NAME=URL",
+                                                                  timeout=20_000)
+    page.wait_for_timeout(500)
+    assert error_states(page) == 0 and messages(page) == []

@@ -203,6 +203,14 @@ def failure_message(error: Exception) -> str:
     return f"the engine failed: {type(error).__name__}: {error}"
 
 
+def quiet_refusal(error: Exception) -> gr.Error:
+    """refusal() for a handler that shows the message on the page itself, beside the control at fault (it yields
+    it, then raises this): the API caller still gets it as the call's error, and the page no second one (no
+    toast). Its event runs with show_progress="hidden", so that Gradio marks no output with its red error state."""
+    loud = refusal(error)
+    return gr.Error(loud.message, visible=False, print_exception=False)
+
+
 def refusal(error: Exception) -> gr.Error:
     """What a handler raises for a request it refuses once queued, or whose engine fails: the one-line message for
     the page and the API caller. A refusal is one line in the log, a failure its traceback once (not Gradio's too)."""

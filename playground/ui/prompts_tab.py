@@ -28,7 +28,7 @@ from playground.plots import label
 from playground.ui import unchecked
 from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import (STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, failure_message, input_validator,
-                                     choice, named_inputs, refusal, stream_handler, text, whole_number)
+                                     choice, named_inputs, quiet_refusal, stream_handler, text, whole_number)
 from playground.ui.runs import LivePlots, Pacer, export_folder
 from playground.ui.streams import DRAFT_MODES, Limits, StopRequests, backend, stop_handler, unknown_drafter
 
@@ -145,8 +145,11 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
             engine = backend(backends, settings.backend_name)
             config = study_config(limits, settings, engine)
             prompts = study_prompts(limits, settings)
-        except Exception as e:
-            raise refusal(e) from None
+        except Exception as e:   # the file, read here in the queue: its message where the progress shows
+            error = quiet_refusal(e)
+            yield {"progress": progress_html(0, 0, "not run", error.message), "report": "",
+                   **dict.fromkeys(STUDY_PLOTS), "table": None, "files": None, "opened": []}
+            raise error from None
         results: list[PromptResult] = []
         pacer, live, started = Pacer(text_every_s=0.5, plots_every_s=2.0), LivePlots(len(STUDY_PLOTS)), time.monotonic()
         source = Path(settings.file).name if settings.file else "pasted prompts"
@@ -192,7 +195,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
     validator = input_validator(StudySettings, lambda settings: study_config(
         limits, settings, backend(backends, settings.backend_name)))
     run.click(handler, inputs_kwargs=named_inputs(StudySettings, c), outputs=outputs, validator=validator,
-              api_name="study", concurrency_id="study", concurrency_limit=1)
+              api_name="study", concurrency_id="study", concurrency_limit=1, show_progress="hidden")
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
 
     def open_prompt(prompts: list, event: gr.SelectData):

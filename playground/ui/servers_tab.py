@@ -27,7 +27,7 @@ from playground.engines.vllm.watch import (LIVE, NO_SPECULATION, RESTARTED, Rece
 from playground.errors import PlaygroundError
 from playground.plots import COLORS, PALETTE, layout
 from playground.ui import unchecked
-from playground.ui.endpoints import number, refusal, text
+from playground.ui.endpoints import number, quiet_refusal, text
 
 EVERY_S = 5.0
 WINDOWS_S = (30, 60, 300, 900)
@@ -122,7 +122,8 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
             window = unchecked.Dropdown([(f"{w} s" if w < 60 else f"{w // 60} min", w) for w in WINDOWS_S], value=60,
                                  label="window", elem_id="watch-window")
             with gr.Row():
-                start = gr.Button("Watch", variant="primary", elem_id="watch-start", min_width=80)
+                start = gr.Button("Watch", variant="primary", elem_id="watch-start", min_width=80,
+                                  interactive=any_url or has_servers)   # NOTHING_TO_WATCH says why not
                 stop = gr.Button("Stop", variant="stop", elem_id="watch-stop", min_width=80)
         with gr.Column(scale=3, min_width=300):
             status = gr.HTML(status_html([], False) if any_url or has_servers else NOTHING_TO_WATCH,
@@ -144,10 +145,13 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
         return page, listed, status_html(views, True), *shown
 
     def first(typed: str, window_s: object, page: WatchSession | None):
+        """The first reading; a refusal is its message in the status beside the servers, and the call's error."""
         try:
-            return reading(page, watched_servers(typed, app_servers(), any_url), window_s)
+            yield reading(page, watched_servers(typed, app_servers(), any_url), window_s)
         except PlaygroundError as e:
-            raise refusal(e) from None
+            error = quiet_refusal(e)
+            yield page, gr.skip(), status_html([], False, error.message), *(gr.skip() for _ in PLOTS)
+            raise error from None
 
     def next_reading(window_s: object, page: WatchSession | None):
         """A reading on the timer, of the servers Watch started (the app's own as they are now); a
@@ -161,7 +165,7 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
 
     outputs = [session, servers, status, *(views[name] for name in PLOTS)]
     start.click(first, [servers, window, session], outputs, api_name="watch", concurrency_id="watch",
-                concurrency_limit=WATCHING_AT_ONCE).success(lambda: gr.Timer(active=True), None, timer, api_name=False)
+                concurrency_limit=WATCHING_AT_ONCE, show_progress="hidden").success(lambda: gr.Timer(active=True), None, timer, api_name=False)
     timer.tick(next_reading, [window, session], [*outputs, timer], api_name=False, concurrency_id="watch",
                concurrency_limit=WATCHING_AT_ONCE, show_progress="hidden")
     stop.click(lambda page: (gr.Timer(active=False), status_html(page.history[-1][1] if page and page.history else [],
