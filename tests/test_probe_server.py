@@ -188,6 +188,38 @@ def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
 
 
 
+def test_a_flood_of_fetches_of_made_up_keys_reaches_the_engine_once_a_second(server, greedy):
+    """16 clients fetch keys nobody holds: for 3 s the workers answer at most one fetch call a second (the
+    probe's status counts them; a call every FETCH_EVERY_S would be 30), and a request recorded meanwhile
+    still gets every step's drafts."""
+    backend, url, _ = server
+    keyed = {"Authorization": f"Bearer {API_KEY}"}
+
+    def fetch_calls() -> int:
+        time.sleep(1.1)   # the status the route serves is at most a second old
+        return httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()["fetch_calls"]
+
+    before, done, made = fetch_calls(), threading.Event(), []
+
+    def flood() -> None:
+        with httpx.Client(headers=keyed, timeout=30) as client:
+            while not done.is_set():
+                assert client.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}").status_code == 404
+                made.append(1)
+
+    with ThreadPoolExecutor(16) as pool:
+        flooders = [pool.submit(flood) for _ in range(16)]
+        time.sleep(3)
+        calls = fetch_calls() - before   # over 4.1 s of flood
+        events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+        done.set()
+        for f in flooders:
+            f.result()
+    print(f"{len(made)} fetches of made-up keys; the workers answered {calls} fetch calls in the first 4.1 s")
+    assert len(made) > 100 and calls <= 6
+    assert summarize(events).token_ids == greedy and all(e.draft_ids for e in events if e.drafted)
+
+
 def test_every_data_parallel_engine_records_its_requests(engine, greedy):
     """Two engines (--data-parallel-size 2): vLLM spreads the requests over both, and each request's
     records come back from whichever engine ran it."""

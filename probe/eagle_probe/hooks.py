@@ -92,7 +92,8 @@ def install() -> None:
 
 def status(runner, hooked_class: type) -> dict:
     return {"version": __version__, "vllm": VLLM_VERSION, "recording": STORE.live(), "steps_seen": WORKER.steps,
-            "record_bytes": STORE.held_bytes, "key_copy_bytes": BUDGET.used, "limits": SETTINGS.describe(),
+            "record_bytes": STORE.held_bytes, "key_copy_bytes": BUDGET.used, "fetch_calls": STORE.fetch_calls,
+            "limits": SETTINGS.describe(),
             "measures": measures(runner, hooked_class, WORKER.attention_backend)}
 
 

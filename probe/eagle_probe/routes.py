@@ -6,7 +6,9 @@ as it guards `/v1/completions` (vllm/entrypoints/serve/middleware/authenticate.p
 No client reaches the engine directly. Each call to a worker is a `collective_rpc`, which the engine
 core serves between two steps (vllm/v1/engine/core.py ~1599), so the routes bound how often that
 happens however many clients ask: `/status` answers from a copy at most STATUS_EVERY_S old, and every
-fetch waiting is served by one call at most every FETCH_EVERY_S (Fetches). The calls go to every
+fetch waiting is served by one call at most every FETCH_EVERY_S (Fetches); a fetch of a key the workers
+did not hold at the last call is answered without one, and such keys alone bring a call at most every
+HELD_EVERY_S, so a flood of made-up keys costs the engine one call a second. The calls go to every
 data-parallel engine (`call_utility_all_async`, vllm/v1/engine/core_client.py ~1262; a plain
 `collective_rpc` hears from engine 0 only, ~1699) and every worker of each.
 """
@@ -25,6 +27,7 @@ PREFIX = "/v1/eagle_probe"
 RPC_TIMEOUT_S = 25.0   # the engine answers between steps (a long prefill's take seconds on a CPU); clients wait 30 s
 STATUS_EVERY_S = 1.0
 FETCH_EVERY_S = 0.1
+HELD_EVERY_S = 1.0     # how stale the API process's list of the keys the workers hold may get
 MAX_WAITING = 1024     # keys waiting for the next fetch; more are told to come back
 MAX_KEY_CHARS = 256
 
@@ -100,34 +103,62 @@ class Probe:
 
 
 class Fetches:
-    """Fetches waiting for the next call to the workers, one call for all of them."""
+    """Fetches waiting for the next call to the workers, one call for all of them. The workers' answer also
+    lists the keys they hold (`held`): a fetch of a key held then waits for the next call (at most
+    FETCH_EVERY_S); any other fetch is answered "not held" at once while that list is under HELD_EVERY_S old
+    (a final fetch, which may carry a refusal's reason or release a request admitted since, always waits for
+    a call), and brings a call only once the list is older."""
 
     def __init__(self, probe: Probe):
         self.probe = probe
         self.waiting: dict[str, tuple[bool, list[asyncio.Future]]] = {}
         self.pump: asyncio.Task | None = None
+        self.wake = asyncio.Event()
         self.last = float("-inf")
+        self.held: set[str] = set()
+        self.held_at = float("-inf")
 
     async def fetch(self, key: str, final: bool) -> dict | None:
+        stale = time.monotonic() - self.held_at >= HELD_EVERY_S
+        if not final and not stale and key not in self.held:
+            return None
         if key not in self.waiting and len(self.waiting) >= MAX_WAITING:
             raise HTTPException(503, "the probe has too many fetches waiting: ask again in a moment")
         future = asyncio.get_running_loop().create_future()
         was_final, futures = self.waiting.get(key, (False, []))
         self.waiting[key] = (was_final or final, [*futures, future])
+        if key in self.held or stale:
+            self.wake.set()
         if self.pump is None or self.pump.done():
             self.pump = asyncio.create_task(self._serve())
         return await future
 
+    def _due(self) -> float:
+        """When the waiting fetches call the workers: soon for a key held, else when `held` grows old."""
+        soon = self.last + FETCH_EVERY_S
+        if any(key in self.held for key in self.waiting):
+            return soon
+        return max(soon, self.held_at + HELD_EVERY_S)
+
     async def _serve(self) -> None:
         while self.waiting:
-            await asyncio.sleep(max(0.0, self.last + FETCH_EVERY_S - time.monotonic()))
+            wait = self._due() - time.monotonic()
+            if wait > 0:
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+                continue
             batch, self.waiting = self.waiting, {}
             self.last = time.monotonic()
             asked = [(key, final) for key, (final, _) in batch.items()]
             try:
                 engines = await self.probe.ask("eagle_probe_fetch", asked)
-                answers = [one_answer([[ranks[i] for ranks in by_rank] for by_rank in engines])
+                answers = [one_answer([[worker["answers"][i] for worker in workers] for workers in engines])
                            for i in range(len(asked))]
+                self.held = {key for workers in engines for worker in workers for key in worker["held"]}
+                self.held_at = self.last
             except HTTPException as e:
                 for _, futures in batch.values():
                     for future in futures:

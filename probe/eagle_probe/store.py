@@ -38,6 +38,7 @@ class Store:
         self._entries: dict[str, Entry] = {}
         self._refused: OrderedDict[str, tuple[float, str]] = OrderedDict()   # key -> (when, why)
         self.held_bytes = 0
+        self.fetch_calls = 0   # calls of fetch_many: how often the API process reached this worker for records
 
     def admit(self, key: str) -> str | None:
         """Start recording `key`; None when admitted, else why it is not (the request is never recorded)."""
@@ -104,8 +105,13 @@ class Store:
                 answer["turned_away"] = entry.turned_away
             return answer
 
-    def fetch_many(self, asked: list[tuple[str, bool]]) -> list[dict | None]:
-        return [self.fetch(key, final) for key, final in asked]
+    def fetch_many(self, asked: list[tuple[str, bool]]) -> dict:
+        """Each asked key's answer, and the keys the store holds after them (the API process answers a fetch
+        of any other key without calling the workers, until it asks again)."""
+        answers = [self.fetch(key, final) for key, final in asked]
+        with self._lock:
+            self.fetch_calls += 1
+            return {"answers": answers, "held": list(self._entries)}
 
     def live(self) -> int:
         """Requests recorded now (finished ones whose records wait for their fetch do not count)."""
