@@ -49,7 +49,7 @@ USER root
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ > /dev/null \
     && python -c "from playground.model import kernels; s = kernels.status(); print(s.note); assert s.loaded" \
     && chown -R user:user "$PLAYGROUND_CACHE/kernels" \
-    && apt-get purge -y -qq --auto-remove g++ > /dev/null && rm -rf /var/lib/apt/lists/*
+    && apt-get purge -y -qq --auto-remove g++ > /dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*
 USER user
 
 EXPOSE 7860
