@@ -28,9 +28,9 @@ from playground.plots import label
 from playground.ui import unchecked
 from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import (STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, failure_message, input_validator,
-                                     choice, named_inputs, quiet_refusal, stream_handler, text, whole_number)
+                                     named_inputs, quiet_refusal, stream_handler, text, whole_number)
 from playground.ui.runs import LivePlots, Pacer, export_folder
-from playground.ui.streams import DRAFT_MODES, Limits, StopRequests, backend, stop_handler, unknown_drafter
+from playground.ui.streams import Limits, StopRequests, backend, draft_mode, stop_handler, unknown_drafter
 
 DEFAULT_MAX_TOKENS = 64
 FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
@@ -69,10 +69,9 @@ def study_config(limits: Limits, settings: StudySettings, engine: Engine) -> Stu
     drafters = tuple(d for d in engine.drafter_names if d in picked)
     if not drafters:
         raise PlaygroundError("pick at least one drafter", "drafters")
-    if choice(settings.draft, "draft") not in DRAFT_MODES:
-        raise PlaygroundError(f"draft must be 'chain' or 'tree', got {settings.draft!r:.40}", "draft")
+    draft = draft_mode(settings.draft)
     k, max_tokens = whole_number(settings.k, "k"), whole_number(settings.max_tokens, "max_tokens")
-    tree = TreeShape() if settings.draft == "tree" else None
+    tree = TreeShape() if draft == "tree" else None
     GenerationRequest(prompt="check", k=k, max_tokens=max_tokens, tree=tree).validate(limits.max_tokens)
     config = StudyConfig(drafters=drafters, k=k, max_tokens=max_tokens, tree=tree, backend=engine.name)
     return config.runnable_on(engine)

@@ -164,8 +164,9 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
                     gr.Timer(active=False))
 
     outputs = [session, servers, status, *(views[name] for name in PLOTS)]
-    start.click(first, [servers, window, session], outputs, api_name="watch", concurrency_id="watch",
-                concurrency_limit=WATCHING_AT_ONCE, show_progress="hidden").success(lambda: gr.Timer(active=True), None, timer, api_name=False)
+    watch = start.click(first, [servers, window, session], outputs, api_name="watch", concurrency_id="watch",
+                        concurrency_limit=WATCHING_AT_ONCE, show_progress="hidden")
+    watch.success(lambda: gr.Timer(active=True), None, timer, api_name=False)
     timer.tick(next_reading, [window, session], [*outputs, timer], api_name=False, concurrency_id="watch",
                concurrency_limit=WATCHING_AT_ONCE, show_progress="hidden")
     stop.click(lambda page: (gr.Timer(active=False), status_html(page.history[-1][1] if page and page.history else [],

@@ -44,8 +44,7 @@ def make_request(limits: Limits, settings: RunSettings, engine: Engine) -> Gener
     # the page never loads a checkpoint from a path it is given: a drafter is one the engine names
     if choice(settings.drafter, "drafter") not in engine.drafter_names:
         raise unknown_drafter(settings.drafter, engine, "drafter")
-    if choice(settings.draft, "draft") not in DRAFT_MODES:
-        raise PlaygroundError(f"draft must be {' or '.join(map(repr, DRAFT_MODES))}, got {settings.draft!r}", "draft")
+    draft = draft_mode(settings.draft)
     if len(prompt) > limits.max_prompt_chars:
         raise PlaygroundError(f"the prompt is {len(prompt):,} characters; this playground accepts up to "
                               f"{limits.max_prompt_chars:,}: shorten it", "prompt")
@@ -62,8 +61,15 @@ def make_request(limits: Limits, settings: RunSettings, engine: Engine) -> Gener
                                 temperature=number(settings.temperature, "temperature"),
                                 top_p=number(settings.top_p, "top_p"), max_tokens=wholes["max_tokens"],
                                 seed=random.randint(0, MAX_SEED) if seed == NEW_SEED else seed,
-                                tree=shape if settings.draft == "tree" else None)
+                                tree=shape if draft == "tree" else None)
     return request.validate(limits.max_tokens)
+
+
+def draft_mode(value: object) -> str:
+    """The draft control's value, checked: one of DRAFT_MODES (the Playground's, the Comparison's and the study's)."""
+    if choice(value, "draft") not in DRAFT_MODES:
+        raise PlaygroundError(f"draft must be {' or '.join(map(repr, DRAFT_MODES))}, got {value!r:.40}", "draft")
+    return value
 
 
 def unknown_drafter(name: str, engine: Engine, setting: str) -> PlaygroundError:
