@@ -9,10 +9,12 @@ import shlex
 from playground.model.variants import SHIPPED
 
 
-def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value) -> None:
-    """The backend choice and the vLLM servers' options (`default` wraps each default value)."""
-    p.add_argument("--backend", default=default("reference"), choices=["reference", "vllm"],
-                   help="reference: the embedded PyTorch engine; vllm: vLLM servers (see --vllm-url, --launch)")
+def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value, choose_backend: bool = True) -> None:
+    """The backend choice (unless the command always runs on vLLM) and the vLLM servers' options
+    (`default` wraps each default value)."""
+    if choose_backend:
+        p.add_argument("--backend", default=default("reference"), choices=["reference", "vllm"],
+                       help="reference: the embedded PyTorch engine; vllm: vLLM servers (see --vllm-url, --launch)")
     p.add_argument("--vllm-url", action="append", default=default([]), metavar="NAME=URL",
                    help="a running vLLM server, serving any model with any speculative method, under any NAME (none: "
                         "the baseline without speculation; eagle3, eagle3.1: servers of those drafters); repeatable")

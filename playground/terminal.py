@@ -46,3 +46,8 @@ def stream(events, out: TextIO = sys.stdout, color: bool | None = None) -> list[
         seen.append(event)
     out.write("\n")
     return seen
+
+
+def to_stderr(line: str) -> None:
+    """A status line (servers starting, files written) where it does not mix with the answer."""
+    print(line, file=sys.stderr)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import playground.cli as command_line
+from playground.cli import answers, bench, train, watch
 
 STEP_FIELDS = {"token_ids", "draft_ids", "accepted", "sink_attention", "hidden_norm"}
 SUMMARY_FIELDS = {"text", "token_ids", "tokens", "steps", "mean_acceptance_length", "per_position_acceptance",
@@ -86,23 +87,23 @@ def test_bad_input_is_one_line_and_nonzero(args, message):
 
 # a minimal command line of every subcommand -> the function that must run it
 COMMANDS = {
-    "generate --prompt hi": command_line.generate,
-    "convert --out x": command_line.convert,
-    "train data": command_line.train_data,
-    "train drafter --variant eagle3 --out run": command_line.train_drafter,
-    "train lease pack": command_line.train_lease,
-    "train validate --data d": command_line.train_validate,
-    "train ship --runs r": command_line.train_ship,
-    "train eval": command_line.train_eval,
-    "bench": command_line.bench_suite,
-    "bench ui": command_line.bench_ui,
-    "bench vllm": command_line.bench_vllm,
-    "bench trees": command_line.bench_trees,
-    "bench --k 3 profile": command_line.bench_profile,
-    "bench kernels --rounds 1": command_line.bench_kernels,
-    "bench memory --runs 2": command_line.bench_memory,
-    "bench probe --rounds 2": command_line.bench_probe,
-    "watch --vllm-url http://a:1": command_line.watch,
+    "generate --prompt hi": answers.generate,
+    "convert --out x": answers.convert,
+    "train data": train.train_data,
+    "train drafter --variant eagle3 --out run": train.train_drafter,
+    "train validate --data d": train.train_validate,
+    "train ship --runs r": train.train_ship,
+    "train eval": train.train_eval,
+    "bench": bench.bench_suite,
+    "bench prompts mine.jsonl": bench.bench_prompts,
+    "bench ui": bench.bench_ui,
+    "bench vllm": bench.bench_vllm,
+    "bench trees": bench.bench_trees,
+    "bench --k 3 profile": bench.bench_profile,
+    "bench kernels --rounds 1": bench.bench_kernels,
+    "bench memory --runs 2": bench.bench_memory,
+    "bench probe --rounds 2": bench.bench_probe,
+    "watch --vllm-url http://a:1": watch.watch,
 }
 
 
@@ -127,18 +128,16 @@ def test_every_subcommand_runs_its_own_function():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "lease", "unpack"], "unpack needs --parts"),
-    (["train", "lease", "receive"], "receive needs --carried"),
-    (["train", "lease", "finish"], "finish needs --out"),
     (["train", "drafter", "--variant", "eagle3", "eagle3.1", "--out", "run"], "2 variants but 1 run folders"),
+    (["train", "drafter", "--variant", "eagle3", "--out", "run", "--init", "a", "b"], "1 variants but 2 drafters"),
 ])
-def test_each_train_stage_and_lease_step_reaches_its_own_checks(argv, message, capsys):
+def test_each_train_stage_reaches_its_own_checks(argv, message, capsys):
     assert command_line.main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: {message}")
 
 
 @pytest.mark.parametrize("argv, message", [(["train"], "required: stage"), (["train", "bogus"], "invalid choice"),
-                                           (["train", "lease", "bogus"], "invalid choice"),
+                                           (["bench", "ui", "--k", "3"], "unrecognized arguments: --k 3"),
                                            (["bench", "bogus"], "invalid choice")])
 def test_an_unknown_or_missing_stage_is_a_usage_error(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -150,3 +149,13 @@ def test_an_unknown_or_missing_stage_is_a_usage_error(argv, message, capsys):
                                      ("bench --k 3 trees --k 4", 4), ("bench --k 3", 3)])
 def test_bench_options_come_before_or_after_the_subcommand(line, k):
     assert command_line.build_parser().parse_args(line.split()).k == k
+
+
+def test_bench_prompts_file_is_bench_dash_dash_prompts_file():
+    parse = command_line.build_parser().parse_args
+    words = "mine.jsonl --sample 3 --k 4 --drafters eagle3 none --backend vllm --vllm-url a=http://h:1"
+    sub, flag = parse(f"bench prompts {words}".split()), parse(f"bench --prompts {words}".split())
+    fields = ("prompt_file", "sample", "seed", "study_concurrency", "max_prompts", "max_prompt_chars", "drafters", "k",
+              "max_tokens", "trees", "out", "backend", "vllm_url", "launch", "vllm_api_key")
+    assert [getattr(sub, f) for f in fields] == [getattr(flag, f) for f in fields]
+    assert sub.func is bench.bench_prompts and flag.func is bench.bench_suite   # which hands it to bench_prompts

