@@ -105,3 +105,29 @@ def test_attention_counts_its_own_samples_where_only_rms_was_measured():
     assert (s.drafting_steps_by_depth, s.attention_steps_by_depth) == ((7, 7, 7), (1, 1, 1))
     markers = [trace.marker.symbol for trace in plots.attention({"eagle3": s}).data]
     assert markers == [("circle-open",) * 3] * 2
+
+
+def test_runs_pooled_from_their_totals_equal_every_step_pooled_at_once():
+    """The suite, the study and the held-out evaluation pool runs through one type (Pooled.of of each run's
+    RunTotals): its figures are the step-level definitions over all the runs' steps together."""
+    from playground.engines.stats import Pooled, RunTotals, mean_by_depth, pool
+
+    def measured(i, drafted, accepted, tokens, sink, rms):
+        return replace(step(i, drafted, accepted, tokens), sink_attention=sink, hidden_norm=rms,
+                       draft_ms=1.0 + i, verify_ms=2.0 * i)
+
+    runs = [[step(0, 0, 0, 1), measured(1, 3, 3, 4, (0.2, 0.4, 0.6), (1.0, 2.0, 3.0)),
+             measured(2, 3, 1, 2, (), (4.0, 5.0, 6.0))],                     # RMS without attention
+            [replace(step(0, 0, 0, 1), position=3), measured(1, 5, 4, 5, (0.1,) * 5, (7.0,) * 5),
+             measured(2, 2, 0, 1, (0.3, 0.3), ()), measured(3, 0, 0, 1, (), ())]]
+    every = [e for run in runs for e in run]
+    drafting = [e for e in every if e.drafted]
+    pooled = Pooled.of([RunTotals.of(run) for run in runs])
+    assert pooled == pool(runs)
+    assert pooled.mean_acceptance_length == mean_acceptance_length(every) == 1 + 8 / 4
+    assert pooled.acceptance == acceptance_by_depth(every)[0] == (3 / 4, 2 / 4, 2 / 4, 1 / 4, 0.0)
+    assert pooled.sink_attention == pytest.approx(mean_by_depth(e.sink_attention for e in drafting))
+    assert pooled.sink_attention[:2] == pytest.approx(((0.2 + 0.1 + 0.3) / 3, (0.4 + 0.1 + 0.3) / 3))
+    assert pooled.hidden_norm == pytest.approx(mean_by_depth(e.hidden_norm for e in drafting))
+    assert (pooled.runs, pooled.min_prompt_tokens, pooled.tokens, pooled.steps) == (2, 3, 15, 5)
+    assert pooled.draft_ms == pytest.approx((2 + 3 + 2 + 3 + 4) / 5) and pooled.verify_ms == pytest.approx(18 / 5)

@@ -80,22 +80,20 @@ def rates_by_depth(accepted: tuple[int, ...], prior: tuple[int, ...]) -> tuple[t
     return unconditional, conditional
 
 
-def mean_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
-    sums: list[float] = []
-    counts: list[int] = []
-    for row in rows:
-        for d, x in enumerate(row):
-            if d == len(sums):
-                sums.append(0.0), counts.append(0)
-            sums[d] += x
-            counts[d] += 1
-    return tuple(s / c for s, c in zip(sums, counts))
+def sum_by_depth(rows: Iterable[Sequence[float]]) -> tuple:
+    """Rows of values by depth (of any lengths) summed depth by depth."""
+    rows = list(rows)
+    return tuple(sum(row[d] for row in rows if len(row) > d) for d in range(max(map(len, rows), default=0)))
 
 
 def count_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[int, ...]:
     """How many rows reach each depth: the samples behind mean_by_depth's value there."""
     lengths = [len(row) for row in rows]
     return tuple(sum(n > d for n in lengths) for d in range(max(lengths, default=0)))
+
+
+def mean_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
+    return DepthSums.of(rows).means
 
 
 def drafting_counts(events: Iterable[StepEvent]) -> tuple[int, int]:
@@ -204,6 +202,68 @@ def summarize(events: list[StepEvent]) -> RunSummary:
 
 
 @dataclass(frozen=True)
+class DepthSums:
+    """A value by draft depth summed over the steps that report it there, with their count: pooled over
+    runs, sums / counts is the mean over all their steps (a backend may report one value and not another)."""
+    sums: tuple[float, ...] = ()
+    counts: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[float, ...]]) -> DepthSums:
+        rows = list(rows)
+        return cls(sum_by_depth(rows), count_by_depth(rows))
+
+    @classmethod
+    def total(cls, parts: Sequence[DepthSums]) -> DepthSums:
+        return cls(sum_by_depth(p.sums for p in parts), sum_by_depth(p.counts for p in parts))
+
+    @property
+    def means(self) -> tuple[float, ...]:
+        return tuple(s / n for s, n in zip(self.sums, self.counts))
+
+
+@dataclass(frozen=True)
+class RunTotals:
+    """One run (one prompt's answer) reduced to the sums that pooling over runs needs: small enough to
+    save per prompt, and every pooled figure is a function of these."""
+    prompt_tokens: int
+    tokens: int
+    seconds: float                        # engine time, prefill included
+    decode_tokens: int                    # after the prefill's step: what decode_seconds produced
+    decode_seconds: float
+    verify_steps: int                     # the prefill is not one
+    accepted: int                         # drafts accepted
+    drafting_steps: int
+    reaching: tuple[int, ...]             # by depth d: drafting steps that accepted at least d drafts
+    sink_attention: DepthSums             # over the drafting steps that report it
+    hidden_norm: DepthSums
+    draft_ms: float                       # summed over the verify steps
+    verify_ms: float
+
+    @classmethod
+    def of(cls, events: list[StepEvent]) -> RunTotals:
+        events = reconcile(events)
+        accepted, steps = drafting_counts(events)
+        drafting = [e for e in events if e.drafted]
+        verifying = [e for e in events if e.step > 0]
+        return cls(prompt_tokens=events[0].position, tokens=sum(len(e.token_ids) for e in events),
+                   seconds=events[-1].elapsed_s, decode_tokens=sum(len(e.token_ids) for e in events[1:]),
+                   decode_seconds=events[-1].elapsed_s - events[0].elapsed_s, verify_steps=len(verifying),
+                   accepted=accepted, drafting_steps=steps, reaching=steps_accepting(events)[0],
+                   sink_attention=DepthSums.of(e.sink_attention for e in drafting),
+                   hidden_norm=DepthSums.of(e.hidden_norm for e in drafting),
+                   draft_ms=sum(e.draft_ms for e in verifying), verify_ms=sum(e.verify_ms for e in verifying))
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        return self.accepted, self.drafting_steps
+
+    @property
+    def tau(self) -> float:
+        return pooled_tau([self.counts])
+
+
+@dataclass(frozen=True)
 class Pooled:
     """Several runs of one method pooled: rates over all their steps, times summed."""
     runs: int
@@ -219,6 +279,21 @@ class Pooled:
     verify_ms: float
     other_ms: float                    # per verify step: sampling, bookkeeping, events, detokenising
 
+    @classmethod
+    def of(cls, runs: Sequence[RunTotals]) -> Pooled:
+        steps, drafting = sum(r.verify_steps for r in runs), sum(r.drafting_steps for r in runs)
+        n = max(1, steps)
+        draft_ms, verify_ms = sum(r.draft_ms for r in runs) / n, sum(r.verify_ms for r in runs) / n
+        reaching = sum_by_depth(r.reaching for r in runs)
+        return cls(runs=len(runs), min_prompt_tokens=min(r.prompt_tokens for r in runs),
+                   tokens=sum(r.tokens for r in runs), seconds=sum(r.seconds for r in runs), steps=steps,
+                   mean_acceptance_length=pooled_tau(r.counts for r in runs),
+                   acceptance=tuple(a / drafting for a in reaching) if drafting else (),
+                   sink_attention=DepthSums.total([r.sink_attention for r in runs]).means,
+                   hidden_norm=DepthSums.total([r.hidden_norm for r in runs]).means,
+                   draft_ms=draft_ms, verify_ms=verify_ms,
+                   other_ms=max(0.0, sum(r.decode_seconds for r in runs) * 1e3 / n - draft_ms - verify_ms))
+
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
@@ -228,17 +303,4 @@ class Pooled:
 
 
 def pool(runs: list[list[StepEvent]]) -> Pooled:
-    runs = [reconcile(run) for run in runs]
-    events = [e for run in runs for e in run]
-    steps = [e for e in events if e.step > 0]
-    decode_s = sum(run[-1].elapsed_s - run[0].elapsed_s for run in runs)
-    n = max(1, len(steps))
-    draft_ms, verify_ms = ms_per_verify_step(events)
-    return Pooled(
-        runs=len(runs), min_prompt_tokens=min(run[0].position for run in runs),
-        tokens=sum(len(e.token_ids) for e in events), seconds=sum(run[-1].elapsed_s for run in runs),
-        steps=len(steps), mean_acceptance_length=mean_acceptance_length(events),
-        acceptance=acceptance_by_depth(events)[0],
-        sink_attention=mean_by_depth(e.sink_attention for e in events if e.drafted),
-        hidden_norm=mean_by_depth(e.hidden_norm for e in events if e.drafted),
-        draft_ms=draft_ms, verify_ms=verify_ms, other_ms=max(0.0, decode_s * 1e3 / n - draft_ms - verify_ms))
+    return Pooled.of([RunTotals.of(run) for run in runs])

@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 
 from playground import plots
-from playground.engines.events import reconcile
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import Pooled, bootstrap_interval, drafting_counts, paired_ratio, pool, tau_of
+from playground.engines.stats import Pooled, RunTotals, bootstrap_interval, paired_ratio, tau_of
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation.prompt_sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
@@ -91,12 +90,11 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
         for name in drafters:
             drafter = engine.drafter(name)
             for draft, shape in [("chain", None)] + ([("tree", tree)] if tree is not None else []):
-                runs = [reconcile(list(engine.generate(replace(r, tree=shape))))
-                        for r in requests(kind, name, k, max_tokens)[:prompts]]
+                runs = [list(engine.generate(replace(r, tree=shape))) for r in requests(kind, name, k, max_tokens)[:prompts]]
                 answer = torch.tensor([t for run in runs for e in run for t in e.token_ids], dtype=torch.long)
                 draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
-                rows.append(EvalRow(name, kind, pool(runs), draftable, tuple(drafting_counts(run) for run in runs),
-                                    draft))
+                totals = [RunTotals.of(run) for run in runs]
+                rows.append(EvalRow(name, kind, Pooled.of(totals), draftable, tuple(t.counts for t in totals), draft))
     return rows
 
 

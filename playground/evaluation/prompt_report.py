@@ -21,10 +21,9 @@ import plotly.graph_objects as go
 import torch
 
 from playground import plots
-from playground.engines.stats import (bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of,
-                                      value_of)
+from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of, value_of
 from playground.evaluation.prompt_files import PromptFile, UserPrompt
-from playground.evaluation.prompt_study import MethodRun, PromptResult, StudyConfig
+from playground.evaluation.prompt_study import PromptResult, StudyConfig
 from playground.model.variants import NONE
 from playground.plots import label
 
@@ -66,15 +65,12 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
 
 def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval, ratio) -> dict:
     runs = [r.runs[method] for r in ran]
-    counts = [run.counts for run in runs]
-    steps = sum(run.drafting_steps for run in runs)
-    depths = max((len(run.reaching) for run in runs), default=0)
-    reaching = [sum(run.reaching[d] for run in runs if len(run.reaching) > d) for d in range(depths)]
-    row = {"method": method, "prompts": len(runs), "tokens": sum(run.tokens for run in runs),
-           "seconds": sum(run.seconds for run in runs), "mean_acceptance_length": pooled_tau(counts),
-           "tau_ci": _listed(interval(tau_of(counts), len(runs))),
-           "acceptance": [a / steps for a in reaching] if steps else [],
-           "sink_attention": _mean_by_depth(runs, "sink_attention"), "hidden_norm": _mean_by_depth(runs, "hidden_norm")}
+    pooled = Pooled.of(runs)
+    row = {"method": method, "prompts": len(runs), "tokens": pooled.tokens, "seconds": pooled.seconds,
+           "mean_acceptance_length": pooled.mean_acceptance_length,
+           "tau_ci": _listed(interval(tau_of([run.counts for run in runs]), len(runs))),
+           "acceptance": list(pooled.acceptance), "sink_attention": list(pooled.sink_attention),
+           "hidden_norm": list(pooled.hidden_norm)}
     row["tokens_per_s"] = value_of(_rate(ran, method), len(ran))
     row["decode_tokens_per_s"] = value_of(_rate(ran, method, decode=True), len(ran))
     if baseline is not None:
@@ -83,15 +79,6 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
         row |= {"speedup_vs_none": value, "speedup_ci": _listed(ci), "decode_speedup_vs_none": decode,
                 "decode_speedup_ci": _listed(decode_ci)}
     return row
-
-
-def _mean_by_depth(runs: list[MethodRun], what: str) -> list[float]:
-    """The mean over all the runs' steps that report `what`, by depth ([] where none does)."""
-    rows = [getattr(run, what) for run in runs]
-    depths = max((len(row.sums) for row in rows), default=0)
-    sums = [sum(row.sums[d] for row in rows if len(row.sums) > d) for d in range(depths)]
-    counts = [sum(row.counts[d] for row in rows if len(row.counts) > d) for d in range(depths)]
-    return [total / n for total, n in zip(sums, counts)]
 
 
 def _rate(ran: list[PromptResult], method: str, decode: bool = False):

@@ -20,11 +20,10 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
-from playground.engines.events import StepEvent, reconcile
 from playground.engines.protocol import Engine
-from playground.engines.stats import drafting_counts, steps_accepting
+from playground.engines.stats import RunTotals
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation.checkpoint import Checkpoint
@@ -62,61 +61,12 @@ class StudyConfig:
 
 
 @dataclass(frozen=True)
-class DepthSums:
-    """A value by draft depth summed over the steps that report it there, with their count: pooled over
-    prompts, sums / counts is the mean over all their steps (a backend may report one value and not another)."""
-    sums: tuple[float, ...] = ()
-    counts: tuple[int, ...] = ()
-
-    @classmethod
-    def of(cls, rows: Iterable[tuple[float, ...]]) -> DepthSums:
-        rows = [row for row in rows if row]
-        depths = max(map(len, rows), default=0)
-        return cls(tuple(sum(r[d] for r in rows if len(r) > d) for d in range(depths)),
-                   tuple(sum(len(r) > d for r in rows) for d in range(depths)))
-
-
-@dataclass(frozen=True)
-class MethodRun:
-    """One method's answer to one prompt, reduced to what pooling over prompts needs."""
-    tokens: int
-    seconds: float                        # engine time, prefill included
-    decode_tokens: int                    # after the prefill's step: what decode_seconds produced
-    decode_seconds: float
-    accepted: int                         # drafts accepted
-    drafting_steps: int
-    reaching: tuple[int, ...]             # by depth d: drafting steps that accepted at least d drafts
-    sink_attention: DepthSums             # over the drafting steps that report it
-    hidden_norm: DepthSums
-
-    @classmethod
-    def of(cls, events: list[StepEvent]) -> MethodRun:
-        events = reconcile(events)
-        accepted, steps = drafting_counts(events)
-        drafting = [e for e in events if e.drafted]
-        return cls(tokens=sum(len(e.token_ids) for e in events), seconds=events[-1].elapsed_s,
-                   decode_tokens=sum(len(e.token_ids) for e in events[1:]),
-                   decode_seconds=events[-1].elapsed_s - events[0].elapsed_s, accepted=accepted,
-                   drafting_steps=steps, reaching=steps_accepting(events)[0],
-                   sink_attention=DepthSums.of(e.sink_attention for e in drafting),
-                   hidden_norm=DepthSums.of(e.hidden_norm for e in drafting))
-
-    @property
-    def counts(self) -> tuple[int, int]:
-        return self.accepted, self.drafting_steps
-
-    @property
-    def tau(self) -> float:
-        return 1.0 + self.accepted / self.drafting_steps if self.drafting_steps else 1.0
-
-
-@dataclass(frozen=True)
 class PromptResult:
     index: int                            # the prompt's place in the run
     id: str
     category: str | None
     prompt_tokens: int = 0
-    runs: dict[str, MethodRun] = field(default_factory=dict)   # by method
+    runs: dict[str, RunTotals] = field(default_factory=dict)   # by method
     mismatches: tuple[tuple[str, int], ...] = ()   # (method, first token that differs from the first method's)
     skipped: str | None = None            # why the engine refused the prompt
 
@@ -135,7 +85,7 @@ class Progress:
     result: PromptResult | None = None
 
 
-SAVED_FORMAT = 2   # of the PromptResults a study saves: a study saved in another format starts afresh
+SAVED_FORMAT = 3   # of the PromptResults a study saves: a study saved in another format starts afresh
 
 
 def study_key(config: StudyConfig, prompts: PromptFile) -> str:
@@ -217,7 +167,7 @@ def _prompt_runs(engine: Engine, index: int, prompt: UserPrompt, config: StudyCo
             differs = next((j for j, (a, b) in enumerate(zip(tokens, first_tokens)) if a != b),
                            min(len(tokens), len(first_tokens)))
             mismatches.append((method, differs))
-        runs[method] = MethodRun.of(events)
+        runs[method] = RunTotals.of(events)
     yield PromptResult(index, prompt.id, prompt.category, prompt_tokens, runs, tuple(mismatches))
 
 

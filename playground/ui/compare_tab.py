@@ -263,7 +263,7 @@ def column_update(slot: str, name: str | None, log: RunLog | None, note: str, su
                 column(slot, "text"): "", column(slot, "heading"): "#### not run"}
     waiting = "" if log.events else "waiting for the engine…"
     return {column(slot, "cards"): render.figures_html(summary),
-            column(slot, "answer"): render.answer_html(log.events, note or waiting),
+            column(slot, "answer"): render.answer_html(log.steps, note or waiting),
             column(slot, "text"): log.text, column(slot, "heading"): f"#### {plots.label(name)}"}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Sequence
 
-from playground.engines.events import StepEvent, reconcile
+from playground.engines.events import StepEvent
 from playground.engines.stats import RunSummary
 
 LEGEND = (
@@ -43,7 +43,7 @@ def step_html(event: StepEvent) -> str:
 
 
 def answer_html(events: list[StepEvent], note: str = "") -> str:
-    events = reconcile(events)
+    """The answer so far from its verify steps (RunLog.steps: a token's data-step is its step's place there)."""
     body = "".join(step_html(e) for e in events)
     if events and events[-1].finish_reason:
         body += f'<span class="finish">[{escape(events[-1].finish_reason)}]</span>'
