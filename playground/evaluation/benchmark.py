@@ -12,24 +12,22 @@ never hidden.
 from __future__ import annotations
 
 import platform
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm import tqdm
 
-from playground.engines.events import StepEvent
 from playground.engines.protocol import Engine
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import pool
+from playground.engines.stats import Pooled
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
-from playground.evaluation import report
-from playground.evaluation.checkpoint import Checkpoint
+from playground.evaluation import report, runner
 from playground.evaluation.ceiling import Ceiling, measure as measure_ceiling
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.evaluation.prompt_sets import CATEGORIES, BenchPrompt, suite
+from playground.evaluation.runner import Method, PromptResult
 from playground.evaluation.trees import chain_vs_tree_row
 from playground.model.variants import EAGLE3, EAGLE31, NONE, run_name
 
@@ -70,75 +68,31 @@ class BenchConfig:
                        tree=None if vllm else self.tree)
 
 
-@dataclass
-class Collected:
-    """Everything measured: runs[(category, method)] and sweep[(category, k)], lists of event lists."""
-    runs: dict[tuple[str, str], list[list[StepEvent]]] = field(default_factory=dict)
-    generate: dict[str, list[tuple[int, float]]] = field(default_factory=dict)   # category -> (tokens, s)
-    sweep: dict[tuple[str, int], list[list[StepEvent]]] = field(default_factory=dict)
-    mismatches: list[dict] = field(default_factory=list)
-    prompts_done: int = 0
+SAVED_FORMAT = 2   # of the measured prompts a rerun goes on from: another format starts afresh
 
 
-def _tokens(events: list[StepEvent]) -> list[int]:
-    return [t for e in events for t in e.token_ids]
+def sweep_name(drafter: str, k: int) -> str:
+    return f"{drafter} k={k}"
 
 
-def collect(engine, reference, config: BenchConfig, progress: Path | None = None) -> Collected:
-    """Run the suite. `engine` streams (reference or vLLM); `reference` gives tokenizer and generate.
-
-    With `progress`, what is measured is saved after every prompt and a rerun of the same
-    configuration goes on from there.
-    """
-    prompts: list[BenchPrompt] = suite(reference.tokenizer, config.categories, config.per_category)
-    methods = (NONE, *config.drafters)
-    trees = config.tree_methods()
-    sweeping = [p for p in prompts if p.category in config.sweep_categories] if config.sweep_ks else []
-
-    def runs_of(p: BenchPrompt) -> int:
-        return len(methods) + len(trees) + config.compare_generate + (p in sweeping) * len(config.sweep_ks)
-
-    checkpoint = Checkpoint(progress, asdict(config)) if progress else None
-    out = (checkpoint.load() if checkpoint else None) or Collected()
-    with tqdm(total=sum(map(runs_of, prompts)), initial=sum(map(runs_of, prompts[:out.prompts_done])),
-              desc="bench", unit="run") as bar:
-        for p in prompts[out.prompts_done:]:
-            expected = None
-            if config.compare_generate:
-                expected, seconds = transformers_greedy(reference, p.request(NONE, config.k, config.max_tokens))
-                out.generate.setdefault(p.category, []).append((len(expected), seconds))
-                bar.update()
-            for method in methods:
-                bar.set_postfix_str(f"{p.category} · {method}")
-                events = list(engine.generate(p.request(method, config.k, config.max_tokens)))
-                out.runs.setdefault((p.category, method), []).append(events)
-                expected = _check(out, p, method, _tokens(events), expected)
-                bar.update()
-            for method, drafter in trees.items():
-                bar.set_postfix_str(f"{p.category} · {method}")
-                request = replace(p.request(drafter, config.k, config.max_tokens), tree=config.tree)
-                events = list(engine.generate(request))
-                out.runs.setdefault((p.category, method), []).append(events)
-                _check(out, p, method, _tokens(events), expected)
-                bar.update()
-            if p in sweeping:
-                for k in config.sweep_ks:
-                    events = list(engine.generate(p.request(config.sweep_drafter, k, config.max_tokens)))
-                    out.sweep.setdefault((p.category, k), []).append(events)
-                    _check(out, p, f"{config.sweep_drafter} k={k}", _tokens(events), expected)
-                    bar.update()
-            out.prompts_done += 1
-            if checkpoint:
-                checkpoint.save(out)
-    return out
+def methods_of(config: BenchConfig, prompt: BenchPrompt) -> list[Method]:
+    """No speculation, each drafter's chain, its tree, then (on the swept categories) the k sweep."""
+    methods = [Method(m, m, config.k) for m in (NONE, *config.drafters)]
+    methods += [Method(name, drafter, config.k, config.tree) for name, drafter in config.tree_methods().items()]
+    if prompt.category in config.sweep_categories:
+        methods += [Method(sweep_name(config.sweep_drafter, k), config.sweep_drafter, k) for k in config.sweep_ks]
+    return methods
 
 
-def _check(out: Collected, p: BenchPrompt, method: str, tokens: list[int], expected: list[int] | None) -> list[int]:
-    if expected is not None and tokens != expected:
-        first = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
-        out.mismatches.append({"category": p.category, "prompt": p.prompt[:60], "method": method,
-                               "first_differing_token": first})
-    return expected if expected is not None else tokens
+def collect(engine, reference, config: BenchConfig, progress: Path | None = None) -> list[PromptResult]:
+    """Run the suite. `engine` streams (reference or vLLM); `reference` gives transformers' generate,
+    whose answer every method must equal. With `progress`, what is measured is saved after every
+    prompt and a rerun of the same configuration goes on from there."""
+    prompts = suite(reference.tokenizer, config.categories, config.per_category)
+    greedy = lambda p: transformers_greedy(reference, p.request(NONE, config.k, config.max_tokens))
+    return runner.run(engine, prompts, lambda p: methods_of(config, p), config.max_tokens, progress,
+                      [SAVED_FORMAT, asdict(config)], "bench",
+                      reference=greedy if config.compare_generate else None)
 
 
 def _rate(runs: list[tuple[int, float]]) -> float | None:
@@ -164,13 +118,17 @@ def _has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def results(collected: Collected, config: BenchConfig, ceiling: Ceiling | None = None) -> dict:
+def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling | None = None) -> dict:
     """The JSON the report is written from."""
+    ran = [r for r in measured if r.skipped is None]
+    of = lambda categories, method: Pooled.of([r.runs[method] for r in ran if r.category in categories])
+    generate_rate = lambda categories: _rate([(len(r.answer), r.reference_seconds) for r in ran
+                                              if r.category in categories and r.reference_seconds is not None])
     rows, trees = [], []
-    for category in dict.fromkeys(c for c, _ in collected.runs):
-        pooled = {method: pool(runs) for (c, method), runs in collected.runs.items() if c == category}
+    for category in dict.fromkeys(r.category for r in ran):
+        pooled = {m: of((category,), m) for m in (NONE, *config.drafters, *config.tree_methods())}
         none = pooled[NONE]
-        generate_tps = _rate(collected.generate.get(category, []))
+        generate_tps = generate_rate((category,))
         for method in (NONE, *config.drafters):
             p = pooled[method]
             rows.append({"category": category, "method": method, **p.to_json(),
@@ -180,16 +138,15 @@ def results(collected: Collected, config: BenchConfig, ceiling: Ceiling | None =
         trees += [chain_vs_tree_row(category, drafter, method, config.tree, pooled[method], pooled[drafter], none)
                   for method, drafter in config.tree_methods().items()]
     sweep = []
-    for k in config.sweep_ks:
-        runs = [r for (c, kk), rs in collected.sweep.items() if kk == k for r in rs]
-        if not runs:
-            continue
-        p = pool(runs)
-        none = pool([r for c in config.sweep_categories for r in collected.runs.get((c, NONE), [])])
-        gen_tps = _rate([g for c in config.sweep_categories for g in collected.generate.get(c, [])])
+    swept = [c for c in config.sweep_categories if any(r.category == c for r in ran)]
+    for k in config.sweep_ks if swept else ():
+        p = of(swept, sweep_name(config.sweep_drafter, k))
+        none, gen_tps = of(swept, NONE), generate_rate(swept)
         sweep.append({"k": k, "drafter": config.sweep_drafter, **p.to_json(),
                       "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
                       "vs_generate": p.tokens_per_s / gen_tps if gen_tps else None})
+    mismatches = [{"category": r.category, "prompt": r.id, "method": method, "first_differing_token": first}
+                  for r in ran for method, first in r.mismatches]
     return {
         "config": asdict(config),
         "machine": {"processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
@@ -197,7 +154,7 @@ def results(collected: Collected, config: BenchConfig, ceiling: Ceiling | None =
                     "threads": torch.get_num_threads()},
         "rows": rows, "sweep": sweep, "trees": trees,
         "ceiling": ceiling.to_json() if ceiling is not None else None,
-        "lossless": not collected.mismatches, "mismatches": collected.mismatches,
+        "lossless": not mismatches, "mismatches": mismatches,
     }
 
 

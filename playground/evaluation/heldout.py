@@ -23,20 +23,24 @@ gap to "chat" and "code" measures how far the drafters generalise beyond their t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from playground import plots
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import Pooled, RunTotals, bootstrap_interval, paired_ratio, tau_of
+from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, tau_of
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
+from playground.evaluation import runner
 from playground.evaluation.prompt_sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
                                                HELDOUT_SYSTEMS, KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
                                                documents_prompt, report_prompt)
+from playground.evaluation.runner import Method
+from playground.model.variants import NONE, run_name
 
 
 def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
@@ -78,6 +82,30 @@ class EvalRow:
         return bootstrap_interval(tau_of(self.counts), len(self.counts))
 
 
+@dataclass(frozen=True)
+class EvalPrompt:
+    """The prompt at `index` of a kind, as `requests(kind, drafter, k, max_tokens)` makes it."""
+    kind: str
+    index: int
+    requests: Callable[[str, str, int, int], list[GenerationRequest]] = eval_requests
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind} {self.index + 1}"
+
+    @property
+    def category(self) -> str:
+        return self.kind
+
+    def request(self, drafter: str, k: int, max_tokens: int) -> GenerationRequest:
+        return self.requests(self.kind, drafter, k, max_tokens)[self.index]
+
+
+def kind_prompts(kind: str, prompts: int | None, requests=eval_requests) -> list[EvalPrompt]:
+    """The kind's first `prompts` prompts (all of them with None)."""
+    return [EvalPrompt(kind, i, requests) for i in range(len(requests(kind, NONE, 1, 1)[:prompts]))]
+
+
 def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_tokens: int = 128, kinds=KINDS,
              prompts: int | None = None, requests=eval_requests, tree: TreeShape | None = None) -> list[EvalRow]:
     """One row per kind and drafter (and, given a `tree`, a second one drafting that tree); tau and
@@ -85,16 +113,20 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
     `requests(kind, drafter, k, max_tokens)` gives a kind's requests."""
     if prompts is not None and prompts < 1:
         raise PlaygroundError(f"--prompts must be at least 1, got {prompts}")
+    drafts = [("chain", None)] + ([("tree", tree)] if tree is not None else [])
+    methods = [(Method(name if shape is None else run_name(name, draft), name, k, shape), draft)
+               for name in drafters for draft, shape in drafts]
     rows = []
     for kind in kinds:
-        for name in drafters:
-            drafter = engine.drafter(name)
-            for draft, shape in [("chain", None)] + ([("tree", tree)] if tree is not None else []):
-                runs = [list(engine.generate(replace(r, tree=shape))) for r in requests(kind, name, k, max_tokens)[:prompts]]
-                answer = torch.tensor([t for run in runs for e in run for t in e.token_ids], dtype=torch.long)
-                draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
-                totals = [RunTotals.of(run) for run in runs]
-                rows.append(EvalRow(name, kind, Pooled.of(totals), draftable, tuple(t.counts for t in totals), draft))
+        measured = [u.result for u in runner.measure(engine, kind_prompts(kind, prompts, requests),
+                                                     [m for m, _ in methods], max_tokens) if u.result]
+        answer = torch.tensor([t for r in measured for t in r.answer], dtype=torch.long)
+        for method, draft in methods:
+            drafter = engine.drafter(method.drafter)
+            draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
+            totals = [r.runs[method.name] for r in measured]
+            rows.append(EvalRow(method.drafter, kind, Pooled.of(totals), draftable, tuple(t.counts for t in totals),
+                                draft))
     return rows
 
 

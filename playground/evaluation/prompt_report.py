@@ -23,7 +23,8 @@ import torch
 from playground import plots
 from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of, value_of
 from playground.evaluation.prompt_files import PromptFile, UserPrompt
-from playground.evaluation.prompt_study import PromptResult, StudyConfig
+from playground.evaluation.prompt_study import StudyConfig
+from playground.evaluation.runner import PromptResult
 from playground.model.variants import NONE
 from playground.plots import label
 
@@ -41,9 +42,9 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
     measured = sorted(measured, key=lambda r: r.index)
     ran = [r for r in measured if r.skipped is None]
     how = config.methods()
-    methods = list(how)
-    drafting = [m for m in methods if how[m][0] != NONE]
-    chains = [m for m in drafting if how[m][1] is None]
+    methods = [m.name for m in how]
+    drafting = [m.name for m in how if m.drafter != NONE]
+    chains = [m.name for m in how if m.drafter != NONE and m.tree is None]
     text = prompts.prompts
     return {
         "config": asdict(config),
@@ -101,7 +102,7 @@ def _listed(interval: tuple[float, float] | None) -> list[float] | None:
 def _ratios(ran: list[PromptResult], chains: list[str], config: StudyConfig, ratio) -> list[dict]:
     """Each later drafter's tau over the first one's; each drafter's tree over its chain."""
     pairs = [(other, chains[0]) for other in chains[1:]]
-    pairs += [(m, drafter) for m, (drafter, tree) in config.methods().items() if tree is not None]
+    pairs += [(m.name, m.drafter) for m in config.methods() if m.tree is not None]
     rows = []
     for a, b in pairs:
         value, ci = ratio(tau_of(_counts(ran, a)), tau_of(_counts(ran, b)), len(ran))

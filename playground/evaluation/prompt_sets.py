@@ -46,6 +46,11 @@ class BenchPrompt:
     system: str | None = None
     template: str = "model"
 
+    @property
+    def id(self) -> str:
+        """The prompt's opening words: how the report names a prompt whose answers differed."""
+        return self.prompt[:60]
+
     def request(self, drafter: str, k: int, max_tokens: int) -> GenerationRequest:
         return GenerationRequest(prompt=self.prompt, system=self.system, template=self.template,
                                  drafter=drafter, k=k, max_tokens=max_tokens)

@@ -12,14 +12,16 @@ and in the prompt suite's report.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import Pooled, pool
+from playground.engines.stats import Pooled
 from playground.engines.tree import TreeShape
-from playground.evaluation.heldout import eval_requests
+from playground.evaluation import runner
+from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.prompt_sets import EVAL_KINDS
+from playground.evaluation.runner import Method
 from playground.model.variants import EAGLE3, EAGLE31, SEPARATOR
 
 SHAPES = (TreeShape(2, 4, 8), TreeShape(3, 5, 12), TreeShape(4, 5, 16), TreeShape(4, 6, 24), TreeShape(6, 6, 32),
@@ -69,14 +71,13 @@ def label(shape: TreeShape | None, k: int) -> str:
     return f"chain k={k}" if shape is None else str(shape)
 
 
-def run_methods(engine, drafter: str, kind: str, methods: list[TreeShape | None], config: TreeBenchConfig
+def run_methods(engine, drafter: str, kind: str, shapes: list[TreeShape | None], config: TreeBenchConfig
                 ) -> dict[TreeShape | None, Pooled]:
-    """Each method (None: the chain) pooled over the kind's first prompts, methods interleaved."""
-    runs: dict[TreeShape | None, list] = {m: [] for m in methods}
-    for request in eval_requests(kind, drafter, config.k, config.max_tokens)[:config.prompts]:
-        for method in methods:
-            runs[method].append(list(engine.generate(replace(request, tree=method))))
-    return {method: pool(r) for method, r in runs.items()}
+    """Each shape (None: the chain) pooled over the kind's first prompts, methods interleaved."""
+    methods = [Method(label(shape, config.k), drafter, config.k, shape) for shape in shapes]
+    measured = [u.result for u in runner.measure(engine, kind_prompts(kind, config.prompts), methods,
+                                                 config.max_tokens) if u.result]
+    return {m.tree: Pooled.of([r.runs[m.name] for r in measured]) for m in methods}
 
 
 def measure(engine, config: TreeBenchConfig = TreeBenchConfig()) -> dict:

@@ -23,7 +23,8 @@ from playground.errors import PlaygroundError
 from playground.evaluation import prompt_report
 from playground.evaluation.prompt_files import PromptFile, PromptFileError, PromptLimits, check_size, \
     read_prompt_file, read_prompts
-from playground.evaluation.prompt_study import PromptResult, StudyConfig, measure
+from playground.evaluation.prompt_study import StudyConfig, measure
+from playground.evaluation.runner import PromptResult
 from playground.plots import label
 from playground.ui import unchecked
 from playground.ui.controls import default_pair, drafter_choices, follow_backend

@@ -1,0 +1,189 @@
+"""One loop for every measurement of prompts x methods: the suite, your prompts, the held-out
+evaluation and the tree bench all run through `measure`.
+
+Each prompt goes through every method back to back, so the machine's drift falls on all of them
+alike. Each method's answer must equal the prompt's reference answer token for token (transformers'
+greedy decoding where a measurement gives one, else the first method's answer): a difference is
+recorded with its first differing token, never hidden. A prompt the engine refuses (past its
+context) is skipped with the reason. Every run is reduced once, to stats.RunTotals, which is what
+pooling needs and what a checkpoint keeps. `run` adds a progress bar and a checkpoint after every
+prompt, so the same call goes on after an interruption.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+from playground.engines.protocol import Engine
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import RunTotals
+from playground.engines.tree import TreeShape
+from playground.errors import PlaygroundError
+from playground.evaluation.checkpoint import Checkpoint
+
+
+class Prompt(Protocol):
+    """What the runner needs of a prompt (prompt_sets.BenchPrompt, prompt_files.UserPrompt, EvalPrompt)."""
+    id: str
+    category: str | None
+
+    def request(self, drafter: str, k: int, max_tokens: int) -> GenerationRequest: ...
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of answering: a run name (the report's row) and how its request is made."""
+    name: str
+    drafter: str
+    k: int
+    tree: TreeShape | None = None
+
+    def request(self, prompt: Prompt, max_tokens: int) -> GenerationRequest:
+        return replace(prompt.request(self.drafter, self.k, max_tokens), tree=self.tree)
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    index: int                            # the prompt's place in the run
+    id: str
+    category: str | None
+    prompt_tokens: int = 0
+    runs: dict[str, RunTotals] = field(default_factory=dict)   # by method
+    mismatches: tuple[tuple[str, int], ...] = ()   # (method, first token that differs from the reference answer)
+    skipped: str | None = None            # why the engine refused the prompt
+    answer: tuple[int, ...] = ()          # the reference answer's tokens
+    reference_seconds: float | None = None   # the reference answer's time, where a measurement gives one
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a running measurement reports: after every step of a prompt's runs, and with `result`
+    when a prompt has finished (in the order they finish)."""
+    done: int
+    total: int
+    current: str = ""                     # "prompt 12 · eagle3.1 · 40 tokens"
+    result: PromptResult | None = None
+
+
+class Stopped(Exception):
+    """A prompt's runs abandoned because the measurement was closed."""
+
+
+Methods = Sequence[Method] | Callable[[Prompt], Sequence[Method]]
+Reference = Callable[[Prompt], tuple[list[int], float]]   # a prompt's reference answer (greedy) and its seconds
+
+
+def measure(engine: Engine, prompts: Sequence[Prompt], methods: Methods, max_tokens: int,
+            done: Sequence[PromptResult] = (), concurrency: int = 1,
+            reference: Reference | None = None) -> Iterator[Progress]:
+    """Run the prompts not in `done` through every method (a list, or the methods of each prompt);
+    closing the iterator stops the run after the step in progress (with concurrency, after the
+    prompts in flight)."""
+    finished = {r.index for r in done}
+    todo = [(i, p) for i, p in enumerate(prompts) if i not in finished]
+    total, count = len(prompts), len(finished)
+    methods_of = methods if callable(methods) else lambda prompt: methods
+    runs_of = lambda i, p, stop=None: _prompt_runs(engine, i, p, methods_of(p), max_tokens, reference, stop)
+    if concurrency == 1:
+        for i, prompt in todo:
+            for update in runs_of(i, prompt):
+                if isinstance(update, PromptResult):
+                    count += 1
+                    yield Progress(count, total, result=update)
+                else:
+                    yield Progress(count, total, update)
+        return
+    stop = threading.Event()
+    drain = lambda i, p: next(u for u in runs_of(i, p, stop) if isinstance(u, PromptResult))
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="measure") as pool:
+        pending: dict[Future, str] = {}
+        queue = iter(todo)
+        try:
+            while True:
+                pending |= {pool.submit(drain, i, p): p.id for i, p in _take(queue, concurrency - len(pending))}
+                if not pending:
+                    return
+                ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                failed = [f for f in ready if f.exception() is not None]
+                for future in ready:
+                    del pending[future]
+                    if future.exception() is None:   # what finished is kept before an error ends the run
+                        count += 1
+                        yield Progress(count, total, f"{len(pending)} prompts in flight", future.result())
+                if failed:
+                    raise failed[0].exception()
+        finally:
+            stop.set()
+            for future in pending:
+                future.cancel()
+
+
+def _take(queue: Iterator, n: int) -> list:
+    return [item for _, item in zip(range(n), queue)]
+
+
+def first_difference(tokens: Sequence[int], expected: Sequence[int]) -> int | None:
+    """The index of the first token that differs (the shorter length where one answer stops early);
+    None when both are the same."""
+    if list(tokens) == list(expected):
+        return None
+    return next((j for j, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
+
+
+def _prompt_runs(engine: Engine, index: int, prompt: Prompt, methods: Sequence[Method], max_tokens: int,
+                 reference: Reference | None, stop: threading.Event | None) -> Iterator[str | PromptResult]:
+    """Every method on one prompt: a line of progress per step, then the prompt's result."""
+    runs, mismatches, answer, prompt_tokens, seconds = {}, [], None, 0, None
+    for method in methods:
+        if stop is not None and stop.is_set():
+            raise Stopped
+        request = method.request(prompt, max_tokens)
+        try:
+            engine.check(request)
+        except PlaygroundError as e:
+            yield PromptResult(index, prompt.id, prompt.category, skipped=str(e))
+            return
+        if answer is None and reference is not None:
+            answer, seconds = reference(prompt)
+        events = []
+        for event in engine.generate(request):
+            if stop is not None and stop.is_set():
+                raise Stopped
+            events.append(event)
+            yield f"{prompt.id} · {method.name} · {sum(len(e.token_ids) for e in events)} tokens"
+        tokens = [t for e in events for t in e.token_ids]
+        if answer is None:
+            answer = tokens
+        if not runs:
+            prompt_tokens = events[0].position
+        differs = first_difference(tokens, answer)
+        if differs is not None:
+            mismatches.append((method.name, differs))
+        runs[method.name] = RunTotals.of(events)
+    yield PromptResult(index, prompt.id, prompt.category, prompt_tokens, runs, tuple(mismatches),
+                       answer=tuple(answer or ()), reference_seconds=seconds)
+
+
+def run(engine: Engine, prompts: Sequence[Prompt], methods: Methods, max_tokens: int, progress: Path | None,
+        key: Any, desc: str, concurrency: int = 1, reference: Reference | None = None) -> list[PromptResult]:
+    """`measure` with a progress bar; with `progress`, measured prompts are saved there as they finish
+    (identified by `key`), so that the same call goes on after an interruption (a KeyboardInterrupt
+    propagates once the last finished prompt is saved). The results in the prompts' order."""
+    from tqdm import tqdm
+
+    checkpoint = Checkpoint(progress, key) if progress is not None else None
+    done: list[PromptResult] = (checkpoint.load() if checkpoint else None) or []
+    with tqdm(total=len(prompts), initial=len(done), desc=desc, unit="prompt") as bar:
+        for update in measure(engine, prompts, methods, max_tokens, done, concurrency, reference):
+            if update.result is None:
+                bar.set_postfix_str(update.current, refresh=False)
+                continue
+            done.append(update.result)
+            if checkpoint:
+                checkpoint.save(done)
+            bar.update()
+    return sorted(done, key=lambda r: r.index)
