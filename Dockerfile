@@ -47,7 +47,7 @@ RUN python -c "from playground.model.target import embedded_target_folder; print
 # only the kernels' folder changes owner (a chown of the whole cache would copy the converted target into this layer)
 USER root
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ > /dev/null \
-    && python -c "from playground.model import kernels; s = kernels.status(); print(s.note); assert s.loaded" \
+    && python -m playground.model.kernels \
     && chown -R user:user "$PLAYGROUND_CACHE/kernels" \
     && apt-get purge -y -qq --auto-remove g++ > /dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*
 USER user

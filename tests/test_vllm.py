@@ -122,6 +122,28 @@ def test_tau_agrees_with_the_reference_engine(vllm, engine):
         assert sum(theirs) / len(theirs) == pytest.approx(sum(ours) / len(ours), abs=TAU_TOLERANCE)
 
 
+def test_a_column_read_in_turn_beside_a_slower_one_keeps_its_own_time(vllm):
+    """The Comparison tab reads its columns a step of each in turn (streams.interleave): beside a column
+    whose steps come 0.25 s apart, a column's time must still be its own server's, within 10% of the same
+    run alone (the steps are stamped as they arrive, not as the page gets round to them)."""
+    from playground.ui.streams import interleave
+
+    request = GenerationRequest(prompt=PROMPTS[1], drafter="eagle3.1", k=K, max_tokens=48)
+    recorded = list(vllm.generate(replace(request, drafter="none", max_tokens=16)))
+    alone = sorted((summarize(list(vllm.generate(request))) for _ in range(3)), key=lambda s: s.tokens_per_s)
+
+    def slower_column():   # a slower server's steps (recorded, so that it takes no CPU from the one measured)
+        for event in recorded:
+            time.sleep(0.25)
+            yield event
+
+    beside = [event for column, event in interleave({"fast": vllm.generate(request), "slow": slower_column()})
+              if column == "fast"]
+    ran = summarize(beside)
+    assert ran.token_ids == alone[0].token_ids and len(beside) > 8   # the read waited 0.25 s at least 8 times
+    assert ran.tokens_per_s >= 0.9 * alone[1].tokens_per_s, (ran.tokens_per_s, [s.tokens_per_s for s in alone])
+
+
 def test_the_live_view_equals_the_per_request_counts_of_the_load_it_watched(vllm):
     """Requests at once on two otherwise idle servers: the window's counter deltas are exactly the
     sums of the requests' own per-step counts."""

@@ -66,7 +66,7 @@ class DrafterStore:
             drafter = load_drafter(path, self.dtype)
             info = DrafterInfo(path.name, drafter.config.variant, str(path), trained=True)
         self._check_fits(drafter, name)
-        return pack_linears(drafter), info
+        return pack_linears(drafter, self.target.kernels), info
 
     def _check_fits(self, drafter: Eagle3Drafter, name: str) -> None:
         c, t = drafter.config, self.target

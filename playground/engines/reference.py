@@ -36,15 +36,17 @@ class ReferenceEngine:
     def __init__(self, target: Target, max_tokens_limit: int | None = None):
         self.target = target
         self.tokenizer = target.tokenizer
-        self.drafters = DrafterStore(target, drafting_dtype(target.dtype, target.device))
+        self.drafters = DrafterStore(target, drafting_dtype(target.dtype, target.device, target.kernels))
         self.max_tokens_limit = max_tokens_limit
         # Held for one step at a time, never while a consumer holds the stream: concurrent or
         # interleaved requests take turns step by step, and an abandoned stream blocks nobody.
         self.lock = threading.Lock()
 
     @classmethod
-    def load(cls, target_path: str | None = None, dtype: str = "float32", **kwargs) -> "ReferenceEngine":
-        return cls(Target.load(target_path, dtype), **kwargs)
+    def load(cls, target_path: str | None = None, dtype: str = "float32", kernels: bool | None = None,
+             **kwargs) -> "ReferenceEngine":
+        """`kernels`: whether our CPU kernels run the target and its drafters (None: where they run here)."""
+        return cls(Target.load(target_path, dtype, kernels=kernels), **kwargs)
 
     def drafter_info(self, name: str) -> DrafterInfo:
         return self.drafters.get(name)[1]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from unittest import mock
 
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
@@ -47,16 +46,13 @@ class Result:
 
 
 def _engines(drafters: list[str]) -> dict[str, ReferenceEngine]:
-    """Both engines with their drafters loaded (a drafter's layers choose their kernels as it loads)."""
-    ours = ReferenceEngine.load()
+    """Both engines with their drafters loaded."""
     if not kernels.status().loaded:
         raise SystemExit(f"bench kernels: our kernels do not run here: {kernels.status().note}")
+    ours, pytorch = ReferenceEngine.load(kernels=True), ReferenceEngine.load(kernels=False)
     for drafter in drafters:
         ours.drafters.get(drafter)
-    with mock.patch.object(kernels, "status", lambda: kernels.KernelStatus(False, "PyTorch's kernels")):
-        pytorch = ReferenceEngine.load()
-        for drafter in drafters:
-            pytorch.drafters.get(drafter)
+        pytorch.drafters.get(drafter)
     assert ours.target.stack_weights is not None and pytorch.target.stack_weights is None
     return {"ours": ours, "pytorch": pytorch}
 

@@ -18,8 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from playground.model import kernels
-
 # the row count oneDNN lays the weights out for; any count runs, 1-16 rows all about as fast
 LAYOUT_ROWS = 8
 
@@ -33,23 +31,20 @@ def _onednn_packs(weight: torch.Tensor) -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-def _kernels_run_on(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype == torch.float32 and kernels.status().loaded
-
-
-def _rows_kernel_runs(weight: torch.Tensor) -> bool:
-    return weight.shape[1] % 8 == 0 and _kernels_run_on(weight.device, weight.dtype)
+def _rows_kernel_runs(weight: torch.Tensor, ours: bool) -> bool:
+    return ours and weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % 8 == 0
 
 
 class PackedLinear(nn.Module):
-    """x @ cat(weights).T for inference; `split` gives one output per weight."""
+    """x @ cat(weights).T for inference; `split` gives one output per weight. `kernels`: whether our
+    kernels may run it (the caller's choice, made once: kernels.status().loaded where they run here)."""
 
-    def __init__(self, *weights: torch.Tensor):
+    def __init__(self, *weights: torch.Tensor, kernels: bool):
         super().__init__()
         weight = torch.cat([w.detach() for w in weights])
         self.split_sizes = [w.shape[0] for w in weights]
         self.out_features, self.in_features = weight.shape
-        self.rows_kernel = _rows_kernel_runs(weight)
+        self.rows_kernel = _rows_kernel_runs(weight, kernels)
         self.onednn = not self.rows_kernel and _onednn_packs(weight)
         # a plain attribute: an opaque oneDNN tensor is neither a parameter nor movable by .to()
         if self.onednn:
@@ -70,7 +65,7 @@ class PackedLinear(nn.Module):
         return self(x).split(self.split_sizes, dim=-1)
 
 
-def drafting_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+def drafting_dtype(target_dtype: torch.dtype, device: torch.device, kernels: bool) -> torch.dtype:
     """The target's dtype where our kernels run, else bfloat16 on a CPU whose oneDNN runs it natively
     (AVX512-BF16/AMX), else the target's dtype.
 
@@ -80,17 +75,17 @@ def drafting_dtype(target_dtype: torch.dtype, device: torch.device) -> torch.dty
     bfloat16 drafter op by op on oneDNN cannot. The drafter was trained under bf16 autocast, and
     drafts only propose: their precision cannot change what the target emits.
     """
-    if _kernels_run_on(device, target_dtype):
+    if kernels and device.type == "cpu" and target_dtype == torch.float32:
         return target_dtype
     native = _onednn_runs_on(device) and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.bfloat16 if native and target_dtype == torch.float32 else target_dtype
 
 
-def pack_linears(module: nn.Module) -> nn.Module:
+def pack_linears(module: nn.Module, kernels: bool) -> nn.Module:
     """Replace every bias-free nn.Linear inside module by a PackedLinear, in place (inference only)."""
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear) and child.bias is None:
-            setattr(module, name, PackedLinear(child.weight))
+            setattr(module, name, PackedLinear(child.weight, kernels=kernels))
         else:
-            pack_linears(child)
+            pack_linears(child, kernels)
     return module

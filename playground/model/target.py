@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
-from playground.model import kernels
+from playground.model.kernels import ROWS_KERNEL_MAX, status as kernel_status
 from playground.model.huge_pages import move_into_huge_pages
 from playground.model.kv_cache import KVCache
 from playground.model.packed_linear import PackedLinear
@@ -131,22 +131,27 @@ class DecodeLayer:
     act: torch.nn.Module
 
     @classmethod
-    def of(cls, layer) -> "DecodeLayer":
+    def of(cls, layer, kernels: bool) -> "DecodeLayer":
         attn, mlp = layer.self_attn, layer.mlp
         return cls(input_norm=_owning(layer.input_layernorm),
-                   qkv=PackedLinear(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
-                   o=PackedLinear(attn.o_proj.weight), post_norm=_owning(layer.post_attention_layernorm),
-                   gate_up=PackedLinear(mlp.gate_proj.weight, mlp.up_proj.weight),
-                   down=PackedLinear(mlp.down_proj.weight), act=mlp.act_fn)
+                   qkv=PackedLinear(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, kernels=kernels),
+                   o=PackedLinear(attn.o_proj.weight, kernels=kernels), post_norm=_owning(layer.post_attention_layernorm),
+                   gate_up=PackedLinear(mlp.gate_proj.weight, mlp.up_proj.weight, kernels=kernels),
+                   down=PackedLinear(mlp.down_proj.weight, kernels=kernels), act=mlp.act_fn)
 
 
 class Target:
     """A Llama-family causal LM with a static KV cache and EAGLE-3 feature taps."""
 
-    def __init__(self, model, tokenizer, name: str, path: str | None = None):
-        """Takes what it needs from a transformers Llama `model`, which it does not keep."""
+    def __init__(self, model, tokenizer, name: str, path: str | None = None, kernels: bool | None = None):
+        """Takes what it needs from a transformers Llama `model`, which it does not keep. `kernels`: whether
+        our CPU kernels run it (None: where they run here, kernels.status()), chosen once for the
+        target and the drafters that draft for it."""
         self.path = path
         self.device = next(model.parameters()).device
+        if kernels and not kernel_status().loaded:
+            raise PlaygroundError(f"our CPU kernels do not run here: {kernel_status().note}")
+        self.kernels = self.device.type == "cpu" and kernel_status().loaded if kernels is None else kernels
         self.tokenizer = tokenizer
         self.name = name
         self.config = model.config
@@ -162,8 +167,8 @@ class Target:
         if eos is None:
             eos = self.config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
-        self.layers = [DecodeLayer.of(layer) for layer in model.model.layers]
-        self.lm_head = PackedLinear(model.lm_head.weight)
+        self.layers = [DecodeLayer.of(layer, self.kernels) for layer in model.model.layers]
+        self.lm_head = PackedLinear(model.lm_head.weight, kernels=self.kernels)
         self.embed_tokens = _owning(model.model.embed_tokens)
         self.norm = _owning(model.model.norm)
         self.rotary_emb = model.model.rotary_emb
@@ -171,11 +176,12 @@ class Target:
         self._reference = None
 
     @classmethod
-    def load(cls, path: str | None = None, dtype: str = "float32", device: str = "cpu") -> "Target":
+    def load(cls, path: str | None = None, dtype: str = "float32", device: str = "cpu",
+             kernels: bool | None = None) -> "Target":
         if dtype not in DTYPES:
             raise PlaygroundError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
         model, tokenizer = load_hf_target(path, dtype)
-        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path), path)
+        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path), path, kernels)
 
     def reference(self):
         """The same target as transformers' own model (loaded once, on first use)."""
@@ -227,7 +233,7 @@ class Target:
         chain). What argmax over the head's logits gives for every row the verify can still need,
         and -1 for the rows a rejected draft leaves unread: on our kernels one pass over the head
         that stops scoring them (kernels/rows_linear.cpp); else every row's argmax."""
-        if self.lm_head.rows_kernel and final.dtype == torch.float32 and final.shape[0] <= kernels.ROWS_KERNEL_MAX:
+        if self.lm_head.rows_kernel and final.dtype == torch.float32 and final.shape[0] <= ROWS_KERNEL_MAX:
             return torch.ops.playground.verify_argmax(final, self.lm_head.weight, tokens, parents).tolist()
         return self.lm_head(final).float().argmax(-1).tolist()
 

@@ -10,7 +10,8 @@ the stream with the accepted and drafted count of every verify step: while strea
 becomes one provisional step (a chunk is one engine step unless the server merged several because
 the client lagged); the last event carries the server's per-step counts, and `reconcile` re-splits
 the tokens into the exact steps (ChunkSteps). What a server does not report stays empty and
-`observed` says so.
+`observed` says so. A step's `elapsed_s` is when its last chunk arrived (arrivals.py), however
+slowly the stream is read.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from playground.engines.drafters import DrafterInfo
 from playground.engines.events import EXACT_STEPS, StepEvent
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text, http_client, refusal
+from playground.engines.vllm.arrivals import stamped
 from playground.engines.vllm.introspect import EAGLE_METHODS, ServerInfo, inspect_server
 from playground.engines.vllm.probe import ProbedRequest
 from playground.engines.vllm.tokens import ServerTokenizer
@@ -288,11 +290,11 @@ class VLLMEngine:
         server, k = connection.server, connection.info.k or 0
         probe = ProbedRequest(self.client, server.url) if connection.info.probe and k else None
         steps = ProbedSteps(connection, probe, k) if probe else ChunkSteps(k)
-        finish, metrics = None, None
+        finish, metrics, arrived = None, None, t0
 
         def step_fields() -> Iterator[dict]:
-            nonlocal finish, metrics
-            for chunk in self._chunks(server, {**body, **(probe.body if probe else {})}):
+            nonlocal finish, metrics, arrived
+            for arrived, chunk in stamped(self._chunks(server, {**body, **(probe.body if probe else {})})):
                 if chunk.get("choices"):
                     choice = chunk["choices"][0]
                     ids = [int(t) for t in choice.get("token_ids") or []]
@@ -312,7 +314,7 @@ class VLLMEngine:
                 if pending is not None:
                     yield pending
                 note = steps.lost if probe else unprobed
-                pending = StepEvent(position=position, elapsed_s=time.perf_counter() - t0, backend=self.name,
+                pending = StepEvent(position=position, elapsed_s=arrived - t0, backend=self.name,
                                     note=note, **fields)
                 position += len(pending.token_ids)
         finally:
@@ -328,7 +330,7 @@ class VLLMEngine:
         elif k and (not probe or steps.lost):
             counts = {"observed": OBSERVED_CHUNKS}
         yield StepEvent(**{**pending.to_fields(), "finish_reason": reason,
-                           "elapsed_s": time.perf_counter() - t0, **counts})
+                           "elapsed_s": arrived - t0, **counts})
 
     def _chunks(self, server: Server, body: dict) -> Iterator[dict]:
         """Parsed server-sent events up to [DONE]; every way the stream can fail is a PlaygroundError."""

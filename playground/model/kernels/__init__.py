@@ -1,9 +1,12 @@
 """Our own CPU kernels (the .cpp files here), built once and loaded as torch ops (`torch.ops.playground`).
 
-They are compiled with the C++ compiler on first use, against the PyTorch installed, into the
-playground's cache (one folder per source and PyTorch version), and loaded from there after that.
-Where they cannot run (a CPU without AVX2 and FMA, no compiler, a failed build, or
-PLAYGROUND_CPU_KERNELS=0) the model runs on PyTorch's own kernels, and `status()` says why.
+They are compiled with the C++ compiler against the PyTorch installed, into the playground's cache
+(a folder per source and PyTorch version, a library per compiler), and loaded from there after
+that: by `python -m playground.model.kernels` (scripts/setup.sh and the Space image run it), or
+else on first use. A failed build is recorded beside the library, and only that command tries
+again. Where they cannot run (a CPU without AVX2 and FMA, no compiler, a failed build, or
+PLAYGROUND_CPU_KERNELS=0) the model runs on PyTorch's own kernels, and `status()` says why. Which
+kernels a model runs is chosen once, when it loads (`Target.load(kernels=...)`).
 """
 
 from __future__ import annotations
@@ -35,38 +38,70 @@ class KernelStatus:
     note: str  # the library loaded, or why the kernels do not run here
 
 
-def _cpu_runs_them() -> bool:
+def cpu_runs_them() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
-def _library_path() -> Path:
+def _compiler() -> tuple[str, str | None]:
+    """The C++ compiler ($CXX, else g++) and the first line of its --version (None: there is none)."""
+    compiler = os.environ.get("CXX", "g++")
+    if shutil.which(compiler) is None:
+        return compiler, None
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return compiler, None
+    return compiler, (done.stdout.strip().splitlines() or [f"{compiler} (no version)"])[0]
+
+
+def _folder() -> Path:
+    """Where the kernels of these sources, flags and PyTorch are kept: a library per compiler."""
     from playground.model.target import cache_root
 
     digest = hashlib.sha256(" ".join(FLAGS + [torch.__version__]).encode())
     for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
-    return cache_root() / "kernels" / digest.hexdigest()[:16] / "playground_kernels.so"
+    return cache_root() / "kernels" / digest.hexdigest()[:16]
 
 
-def _run(commands: list[list[str]]) -> None:
-    """Run the commands at once (a source each: both cores compile); the first failure as an error."""
+def _built_by(version: str) -> str:
+    return hashlib.sha256(version.encode()).hexdigest()[:12]
+
+
+def library_path(version: str) -> Path:
+    """The library the compiler of this --version line builds (another compiler builds its own)."""
+    return _folder() / f"playground_kernels-{_built_by(version)}.so"
+
+
+def _failure_path(version: str) -> Path:
+    return _folder() / f"failed-{_built_by(version)}.txt"
+
+
+def _run(commands: list[list[str]], timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    """Run the commands at once (a source each: both cores compile); the first failure as an error.
+    Whatever goes wrong (a failure, the timeout, an interrupt), no compiler is left running."""
     running = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                for command in commands]
-    failures = []
-    for process in running:
-        _, stderr = process.communicate(timeout=BUILD_TIMEOUT_S)
-        if process.returncode != 0:
-            failures.append((stderr.strip().splitlines() or [f"exit status {process.returncode}"])[-1])
-    if failures:
-        raise RuntimeError(f"the build failed: {failures[0]}")
+    try:
+        failures = []
+        for process in running:
+            _, stderr = process.communicate(timeout=timeout_s)
+            if process.returncode != 0:
+                failures.append((stderr.strip().splitlines() or [f"exit status {process.returncode}"])[-1])
+        if failures:
+            raise RuntimeError(f"the build failed: {failures[0]}")
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the build took longer than {timeout_s:.0f} s") from None
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
-def _build(library: Path) -> None:
+def _build(library: Path, compiler: str) -> None:
     from torch.utils import cpp_extension
 
-    compiler = os.environ.get("CXX", "g++")
-    if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C++ compiler ({compiler})")
     torch_lib = cpp_extension.library_paths()[0]
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
@@ -75,25 +110,55 @@ def _build(library: Path) -> None:
                *(f"-I{path}" for path in cpp_extension.include_paths()), str(source), "-o", str(obj)]
               for source, obj in zip(SOURCES, objects)])
         built = Path(tmp) / library.name
+        # the rpath makes the library's libgomp.so.1 PyTorch's own: one OpenMP runtime in the process
         _run([[compiler, *FLAGS, *map(str, objects), "-o", str(built), f"-L{torch_lib}", "-lc10", "-ltorch_cpu",
                f"-Wl,-rpath,{torch_lib}"]])
         built.replace(library)  # atomic: processes building at once each put a whole library there
 
 
-@functools.cache
-def status() -> KernelStatus:
-    """Build (first time) and load the kernels; what happened, in one line."""
+def _library(retry: bool) -> Path:
+    """The library to load: this compiler's, built if missing. A failed build is recorded, so that
+    no later process pays for it again unless `retry`. Without a compiler, one built before (an
+    image whose compiler was removed after the build)."""
+    compiler, version = _compiler()
+    if version is None:
+        built = sorted(_folder().glob("playground_kernels-*.so"), key=lambda p: p.stat().st_mtime)
+        if not built:
+            raise RuntimeError(f"no C++ compiler ({compiler})")
+        return built[-1]
+    library, failure = library_path(version), _failure_path(version)
+    if library.exists():
+        return library
+    if failure.exists() and not retry:
+        raise RuntimeError(f"{failure.read_text().strip()} (an earlier build; `python -m playground.model.kernels` "
+                           "builds again)")
+    log.info("building the CPU kernels into %s", library.parent)
+    try:
+        _build(library, compiler)
+    except RuntimeError as exc:
+        failure.parent.mkdir(parents=True, exist_ok=True)
+        failure.write_text(str(exc))
+        raise
+    failure.unlink(missing_ok=True)
+    return library
+
+
+def load(retry: bool = False) -> KernelStatus:
+    """Build (where needed) and load the kernels; what happened, in one line."""
     if os.environ.get("PLAYGROUND_CPU_KERNELS", "1") == "0":
         return KernelStatus(False, "PyTorch's kernels (PLAYGROUND_CPU_KERNELS=0)")
-    if not _cpu_runs_them():
+    if not cpu_runs_them():
         return KernelStatus(False, "PyTorch's kernels (this CPU has no AVX2)")
-    library = _library_path()
     try:
-        if not library.exists():
-            log.info("building the CPU kernels into %s", library.parent)
-            _build(library)
+        library = _library(retry)
         torch.ops.load_library(str(library))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         log.warning("the playground's CPU kernels do not run here (%s): PyTorch's kernels instead", exc)
         return KernelStatus(False, f"PyTorch's kernels (ours: {exc})")
     return KernelStatus(True, f"the playground's AVX2 kernels ({library})")
+
+
+@functools.cache
+def status() -> KernelStatus:
+    """The kernels of this process, loaded on first use (`load`), once."""
+    return load()

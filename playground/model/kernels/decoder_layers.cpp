@@ -28,7 +28,7 @@ std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList we
                                        int64_t start, const std::optional<at::Tensor>& mask, bool is_causal,
                                        double eps, int64_t num_heads, at::IntArrayRef taps) {
   TORCH_CHECK(h_in.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat, "decoder_layers: float32 only");
-  TORCH_CHECK(weights.size() % kWeightsPerLayer == 0, "decoder_layers: six weights a layer");
+  TORCH_CHECK(!weights.empty() && weights.size() % kWeightsPerLayer == 0, "decoder_layers: six weights a layer");
   const int64_t num_layers = weights.size() / kWeightsPerLayer;
   const int64_t B = h_in.size(0), T = h_in.size(1), H = h_in.size(2);
   const int64_t kv_heads = keys.size(2), capacity = keys.size(3), head_dim = keys.size(4);
@@ -36,10 +36,24 @@ std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList we
   const int64_t inner = weights[4].size(0) / 2;
   TORCH_CHECK(keys.size(0) == num_layers && keys.size(1) == B && keys.is_contiguous() && values.is_contiguous(),
               "decoder_layers: the cache must be [layers, B, kv_heads, capacity, head_dim]");
-  TORCH_CHECK(start + T <= capacity, "KV cache overflow: ", start + T, " > ", capacity);
+  TORCH_CHECK(start >= 0 && start + T <= capacity, "KV cache overflow: ", start + T, " > ", capacity);
+  TORCH_CHECK(h_in.dim() == 3 && values.sizes() == keys.sizes() && values.scalar_type() == at::kFloat &&
+                  head_dim % 8 == 0 && num_heads % kv_heads == 0 && H % 8 == 0 && inner % 8 == 0 &&
+                  cos_in.numel() == T * head_dim && sin_in.numel() == T * head_dim,
+              "decoder_layers: h [B, T, H], equal key and value caches, head_dim a multiple of 8, cos / sin [T, head_dim]");
   for (const at::Tensor& w : weights)
     TORCH_CHECK(w.is_contiguous() && (w.scalar_type() == at::kFloat || (w.dim() == 2 && w.scalar_type() == at::kBFloat16)),
                 "decoder_layers: contiguous weights, float32 (or bfloat16 projections)");
+  const auto matrix = [](const at::Tensor& w, int64_t rows, int64_t cols) {
+    return w.dim() == 2 && w.size(0) == rows && w.size(1) == cols;
+  };
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    const at::Tensor* w = &weights[layer * kWeightsPerLayer];
+    TORCH_CHECK(w[0].numel() == H && w[3].numel() == H && matrix(w[1], q_width + 2 * kv_width, H) &&
+                    matrix(w[2], H, q_width) && matrix(w[4], 2 * inner, H) && matrix(w[5], H, inner),
+                "decoder_layers: layer ", layer, "'s weights must be: norm [H], qkv [q + 2 kv widths, H], o [H, q width], ",
+                "norm [H], gate_up [2 inner, H], down [H, inner] (H = ", H, ")");
+  }
 
   const auto options = h_in.options();
   at::Tensor h = h_in.contiguous().clone().view({rows, H});

@@ -75,14 +75,29 @@ std::tuple<at::Tensor, at::Tensor, double, double> eagle_step(
     int64_t num_heads, int64_t sink_tokens, int64_t committed_end, const std::optional<at::Tensor>& mask) {
   TORCH_CHECK(w.size() == kWeights, "eagle_step: eleven weights");
   TORCH_CHECK(hidden_in.scalar_type() == at::kFloat && embeds_in.scalar_type() == at::kFloat &&
-                  keys_in.scalar_type() == at::kFloat, "eagle_step: float32 only");
+                  keys_in.scalar_type() == at::kFloat && values_in.scalar_type() == at::kFloat, "eagle_step: float32 only");
   TORCH_CHECK(keys_in.dim() == 5 && keys_in.size(0) == 1 && keys_in.size(1) == 1 && keys_in.is_contiguous() &&
-                  values_in.is_contiguous(), "eagle_step: the cache must be [1, 1, kv_heads, capacity, head_dim]");
+                  values_in.is_contiguous() && values_in.sizes() == keys_in.sizes(),
+              "eagle_step: the caches must be [1, 1, kv_heads, capacity, head_dim]");
+  TORCH_CHECK(hidden_in.dim() == 2 && embeds_in.sizes() == hidden_in.sizes(), "eagle_step: hidden and embeds [T, H]");
   const at::Tensor hidden = hidden_in.contiguous(), embeds = embeds_in.contiguous();
   const int64_t T = hidden.size(0), H = hidden.size(1);
   const int64_t kv_heads = keys_in.size(2), capacity = keys_in.size(3), head_dim = keys_in.size(4);
   const int64_t q_width = num_heads * head_dim, kv_width = kv_heads * head_dim, inner = w[7].size(0);
   const int64_t length = start + T;
+  TORCH_CHECK(head_dim % 8 == 0 && num_heads % kv_heads == 0 && start >= 0,
+              "eagle_step: head_dim a multiple of 8, the heads a multiple of the kv heads, start >= 0");
+  const auto norm = [&](int i) { return w[i].scalar_type() == at::kFloat && w[i].is_contiguous() && w[i].numel() == H; };
+  const auto matrix = [&](int i, int64_t rows, int64_t cols) {
+    return w[i].dim() == 2 && w[i].size(0) == rows && w[i].size(1) == cols && w[i].is_contiguous() &&
+           (w[i].scalar_type() == at::kFloat || w[i].scalar_type() == at::kBFloat16);
+  };
+  TORCH_CHECK(norm(0) && norm(1) && norm(6) && norm(10) && matrix(2, q_width, 2 * H) && matrix(3, kv_width, 2 * H) &&
+                  matrix(4, kv_width, 2 * H) && matrix(5, H, q_width) && matrix(7, inner, H) && matrix(8, inner, H) &&
+                  matrix(9, H, inner) && H % 8 == 0 && inner % 8 == 0,
+              "eagle_step: the weights must be the drafter's, in order: norms [H], q [heads*head_dim, 2H], k and v ",
+              "[kv_heads*head_dim, 2H], o [H, heads*head_dim], gate and up [inner, H], down [H, inner] (H = ", H, ")");
+  TORCH_CHECK(cos_in.numel() == T * head_dim && sin_in.numel() == T * head_dim, "eagle_step: cos / sin [T, head_dim]");
   TORCH_CHECK(length <= capacity, "KV cache overflow: ", length, " > ", capacity);
   TORCH_CHECK(!mask.has_value() || (mask->dim() == 2 && mask->size(0) == T && mask->size(1) == length),
               "eagle_step: the mask must be [T, start + T]");
@@ -159,6 +174,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_cha
   const int64_t T = hidden_in.size(0), H = hidden_in.size(1), end = start + T, draft_vocab = head.size(0);
   TORCH_CHECK(k >= 1 && cos.size(0) == T + k - 1 && sin.size(0) == T + k - 1 && ids.numel() == T,
               "eagle_chain: cos / sin need a row for each of the T + k - 1 positions");
+  TORCH_CHECK(embedding.dim() == 2 && embedding.size(1) == H && head.dim() == 2 && head.size(1) == H &&
+                  draft_to_target.numel() == draft_vocab && draft_to_target.is_contiguous(),
+              "eagle_chain: embedding [vocab, H], head [draft_vocab, H], a target id for each draft id");
+  const int64_t vocab = embedding.size(0);
+  const at::Tensor id_list = ids.contiguous();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(id_list.data_ptr<int64_t>()[t] >= 0 && id_list.data_ptr<int64_t>()[t] < vocab,
+                "eagle_chain: token ", id_list.data_ptr<int64_t>()[t], " is not in the embedding's ", vocab);
   const auto dopts = at::TensorOptions().dtype(at::kDouble);
   at::Tensor drafts = at::empty({k}, ids.options()), probs = at::empty({k}, dopts), sinks = at::empty({k}, dopts);
   at::Tensor owns = at::empty({k}, dopts), rms = at::empty({k}, dopts);
@@ -166,7 +189,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_cha
   const int64_t* to_target = draft_to_target.data_ptr<int64_t>();
   const float* table = embedding.data_ptr<float>();
   at::Tensor hidden = hidden_in.contiguous(), embeds = at::empty({T, H}, hidden_in.options());
-  for (int64_t t = 0; t < T; ++t) std::copy_n(table + ids.data_ptr<int64_t>()[t] * H, H, embeds.data_ptr<float>() + t * H);
+  for (int64_t t = 0; t < T; ++t) std::copy_n(table + id_list.data_ptr<int64_t>()[t] * H, H, embeds.data_ptr<float>() + t * H);
   for (int64_t depth = 0; depth < k; ++depth) {
     const float* last = hidden.data_ptr<float>() + (hidden.size(0) - 1) * H;
     rms.data_ptr<double>()[depth] = std::sqrt(mean_square(last, H));
@@ -177,7 +200,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_cha
     const at::Tensor normed_last = normed.narrow(0, rows - 1, 1);
     linear_into(normed_last, head, logits);
     float* l = logits.data_ptr<float>();
-    const int64_t best = std::max_element(l, l + draft_vocab) - l;  // the first of equal maxima
+    const int64_t best = argmax_first(l, draft_vocab);
+    TORCH_CHECK(to_target[best] >= 0 && to_target[best] < vocab, "eagle_chain: draft ", best, " maps outside the vocabulary");
     const double total = exp_shifted(l, draft_vocab, l[best]);  // the logits are spent: exps in their place
     drafts.data_ptr<int64_t>()[depth] = to_target[best];
     probs.data_ptr<double>()[depth] = 1.0 / total;

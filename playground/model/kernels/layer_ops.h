@@ -9,6 +9,17 @@
 
 namespace playground {
 
+// The index of the largest of x[0, n) as torch.argmax gives it: the first NaN if there is one, else the
+// first of equal maxima (std::max_element alone would pass over a NaN)
+inline int64_t argmax_first(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) return i;
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
 // the mean of x's squares, n floats, summed in double
 inline double mean_square(const float* x, int64_t n) {
   double squares = 0;
