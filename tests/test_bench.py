@@ -107,6 +107,12 @@ def test_both_tree_benchmarks_build_and_print_their_rows_alike(engine):
         assert r["speedup_vs_chain"] == pytest.approx(r["tokens_per_s"] / r["chain_tokens_per_s"])
     chain = next(r for r in res["rows"] if r["method"] == "eagle3.1")
     assert res["trees"][0]["chain_tau"] == chain["mean_acceptance_length"] and res["trees"][0]["speedup_vs_none"] > 0
+    # the chain row is the chain's own run, measured again here (greedy: the same steps)
+    from playground.engines.stats import summarize
+    from playground.evaluation.heldout import eval_requests
+
+    alone = summarize(list(engine.generate(eval_requests(EVAL_KINDS["chat"], "eagle3.1", 5, 6)[0])))
+    assert swept["compare"][0]["tau"] == alone.mean_acceptance_length and swept["compare"][0]["tokens"] == alone.tokens
     assert swept["compare"][0]["chain_tau"] == swept["compare"][0]["tau"] and swept["compare"][0]["tree"] is None
     assert swept["compare"][1]["tree"] == {"top_k": 2, "depth": 2, "nodes": 3}
     # one writer: the same table in the suite's report and in the tree benchmark's

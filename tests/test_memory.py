@@ -13,5 +13,9 @@ def test_bench_memory_reports_the_apps_memory_over_two_runs():
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.strip("|").split("|") for line in out.stdout.splitlines()[2:]]
     assert [int(done) for done, _, _ in rows] == [0, 1, 2]
-    for _, rss, peak in rows:
-        assert 100 < float(rss) <= float(peak) < 16_000   # MiB: a loaded model, and below the machine's memory
+    rss = [float(r) for _, r, _ in rows]
+    for _, resident, peak in rows:
+        # MiB: the target in float32 (540 MB) and both drafters are in memory; docs/performance.md measured
+        # 1,193 before the first run and 1,368 after 200
+        assert 800 < float(resident) <= float(peak) < 2_500
+    assert rss[2] - rss[1] < 100   # a second run adds no second copy of anything

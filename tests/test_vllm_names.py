@@ -74,7 +74,7 @@ def test_urls_take_any_names_and_refuse_bad_ones():
     assert [(s.drafter, s.url) for s in servers] == [("prod-eagle3.1_k5", "http://10.0.0.2:8000"),
                                                      ("ngram", "https://h")]
     for spec, message in (("=http://h", "use NAME=URL"), ("a b=http://h", "not allowed"),
-                          ("x" * 41 + "=http://h", "not allowed"), ("a=ftp://h", "starts with http")):
+                          ("x" * 41 + "=http://h", "not allowed"), ("a=ftp://h", "starting with http"), ("http://h:1", "with a name")):
         with pytest.raises(PlaygroundError, match=message):
             parse_urls([spec])
     assert bad_name("a · b") and bad_name("-a") and not bad_name("EAGLE3.1+ngram")

@@ -11,12 +11,10 @@ never hidden.
 
 from __future__ import annotations
 
-import platform
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 
 from playground.engines.protocol import Engine
 from playground.engines.reference import ReferenceEngine
@@ -26,6 +24,7 @@ from playground.errors import PlaygroundError
 from playground.evaluation import report, runner
 from playground.evaluation.ceiling import Ceiling, measure as measure_ceiling
 from playground.evaluation.generate_baseline import transformers_greedy
+from playground.evaluation.machine import machine
 from playground.evaluation.prompt_sets import CATEGORIES, BenchPrompt, suite
 from playground.evaluation.runner import Method, PromptResult
 from playground.evaluation.trees import chain_vs_tree_row
@@ -100,24 +99,6 @@ def _rate(runs: list[tuple[int, float]]) -> float | None:
     return sum(t for t, _ in runs) / sum(s for _, s in runs) if runs else None
 
 
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-
-
-def cpu_model() -> str:
-    """The CPU's model name: runs on different hosts differ most in it (and in native bf16)."""
-    line = next((line for line in _cpuinfo().splitlines() if line.startswith("model name")), "")
-    return line.partition(":")[2].strip() or platform.processor() or platform.machine()
-
-
-def _has_native_bf16() -> bool:
-    flags = _cpuinfo()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling | None = None) -> dict:
     """The JSON the report is written from."""
     ran = [r for r in measured if r.skipped is None]
@@ -149,9 +130,7 @@ def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling 
                   for r in ran for method, first in r.mismatches]
     return {
         "config": asdict(config),
-        "machine": {"processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
-                    "native_bf16": _has_native_bf16(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+        "machine": machine(),
         "rows": rows, "sweep": sweep, "trees": trees,
         "ceiling": ceiling.to_json() if ceiling is not None else None,
         "lossless": not mismatches, "mismatches": mismatches,

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import csv
 import json
-import platform
 from dataclasses import asdict
 from html import escape
 from pathlib import Path
 from typing import Sequence
 
 import plotly.graph_objects as go
-import torch
 
 from playground import plots
 from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of, value_of
+from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_files import PromptFile, UserPrompt
 from playground.evaluation.prompt_study import StudyConfig
 from playground.evaluation.runner import PromptResult
@@ -50,8 +49,7 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
         "config": asdict(config),
         "source": {"file": source, "format": prompts.format, "prompts": len(prompts.prompts),
                    "measured": len(ran), "skipped": len(measured) - len(ran)},
-        "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+        "machine": machine(),
         "pooled": [_pooled(m, ran, NONE if NONE in methods and m != NONE else None, interval, ratio)
                    for m in methods] if ran else [],
         "ratios": _ratios(ran, chains, config, ratio) if ran else [],
@@ -216,7 +214,8 @@ def summary_line(res: dict) -> str:
     skipped = f", {s['skipped']} skipped" if s["skipped"] else ""
     tree = f", trees {c['tree']['top_k']}/{c['tree']['depth']}/{c['tree']['nodes']}" if c["tree"] else ""
     return (f"{s['file']} ({s['format']}): {s['measured']} of {s['prompts']} prompts measured{skipped}; "
-            f"k={c['k']}{tree}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}")
+            f"k={c['k']}{tree}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}"
+            + (f"; {described(res['machine'])}" if "cpu" in res.get("machine", {}) else ""))
 
 
 def markdown(res: dict) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from playground.evaluation.machine import described
 from playground.evaluation.trees import chain_vs_tree_table
 from playground.model.variants import NONE
 from playground.plots import color, html_page, label
@@ -29,9 +30,7 @@ def markdown(res: dict) -> str:
     if len(drafters) == 2:
         head.append(f"tau {label(drafters[1])} / {label(drafters[0])}")
     lines = [f"k={c['k']}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}; "
-             f"{res['machine'].get('cpu', res['machine']['processor'])}"
-             f"{', native bf16' if res['machine'].get('native_bf16') else ''}, {res['machine']['threads']} threads, "
-             f"torch {res['machine']['torch']}",
+             f"{described(res['machine'])}",
              "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     by = {(r["category"], r["method"]): r for r in res["rows"]}
     for category in dict.fromkeys(r["category"] for r in res["rows"]):

@@ -20,6 +20,7 @@ from playground.engines.stats import Pooled
 from playground.engines.tree import TreeShape
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
+from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_sets import EVAL_KINDS
 from playground.evaluation.runner import Method
 from playground.model.variants import EAGLE3, EAGLE31, SEPARATOR
@@ -98,13 +99,14 @@ def _rows(kind: str, drafter: str, pooled: dict[TreeShape | None, Pooled], confi
 
 
 def markdown(result: dict) -> str:
-    return (f"### Chain against tree\n\n{chain_vs_tree_table(result['compare'])}\n\n"
+    host = f"{described(result['machine'])}\n\n" if "machine" in result else ""
+    return (f"{host}### Chain against tree\n\n{chain_vs_tree_table(result['compare'])}\n\n"
             f"### Tree shapes\n\n{chain_vs_tree_table(result['sweep'])}\n")
 
 
 def run(config: TreeBenchConfig, out: Path) -> tuple[dict, list[Path]]:
     """Measure on the embedded engine; write results.json and results.md to `out`."""
-    result = measure(ReferenceEngine.load(), config)
+    result = {**measure(ReferenceEngine.load(), config), "machine": machine()}
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.md", out / "results.json"]
     paths[0].write_text(markdown(result))

@@ -16,6 +16,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import (EAGLE3_METHOD, NGRAM_METHOD, LaunchConfig, Launched, ServerSpec,
                                            env_server_args)
+from playground.engines.vllm.urls import server_urls
 from playground.errors import PlaygroundError
 from playground.model.drafter import save_drafter
 from playground.model.target import embedded_target_folder
@@ -60,23 +61,13 @@ def parse_name(spec: str, flag: str, value: str) -> tuple[str, str]:
     return name, given
 
 
-def parse_pairs(specs: list[str] | tuple[str, ...], flag: str, value: str) -> dict[str, str]:
-    """`NAME=VALUE` pairs by name; a name given twice is an error."""
-    pairs = {}
-    for spec in specs:
-        name, given = parse_name(spec, flag, value)
-        if name in pairs:
-            raise PlaygroundError(f"{flag} names {name} twice")
-        pairs[name] = given
-    return pairs
-
-
 def parse_urls(specs: list[str]) -> list[Server]:
-    urls = parse_pairs(specs, "--vllm-url", "URL")
+    """The servers --vllm-url names: each under a name the page can show and a request can pick."""
+    urls = server_urls(specs, "--vllm-url")
     for name, url in urls.items():
-        if not url.startswith(("http://", "https://")):
-            raise PlaygroundError(f"bad --vllm-url {name}={url}: the URL starts with http:// or https://")
-    return [Server(name, url.rstrip("/")) for name, url in urls.items()]
+        if why := bad_name(name):
+            raise PlaygroundError(f"bad --vllm-url {name}={url}: {why}")
+    return [Server(name, url) for name, url in urls.items()]
 
 
 def parse_launch_entry(entry: str, k: int) -> tuple[str, ServerSpec]:

@@ -24,6 +24,7 @@ import httpx
 
 from playground.engines.vllm.api import http_client
 from playground.engines.vllm.metrics import MetricsError, SpecCounters, read_counters
+from playground.engines.vllm.urls import server_urls
 from playground.errors import PlaygroundError
 
 LIVE = "live"
@@ -181,24 +182,8 @@ def _short(message: str) -> str:
 
 
 def parse_servers(specs: list[str], flag: str = "--vllm-url") -> dict[str, str]:
-    """NAME=URL pairs under any names; a bare URL is named by its host and port. `flag` names where
-    they came from, in the messages."""
-    servers: dict[str, str] = {}
-    for spec in specs:
-        head, sep, rest = spec.partition("://")
-        name, _, scheme = head.rpartition("=")
-        url = (scheme + sep + rest).strip().rstrip("/")
-        try:
-            parsed = httpx.URL(url)
-        except httpx.InvalidURL:
-            parsed = None
-        if not url.startswith(("http://", "https://")) or parsed is None or not parsed.host:
-            raise PlaygroundError(f"bad {flag} {spec!r}: use NAME=URL, the URL starting with http:// or https://")
-        name = name.strip() or (f"{parsed.host}:{parsed.port}" if parsed.port else parsed.host)
-        if name in servers:
-            raise PlaygroundError(f"{flag} names {name} twice")
-        servers[name] = url
-    return servers
+    """NAME=URL pairs under any names (a label here); a bare URL is named by its host and port."""
+    return server_urls(specs, flag, lambda url: f"{url.host}:{url.port}" if url.port else url.host)
 
 
 def text_table(views: list[WindowView], at: float) -> str:

@@ -1,0 +1,34 @@
+"""The host a measurement ran on, as every report names it: runs on different hosts differ most in
+the CPU's model and in whether it computes bf16 natively."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model() -> str:
+    line = next((line for line in _cpuinfo().splitlines() if line.startswith("model name")), "")
+    return line.partition(":")[2].strip() or platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    flags = _cpuinfo()
+    return {"processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
+            "native_bf16": "avx512_bf16" in flags or "amx_bf16" in flags, "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def described(host: dict) -> str:
+    """A report's line for the host (a `machine()` dict, also one read back from a saved report)."""
+    return (f"{host.get('cpu', host['processor'])}{', native bf16' if host.get('native_bf16') else ''}, "
+            f"{host['threads']} threads, torch {host['torch']}")
