@@ -102,7 +102,15 @@ def test_export_writes_named_json_csv_and_a_small_html_page_with_the_settings(tm
 
     exported = json.loads(paths[0].read_text())
     assert list(exported) == list(runs) and set(exported["eagle3.1"]) == {"request", "steps", "summary"}
-    assert exported["eagle3.1"] == json.loads(json.dumps(runs["eagle3.1"].to_json()))
+    chain_run = exported["eagle3.1"]
+    assert (chain_run["request"]["prompt"], chain_run["request"]["seed"], chain_run["request"]["k"]) == (prompt, 42, 3)
+    assert [s["token_ids"] for s in chain_run["steps"]] == [[7], [8, 9]]
+    assert (chain_run["steps"][1]["draft_texts"], chain_run["steps"][1]["accepted"]) == ([" sea", " is", " blue"], 1)
+    assert chain_run["steps"][1]["sink_attention"] == [0.6, 0.7, 0.8]
+    summary = chain_run["summary"]   # one drafting step of 3 drafts that accepted the first
+    assert (summary["tokens"], summary["mean_acceptance_length"]) == (3, 2.0)
+    assert summary["per_position_acceptance"] == [1.0, 0.0, 0.0] and summary["finish_reason"] == "length"
+    assert exported["eagle3 · tree 2/4/8"]["request"]["tree"] == {"top_k": 2, "depth": 4, "nodes": 8}
 
     with paths[1].open(newline="") as f:
         rows = list(csv.DictReader(f))

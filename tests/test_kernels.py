@@ -54,6 +54,30 @@ def two_threads():
     torch.set_num_threads(threads)
 
 
+def _cpu_ticks_by_thread() -> dict[str, int]:
+    """User and system clock ticks of each thread of this process (/proc/self/task/*/stat)."""
+    ticks = {}
+    for stat in Path("/proc/self/task").glob("*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:   # a thread that ended meanwhile
+            continue
+        ticks[stat.parent.name] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def test_a_projection_is_split_between_both_threads(two_threads):
+    """Each thread reads its share of the weight rows: over many calls, the second busiest thread works
+    about as long as the busiest (the clock ticks every 10 ms, so the calls last a second or two)."""
+    w, x = torch.randn(16384, 576), torch.randn(1, 576)
+    before = _cpu_ticks_by_thread()
+    for _ in range(600):
+        torch.ops.playground.rows_linear(x, w)
+    after = _cpu_ticks_by_thread()
+    busy = sorted((after[t] - before.get(t, 0) for t in after), reverse=True)
+    assert busy[0] >= 20 and busy[1] > 0.4 * busy[0], busy
+
+
 def _needed_argmax(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> list[int]:
     """Every row's argmax where a greedy verify needs it (its drafts all accepted so far), else -1."""
     argmax = logits.argmax(-1).tolist()

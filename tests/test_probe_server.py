@@ -189,17 +189,19 @@ def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
 
 
 def test_a_flood_of_fetches_of_made_up_keys_reaches_the_engine_once_a_second(server, greedy):
-    """16 clients fetch keys nobody holds: for 3 s the workers answer at most one fetch call a second (the
-    probe's status counts them; a call every FETCH_EVERY_S would be 30), and a request recorded meanwhile
+    """16 clients fetch keys nobody holds: the workers answer at most one fetch call a second (the probe's
+    status counts them; a call every FETCH_EVERY_S would be 40 or more), and a request recorded meanwhile
     still gets every step's drafts."""
     backend, url, _ = server
     keyed = {"Authorization": f"Bearer {API_KEY}"}
 
-    def fetch_calls() -> int:
+    def fetch_calls() -> tuple[float, float, int]:
         time.sleep(1.1)   # the status the route serves is at most a second old
-        return httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()["fetch_calls"]
+        asked = time.monotonic()
+        calls = httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()["fetch_calls"]
+        return asked, time.monotonic(), calls   # the count is the workers' at some moment in between
 
-    before, done, made = fetch_calls(), threading.Event(), []
+    (started, _, before), done, made = fetch_calls(), threading.Event(), []
 
     def flood() -> None:
         with httpx.Client(headers=keyed, timeout=30) as client:
@@ -210,13 +212,15 @@ def test_a_flood_of_fetches_of_made_up_keys_reaches_the_engine_once_a_second(ser
     with ThreadPoolExecutor(16) as pool:
         flooders = [pool.submit(flood) for _ in range(16)]
         time.sleep(3)
-        calls = fetch_calls() - before   # over 4.1 s of flood
+        _, ended, after = fetch_calls()   # over about 4.1 s of flood, and the time the status calls took
+        calls, window_s = after - before, ended - started
         events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
         done.set()
         for f in flooders:
             f.result()
-    print(f"{len(made)} fetches of made-up keys; the workers answered {calls} fetch calls in the first 4.1 s")
-    assert len(made) > 100 and calls <= 6
+    print(f"{len(made)} fetches of made-up keys; the workers answered {calls} fetch calls in {window_s:.1f} s")
+    # one call a second, and one more where the flood began (the list of held keys was old by then)
+    assert len(made) > 100 and calls <= window_s + 2
     assert summarize(events).token_ids == greedy and all(e.draft_ids for e in events if e.drafted)
 
 

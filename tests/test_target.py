@@ -22,13 +22,18 @@ def test_forward_matches_transformers_and_taps_aux_layers(target):
 
 
 def test_rollback_reuses_the_cache(target):
+    """A rejected draft is rolled back by moving the cache's length: the same storage, written over, and
+    what follows is what a fresh cache gives."""
     ids = torch.tensor([target.tokenizer("Speculative decoding rolls back rejected drafts.").input_ids])
     cache = target.new_cache(64)
     target.forward(ids, cache)
-    length = cache.length
+    length, storage = cache.length, (cache.keys.data_ptr(), cache.values.data_ptr())
     wrong = target.forward(torch.tensor([[100, 200, 300]]), cache)
     cache.truncate(length)
-    right = target.forward(torch.tensor([[100]]), cache)
+    right = target.forward(torch.tensor([[100, 400]]), cache)
+    assert cache.length == length + 2 and (cache.keys.data_ptr(), cache.values.data_ptr()) == storage
+    fresh = target.forward(torch.cat([ids, torch.tensor([[100, 400]])], dim=1), target.new_cache(64))
+    torch.testing.assert_close(right.logits[0], fresh.logits[0, -2:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(right.logits[0, 0], wrong.logits[0, 0], rtol=1e-4, atol=1e-4)
 
 

@@ -57,19 +57,31 @@ class GenerationRequest:
             raise PlaygroundError("the prompt is empty", "prompt")
         if self.template not in TEMPLATES:
             raise PlaygroundError(f"unknown template {self.template!r}; choose from {', '.join(TEMPLATES)}", "template")
-        if not (K_RANGE[0] <= self.k <= K_RANGE[1]):
-            raise PlaygroundError(f"k must be between {K_RANGE[0]} and {K_RANGE[1]}, got {self.k}", "k")
+        check_k(self.k)
         if not math.isfinite(self.temperature) or not (0.0 <= self.temperature <= MAX_TEMPERATURE):
             raise PlaygroundError(f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature}", "temperature")
         if not math.isfinite(self.top_p) or not (0.0 < self.top_p <= 1.0):
             raise PlaygroundError(f"top-p must be in (0, 1], got {self.top_p}", "top_p")
-        if self.max_tokens < 1:
-            raise PlaygroundError(f"max tokens must be at least 1, got {self.max_tokens}", "max_tokens")
-        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
-            raise PlaygroundError(f"max tokens is limited to {max_tokens_limit}, got {self.max_tokens}", "max_tokens")
+        check_max_tokens(self.max_tokens, max_tokens_limit)
         if self.tree is not None:
             self.tree.validate()
         return self
+
+
+def check_k(k: int) -> int:
+    """Drafts per step: a PlaygroundError outside K_RANGE."""
+    if not (K_RANGE[0] <= k <= K_RANGE[1]):
+        raise PlaygroundError(f"k must be between {K_RANGE[0]} and {K_RANGE[1]}, got {k}", "k")
+    return k
+
+
+def check_max_tokens(max_tokens: int, limit: int | None = None) -> int:
+    """New tokens asked for: at least 1, and at most `limit` where there is one."""
+    if max_tokens < 1:
+        raise PlaygroundError(f"max tokens must be at least 1, got {max_tokens}", "max_tokens")
+    if limit is not None and max_tokens > limit:
+        raise PlaygroundError(f"max tokens is limited to {limit}, got {max_tokens}", "max_tokens")
+    return max_tokens
 
 
 def fitting(prompt_ids: list[int], max_context: int) -> list[int]:

@@ -17,7 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from playground.engines.protocol import Engine
-from playground.engines.request import K_RANGE, GenerationRequest
+from playground.engines.request import K_RANGE, check_k, check_max_tokens
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import prompt_report
@@ -71,9 +71,9 @@ def study_config(limits: Limits, settings: StudySettings, engine: Engine) -> Stu
     if not drafters:
         raise PlaygroundError("pick at least one drafter", "drafters")
     draft = draft_mode(settings.draft)
-    k, max_tokens = whole_number(settings.k, "k"), whole_number(settings.max_tokens, "max_tokens")
+    k = check_k(whole_number(settings.k, "k"))
+    max_tokens = check_max_tokens(whole_number(settings.max_tokens, "max_tokens"), limits.max_tokens)
     tree = TreeShape() if draft == "tree" else None
-    GenerationRequest(prompt="check", k=k, max_tokens=max_tokens, tree=tree).validate(limits.max_tokens)
     config = StudyConfig(drafters=drafters, k=k, max_tokens=max_tokens, tree=tree, backend=engine.name)
     return config.runnable_on(engine)
 

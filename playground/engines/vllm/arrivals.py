@@ -16,12 +16,14 @@ from typing import Iterator, TypeVar
 
 T = TypeVar("T")
 _END = object()
+CLOSE_WAIT_S = 5.0   # how long closing waits for the reader to close the response (it does at the next item)
 
 
 def stamped(items: Iterator[T]) -> Iterator[tuple[float, T]]:
     """(time.perf_counter() when the item arrived, item) for each item of `items`, which a reader thread
     drains; its exception is raised here, in order. Closing this generator stops the reader at its
-    next item, which closes `items` (and with it the server's response)."""
+    next item, which closes `items` (and with it the server's response), and waits for that, up to
+    CLOSE_WAIT_S: whoever closes the stream may then count on the server having seen it go."""
     arrived: queue.SimpleQueue = queue.SimpleQueue()
     closed = threading.Event()
 
@@ -39,7 +41,8 @@ def stamped(items: Iterator[T]) -> Iterator[tuple[float, T]]:
             if close is not None:
                 close()
 
-    threading.Thread(target=read, name="stream-reader", daemon=True).start()
+    reader = threading.Thread(target=read, name="stream-reader", daemon=True)
+    reader.start()
     try:
         while (entry := arrived.get()) is not _END:
             if isinstance(entry, BaseException):
@@ -47,3 +50,4 @@ def stamped(items: Iterator[T]) -> Iterator[tuple[float, T]]:
             yield entry
     finally:
         closed.set()
+        reader.join(CLOSE_WAIT_S)

@@ -308,9 +308,9 @@ class VLLMEngine:
         unprobed = (f"The server runs the probe, but it records no drafts there ({connection.info.probe_off}): its "
                     "steps are vLLM's own counts, without drafts.") if connection.info.probe_off and k else ""
         # each step is held back one, so that the last can carry the finish reason and the server's counts
-        position, pending = len(prompt_ids), None
+        position, pending, fields_read = len(prompt_ids), None, step_fields()
         try:
-            for fields in step_fields():
+            for fields in fields_read:
                 if pending is not None:
                     yield pending
                 note = steps.lost if probe else unprobed
@@ -318,6 +318,7 @@ class VLLMEngine:
                                     note=note, **fields)
                 position += len(pending.token_ids)
         finally:
+            fields_read.close()   # the response closes first: the probe then drops a request that has ended
             if probe is not None:
                 probe.release()
         if pending is None:
