@@ -62,6 +62,13 @@ def _depths(values: tuple[float, ...]) -> list[int]:
     return list(range(1, len(values) + 1))
 
 
+def _defined(values: Sequence[float], samples: Sequence[int] | None) -> list[float | None]:
+    """The values to draw: a mean over no samples is undefined, and left out (a gap), not drawn as 0."""
+    if samples is None:
+        return list(values)
+    return [v if i < len(samples) and samples[i] > 0 else None for i, v in enumerate(values)]
+
+
 def _drafter_traces(name: str, what: str, samples: Sequence[int] | None = None) -> dict:
     """Trace options that put all of one drafter's traces under a single legend entry; the hover
     still says which trace it is, and over how many steps each point is a mean."""
@@ -95,13 +102,14 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
                     marker=dict(color=fill, line=dict(color=shade, width=1.5)), opacity=0.8,
                     **_drafter_traces(name, "accepted ≥ d drafts", bar_samples))
         fig.add_scatter(x=_depths(s.per_position_acceptance_conditional),
-                        y=list(s.per_position_acceptance_conditional), mode="lines+markers",
+                        y=_defined(s.per_position_acceptance_conditional, s.conditional_acceptance_steps),
+                        mode="lines+markers",
                         line=dict(color=shade, dash="dash"), marker=_markers(shade, s.conditional_acceptance_steps),
                         showlegend=False,
                         **_drafter_traces(name, "given depth d-1 accepted", s.conditional_acceptance_steps))
     samples = [n for s in runs.values() for n in (s.drafting_steps, *s.conditional_acceptance_steps)]
     return layout(fig, "Acceptance by depth", "acceptance rate", [0, 1.05],
-                   key=("bars: drafting steps that accepted ≥ d drafts (vLLM's rule) · dashed: given d-1 accepted",
+                   key=("bars: steps that accepted ≥ d drafts (vLLM's rule)", "dashed: given d-1 accepted",
                         _few_samples_key(samples)))
 
 
@@ -113,10 +121,10 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
         if not s.mean_sink_attention:
             continue
         shade, samples = color(name), s.attention_steps_by_depth
-        fig.add_scatter(x=_depths(s.mean_sink_attention), y=list(s.mean_sink_attention), mode="lines+markers",
+        fig.add_scatter(x=_depths(s.mean_sink_attention), y=_defined(s.mean_sink_attention, samples), mode="lines+markers",
                         line=dict(color=shade), marker=_markers(shade, samples),
                         **_drafter_traces(name, "sink tokens", samples))
-        fig.add_scatter(x=_depths(s.mean_self_attention), y=list(s.mean_self_attention), mode="lines+markers",
+        fig.add_scatter(x=_depths(s.mean_self_attention), y=_defined(s.mean_self_attention, samples), mode="lines+markers",
                         line=dict(color=shade, dash="dot"), marker=_markers(shade, samples), showlegend=False,
                         **_drafter_traces(name, "own drafts", samples))
     return layout(fig, "Drafter attention by depth", "attention mass",
@@ -133,7 +141,7 @@ def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
         if not values:   # nothing measured: no empty entry in the legend
             continue
         shade, counts = color(name), samples.get(name)
-        fig.add_scatter(x=_depths(values), y=list(values), mode="lines+markers", line=dict(color=shade),
+        fig.add_scatter(x=_depths(values), y=_defined(values, counts), mode="lines+markers", line=dict(color=shade),
                         marker=_markers(shade, counts), **_drafter_traces(name, y_title, counts))
     return layout(fig, title, y_title, y_range, key=(_few_samples_key(n for c in samples.values() for n in c),))
 

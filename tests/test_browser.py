@@ -36,7 +36,7 @@ def browser():
 WATCH_THE_STREAM = """() => {
     const seen = window.streamSeen = {first: null, tokens: 0, cursors: []};
     new MutationObserver(() => {
-        const tokens = document.querySelectorAll('#answer .tok'), streaming = !!document.querySelector('#answer .cursor');
+        const tokens = document.querySelectorAll('#answer .live .tok'), streaming = !!document.querySelector('#answer .live .cursor');
         seen.tokens = tokens.length;
         if (!tokens.length) return;
         const recordFirst = !seen.first;
@@ -46,8 +46,8 @@ WATCH_THE_STREAM = """() => {
                 const box = tokens[0].getBoundingClientRect();
                 Object.assign(seen.first, {top: box.top, bottom: box.bottom});
             }
-            const cursor = document.querySelector('#answer .cursor');
-            if (cursor && document.querySelectorAll('#answer .tok').length > 40)
+            const cursor = document.querySelector('#answer .live .cursor');
+            if (cursor && document.querySelectorAll('#answer .live .tok').length > 40)
                 seen.cursors.push(cursor.getBoundingClientRect().top);
         });
     }).observe(document.body, {childList: true, subtree: true});
@@ -100,7 +100,7 @@ def run_playground(page: Page, prompt: str, max_tokens: int) -> float:
     the last run left must change first, so consecutive runs need different answers)."""
     page.locator("#pg-prompt textarea").fill(prompt)
     set_number(page, "pg-max-tokens", max_tokens)
-    tokens = "() => [...document.querySelectorAll('#answer .tok')].map(t => t.textContent).join('')"
+    tokens = "() => [...document.querySelectorAll('#answer .live .tok')].map(t => t.textContent).join('')"
     before = page.evaluate(tokens)
     start = time.perf_counter()
     page.locator("#run").click()
@@ -119,10 +119,10 @@ def screenshot(page: Page, tmp_path: Path, name: str) -> None:
 def test_playground_colours_tokens_plots_and_inspector(page, tmp_path):
     first_token_s = run_playground(page, "Write a Python function that checks whether a number is prime.", 64)
     print(f"Run -> first streamed token: {first_token_s:.2f} s")
-    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
-    assert page.locator("#answer .tok.tgt").count() > 0
-    assert page.locator("#answer .tok.rej").count() > 0
-    assert page.locator("#answer .tok.acc").count() > 0
+    expect(page.locator("#answer .live .finish")).to_be_visible(timeout=120_000)
+    assert page.locator("#answer .live .tok.tgt").count() > 0
+    assert page.locator("#answer .live .tok.rej").count() > 0
+    assert page.locator("#answer .live .tok.acc").count() > 0
     for plot in ("plot-acceptance", "plot-attention", "plot-norm"):
         expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#inspector table.inspector")).to_be_visible()
@@ -130,9 +130,9 @@ def test_playground_colours_tokens_plots_and_inspector(page, tmp_path):
 
 
 def test_rejected_drafts_are_marks_that_open_on_hover_or_inline(page):
-    rejected = page.locator("#answer .tok.rej .rej-text").first
+    rejected = page.locator("#answer .live .tok.rej .rej-text").first
     expect(rejected).to_be_hidden()   # the answer reads as clean text: a ✗ marks where drafts were refused
-    page.locator("#answer .tok.rej .rej-mark").first.hover()
+    page.locator("#answer .live .tok.rej .rej-mark").first.hover()
     expect(rejected).to_be_visible()
     page.locator("#pg-show-rejected input").check()
     page.mouse.move(0, 0)
@@ -142,7 +142,7 @@ def test_rejected_drafts_are_marks_that_open_on_hover_or_inline(page):
 
 
 def test_a_clicked_token_opens_its_step_and_the_buttons_walk_the_steps(page):
-    page.locator('#answer .step[data-step="3"] .tok').first.click()
+    page.locator('#answer .live .step[data-step="3"] .tok').first.click()
     expect(page.locator("#inspector .inspector-head")).to_contain_text("step 3 ·")
     page.locator("#step-next").click()
     expect(page.locator("#inspector .inspector-head")).to_contain_text("step 4 ·")
@@ -156,10 +156,10 @@ def test_an_example_runs_when_picked(page):
 
     page.locator("#pg-preset input").click()
     page.get_by_role("option", name="Chat").click()
-    expect(page.locator("#answer .finish")).to_have_count(0, timeout=30_000)   # the last run's end goes
-    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    expect(page.locator("#answer .live .finish")).to_have_count(0, timeout=30_000)   # the last run's end goes
+    expect(page.locator("#answer .live .finish")).to_be_visible(timeout=120_000)
     assert page.locator("#pg-prompt textarea").input_value() == PRESETS["Chat"].prompt
-    assert page.locator("#answer .tok").count() > 0 and error_states(page) == 0
+    assert page.locator("#answer .live .tok").count() > 0 and error_states(page) == 0
 
 
 def test_every_text_has_aa_contrast(page):
@@ -177,11 +177,11 @@ def test_a_first_visitor_runs_the_prefilled_prompt_and_sees_it_stream_in_the_fir
     assert box["y"] + box["height"] <= height, "Run is below the first screen"
     page.evaluate(WATCH_THE_STREAM)
     page.locator("#run").click()
-    page.wait_for_function("() => window.streamSeen.tokens > 40 || document.querySelector('#answer .finish')",
+    page.wait_for_function("() => window.streamSeen.tokens > 40 || document.querySelector('#answer .live .finish')",
                            timeout=120_000)
     if device == "phone":
         Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)).joinpath("phone.png").write_bytes(page.screenshot())
-    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    expect(page.locator("#answer .live .finish")).to_be_visible(timeout=120_000)
     page.wait_for_timeout(100)   # the last frame's places
     seen = page.evaluate("() => window.streamSeen")
     assert seen["tokens"] > 40, f"the prefilled prompt's answer has {seen['tokens']} tokens: too short to follow"
@@ -208,15 +208,15 @@ def test_bad_input_gets_one_message_at_its_control(phone):
     set_number(phone, "pg-max-tokens", 5000)   # the box takes the slider's limit as it loses focus, for all to see
     phone.locator("#pg-prompt textarea").click()
     expect(phone.locator("#pg-max-tokens input[type=number]")).to_have_value("512")
-    assert phone.locator("#answer .tok").count() == 0   # nothing ran
+    assert phone.locator("#answer .live .tok").count() == 0   # nothing ran
 
 
 def test_model_text_stays_text(page):
     dialogs = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
     run_playground(page, MARKUP_PROMPT, 64)
-    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
-    answer = "".join(page.locator("#answer .tok:not(.rej)").all_inner_texts())
+    expect(page.locator("#answer .live .finish")).to_be_visible(timeout=120_000)
+    answer = "".join(page.locator("#answer .live .tok:not(.rej)").all_inner_texts())
     # the model's markup is on the page as the characters it wrote...
     assert "<html>" in answer and "<script>" in answer and "alert('This is an alert');" in answer, answer
     assert "</script>" in answer
@@ -264,17 +264,17 @@ CONTRAST_JS = """() => {
 def test_stop_ends_a_run_like_a_finished_one(page):
     run_playground(page, "Tell me a long story about a lighthouse keeper.", 400)
     page.locator("#stop").click()
-    expect(page.locator("#answer .finish")).to_have_text("[stopped]", timeout=10_000)
-    shown = page.locator("#answer .tok").count()
+    expect(page.locator("#answer .live .finish")).to_have_text("— stopped", timeout=10_000)
+    shown = page.locator("#answer .live .tok").count()
     with pytest.raises(PlaywrightTimeout):   # watch for 3 s: a run that went on would add tokens
-        page.wait_for_function("n => document.querySelectorAll('#answer .tok').length > n", arg=shown, timeout=3_000)
+        page.wait_for_function("n => document.querySelectorAll('#answer .live .tok').length > n", arg=shown, timeout=3_000)
     assert error_states(page) == 0
     for plot in ("plot-acceptance", "plot-attention", "plot-norm"):
         expect(page.locator(f"#{plot} .js-plotly-plot")).to_be_visible()
     expect(page.locator("#inspector table.inspector")).to_be_visible()
     run_playground(page, "Say hello.", 8)   # the engine is free: the next run streams and ends by itself
-    expect(page.locator("#answer .finish")).to_be_visible(timeout=60_000)
-    expect(page.locator("#answer .finish")).not_to_have_text("[stopped]")
+    expect(page.locator("#answer .live .finish")).to_be_visible(timeout=60_000)
+    expect(page.locator("#answer .live .finish")).not_to_have_text("— stopped")
 
 
 def test_comparison_tab_streams_both_columns(page, tmp_path):
@@ -317,7 +317,7 @@ def test_stop_ends_every_column_of_a_comparison(page):
     page.wait_for_function("() => document.querySelectorAll('#answer-none .tok').length > 3", timeout=60_000)
     page.locator("#compare-stop").click()
     for slot in ("first", "second", "none"):
-        expect(page.locator(f"#answer-{slot} .finish")).to_have_text("[stopped]", timeout=10_000)
+        expect(page.locator(f"#answer-{slot} .finish")).to_have_text("— stopped", timeout=10_000)
     assert error_states(page) == 0
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible()
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
@@ -327,7 +327,7 @@ def test_the_draft_tree_is_drawn_and_can_be_hovered(page, tmp_path):
     page.get_by_role("tab", name="Playground").click()
     page.locator("#pg-draft").get_by_label("tree", exact=True).check()
     run_playground(page, "Explain how a rainbow forms.", 48)
-    expect(page.locator("#answer .finish")).to_be_visible(timeout=120_000)
+    expect(page.locator("#answer .live .finish")).to_be_visible(timeout=120_000)
     expect(page.locator("#tree svg .node.acc").first).to_be_visible()
     # the last step has the target's token unless max_tokens ended the answer on a draft
     assert page.locator("#tree svg .node.rej").count() > 0 and page.locator("#tree svg .node.tgt").count() <= 1

@@ -64,9 +64,13 @@ def test_playground_streams_and_ends_with_the_cli_text(client):
     assert 'class="tok tgt"' in final["answer"]
     paths = final["files"]
     assert [p.rsplit(".", 1)[-1] for p in paths] == ["json", "csv", "html"]
-    exported = json.loads(open(paths[0]).read())["eagle3.1"]
-    assert exported["summary"]["text"] == expected
-    assert exported["steps"][0]["step"] == 0
+    exported = json.loads(open(paths[0]).read())
+    assert list(exported) == ["eagle3.1", "eagle3"]   # EAGLE 3 ran beside it, for the plots
+    assert [run["summary"]["text"] for run in exported.values()] == [expected, expected]
+    assert exported["eagle3.1"]["steps"][0]["step"] == 0
+    assert "EAGLE 3.1 " in final["cards"] and "EAGLE 3 " in final["cards"]   # the line comparing the two
+    alone = named(client.predict(*run_args(), "chain", 2, 2, 4, -1, False, api_name="/run"))
+    assert list(json.loads(open(alone["files"][0]).read())) == ["eagle3.1"] and alone["text"] == expected
 
 
 def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
@@ -125,7 +129,7 @@ def api_parameters(client, endpoint: str) -> list[str]:
 def test_run_and_inspect_take_their_values_in_a_fixed_order(client):
     assert api_parameters(client, "/run") == ["prompt", "system", "template", "drafter", "k", "temperature", "top_p",
                                               "max_tokens", "backend_name", "draft", "tree_top_k", "tree_depth",
-                                              "tree_nodes", "seed"]
+                                              "tree_nodes", "seed", "beside"]
     assert api_parameters(client, "/inspect") == ["i"]
     run = named(client.predict("Name a colour.", "Answer in one word.", "model", "eagle3", 3, 0.5, 0.9, 6,
                                "reference", "tree", 3, 2, 5, api_name="/run"))
@@ -251,7 +255,7 @@ def joined(url: str, fn_index: int, data: list) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("api_name, valid", [
-    ("/run", ["Hi", "", "model", "eagle3.1", 2, 0.0, 1.0, 1, "reference", "chain", 2, 2, 4, -1]),
+    ("/run", ["Hi", "", "model", "eagle3.1", 2, 0.0, 1.0, 1, "reference", "chain", 2, 2, 4, -1, True]),
     ("/compare", ["Hi", "", "model", 2, 0.0, 1.0, 1, False, "reference", "chain", 2, 2, 4, "drafters", "eagle3.1",
                   -1, "", "", ""]),
     ("/study", [None, "Hi", "reference", ["eagle3"], 2, "chain", 1, 0]),
@@ -326,6 +330,39 @@ def test_plots_name_each_drafter_once_and_hover_names_the_trace():
                       "EAGLE 3.1 · accepted ≥ d drafts", "EAGLE 3.1 · given depth d-1 accepted",
                       "EAGLE 3 · sink tokens", "EAGLE 3 · own drafts",
                       "EAGLE 3.1 · sink tokens", "EAGLE 3.1 · own drafts"]
+
+
+def test_a_mean_over_no_steps_is_a_gap_in_its_plot_not_a_zero():
+    from playground import plots
+    from playground.engines.stats import summarize
+
+    step = lambda i, accepted: StepEvent(step=i, position=10 + i, token_ids=(1,) * (accepted + 1),
+                                         token_texts=("a",) * (accepted + 1), draft_ids=(1, 1, 1), drafted=3,
+                                         accepted=accepted, hidden_norm=(1.0, 2.0, 3.0))
+    summary = summarize([StepEvent(step=0, position=9, token_ids=(1,), token_texts=("a",)),
+                         step(1, 0), step(2, 1), step(3, 0)])
+    assert summary.conditional_acceptance_steps == (3, 1, 0)
+    dashed = plots.acceptance({"eagle3": summary}).data[1]
+    assert list(dashed.y) == [summary.per_position_acceptance_conditional[0], 0.0, None]   # 0 of 1, then none
+
+
+def test_the_first_screen_is_a_stored_run_of_the_prefilled_example_that_a_live_run_repeats(engine, app_url):
+    from playground.ui import first_screen
+
+    stored = first_screen.load()
+    assert stored is not None, "assets/first_screen.json is missing or no longer matches the page's defaults"
+    runs, source = stored
+    assert list(runs) == ["eagle3.1", "eagle3"] and "recorded on" in source
+    for name, run in runs.items():   # lossless: the stored answer is the target's, whichever drafter drafted
+        assert run.summary.token_ids == summarize_live(engine, first_screen.example_request(name))
+    page = httpx.get(app_url, timeout=30).text
+    assert "A stored run of this example" in page and "Tokens per target pass (tau) on this prompt" in page
+
+
+def summarize_live(engine, request) -> tuple[int, ...]:
+    from playground.engines.stats import summarize
+
+    return summarize(list(engine.generate(request))).token_ids
 
 
 def test_container_health_check_sees_the_page_and_a_dead_port(app_url, dead_port, tmp_path):

@@ -89,6 +89,12 @@ class StepEvent:
             out["tree_verdicts"] = list(self.tree_verdicts)
         return out
 
+    @classmethod
+    def from_json(cls, data: dict) -> StepEvent:
+        """The event `to_json` wrote (the values it derives, like `text`, are left out)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names})
+
 
 EXACT_STEPS = "steps"   # in `observed`: the stream's events are the verify steps themselves (the vLLM probe)
 

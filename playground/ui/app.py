@@ -13,16 +13,15 @@ from playground.ui.explainer import explainer_markdown
 from playground.ui.streams import Limits
 
 TITLE = "EAGLE 3.1 Playground"
-CACHE_SWEEP = (600, 1800)
+CACHE_SWEEP = (600, 1800)   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
 # Gradio's default theme with every text at WCAG AA contrast (4.5:1) or better: its subdued text
-# (#BBBBC2 on white, 1.9:1) and white on its orange and red buttons (2.8:1, 3.8:1) are below it
-THEME = gr.themes.Default().set(
+# (#BBBBC2 on white, 1.9:1) and white on its orange buttons (2.8:1) are below it. System fonts: the semibold
+# Source Sans Pro that Gradio ships draws the A of a heading's "EAGLE" as a small capital
+THEME = gr.themes.Default(font=("ui-sans-serif", "system-ui", "sans-serif")).set(
     body_text_color_subdued="*neutral_600", body_text_color_subdued_dark="*neutral_400",
     color_accent="*primary_700",
     button_primary_background_fill="*primary_700", button_primary_background_fill_hover="*primary_800",
-    button_primary_background_fill_dark="*primary_700", button_primary_background_fill_hover_dark="*primary_800",
-    button_cancel_background_fill="#b91c1c", button_cancel_background_fill_hover="#991b1b",
-    button_cancel_background_fill_dark="#b91c1c", button_cancel_background_fill_hover_dark="#991b1b")   # every 10 minutes, Gradio deletes its cached downloads older than 30 minutes
+    button_primary_background_fill_dark="*primary_700", button_primary_background_fill_hover_dark="*primary_800")
 
 
 def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(),
@@ -30,8 +29,9 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(),
     """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine; the Your servers
     tab watches the vLLM backend's servers and `watched` (name -> URL)."""
     with gr.Blocks(title=TITLE, delete_cache=CACHE_SWEEP) as demo:
-        gr.Markdown(f"# {TITLE}\nSpeculative decoding with an EAGLE 3.1 drafter next to an EAGLE 3 baseline, "
-                    "verified token by token on SmolLM2-135M-Instruct.")
+        gr.Markdown(f"# {TITLE}\nSpeculative decoding on SmolLM2-135M-Instruct, verified token by token: every run "
+                    "drafts with EAGLE 3.1 and, beside it, EAGLE 3, and the plots under the answer compare the two "
+                    "depth by depth.")
         with gr.Accordion("What am I looking at?", open=False):
             gr.Markdown(explainer_markdown(), sanitize_html=False)
         if "vllm" in backends:
@@ -66,6 +66,7 @@ def servers_panel(engine, demo: gr.Blocks) -> None:
 
 def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **kwargs) -> None:
     demo.launch(server_name=host, server_port=port, css=render.CSS + tree_view.CSS + prompts_tab.CSS + servers_tab.CSS, js=render.PAGE_JS,
+                head=render.PAGE_HEAD,
                 theme=THEME, footer_links=["api"], allowed_paths=[str(prompts_tab.SAMPLES)],
                 show_error=True, state_session_capacity=limits.sessions,
                 max_file_size=prompts_tab.prompt_limits(limits).max_file_bytes, **kwargs)

@@ -151,7 +151,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     with gr.Row():
         run = gr.Button("Compare", variant="primary", elem_id="compare-run", min_width=80)
         guided = gr.Button("See attention drift", elem_id="see-drift", min_width=80)
-        stop = gr.Button("Stop", variant="stop", elem_id="compare-stop", min_width=80)
+        stop = gr.Button("Stop", variant="secondary", elem_id="compare-stop", min_width=80)
     c |= settings_panel(limits, backends, "cmp")
     for slot in ("first", "second", "baseline"):
         follow_backend(c, backends, slot, keep_or(lambda names: ""), partial(run_choices, slot=slot))
@@ -171,9 +171,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                 view[column(slot, "text")] = gr.Textbox(label="plain text", lines=3, buttons=["copy"],
                                                         elem_id=f"text-{slot}")
     with gr.Row():
-        view["acceptance_plot"] = gr.Plot(label="acceptance by depth", elem_id="compare-acceptance")
-        view["attention_plot"] = gr.Plot(label="attention by depth", elem_id="compare-attention")
-        view["norm_plot"] = gr.Plot(label="fed-back RMS by depth", elem_id="compare-norm")
+        view["acceptance_plot"] = gr.Plot(show_label=False, elem_id="compare-acceptance")
+        view["attention_plot"] = gr.Plot(show_label=False, elem_id="compare-attention")
+        view["norm_plot"] = gr.Plot(show_label=False, elem_id="compare-norm")
     view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
     view["note"] = gr.Markdown(elem_id="compare-note")
     view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
@@ -261,7 +261,7 @@ def column_update(slot: str, name: str | None, log: RunLog | None, note: str, su
         return {column(slot, "cards"): render.figures_html(None),
                 column(slot, "answer"): render.answer_html([], "not run"),
                 column(slot, "text"): "", column(slot, "heading"): "#### not run"}
-    waiting = "" if log.events else "waiting for the engine…"
+    waiting = "" if log.events else render.PREFILL_NOTE
     return {column(slot, "cards"): render.figures_html(summary),
             column(slot, "answer"): render.answer_html(log.steps, note or waiting),
             column(slot, "text"): log.text, column(slot, "heading"): f"#### {plots.label(name)}"}

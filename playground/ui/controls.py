@@ -20,6 +20,7 @@ from playground.ui.streams import NEW_SEED, Limits
 TEMPLATE_CHOICES = [(f"{name}: {description}", name) for name, description in TEMPLATES.items()]
 FIRST_PRESET = "Code"   # a fresh page can run at once, on a prompt where drafts are often accepted
 DEFAULT_MAX_TOKENS = 128
+DEFAULT_K = 5
 
 
 def run_note(engine: Engine, request: GenerationRequest) -> str:
@@ -57,6 +58,20 @@ def default_pair(names: tuple[str, ...]) -> tuple[str, str]:
         return EAGLE3, EAGLE31
     drafting = [n for n in names if n != NONE] + ["", ""]
     return drafting[0], drafting[1]
+
+
+def beside_name(drafter: str, names: tuple[str, ...]) -> str:
+    """The drafter the Playground runs beside `drafter` for its plots: the other one of the pair a
+    comparison shows by default (EAGLE 3 beside EAGLE 3.1, and back); "" for a drafter outside it."""
+    pair = default_pair(names)
+    if drafter in pair and all(pair):
+        return pair[1 - pair.index(drafter)]
+    return ""
+
+
+def beside_label(drafter: str, names: tuple[str, ...]) -> str:
+    other = beside_name(drafter, names)
+    return f"run {plots.label(other)} beside it, for the plots" if other else "nothing to run beside this drafter"
 
 
 def with_default(choices: list[tuple[str, str]], resolved: str) -> list[tuple[str, str]]:
@@ -113,7 +128,7 @@ def settings_panel(limits: Limits, backends: Mapping[str, Engine], prefix: str) 
         with gr.Row():
             c["max_tokens"] = unchecked.Slider(1, limits.max_tokens, value=min(DEFAULT_MAX_TOKENS, limits.max_tokens), step=1,
                                         label="max tokens", elem_id=eid("max-tokens"))
-            c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=5, step=1, label="k (drafts per step)", elem_id=eid("k"))
+            c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=DEFAULT_K, step=1, label="k (drafts per step)", elem_id=eid("k"))
         with gr.Row():
             c["temperature"] = unchecked.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature (0 = greedy)",
                                          elem_id=eid("temperature"))

@@ -41,6 +41,7 @@ class RunSettings:
     tree_depth: float
     tree_nodes: float
     seed: float = -1      # streams.NEW_SEED: a new seed every run
+    beside: bool = True   # also run the drafter paired with this one (controls.beside_name), for the plots
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ class CompareSettings:
 
     def lane(self, drafter: str, draft: str) -> RunSettings:
         """One column: the run /run would make of these settings with this drafter, drafting this way."""
-        shared = {f.name: getattr(self, f.name) for f in fields(RunSettings) if f.name not in ("drafter", "draft")}
-        return RunSettings(**shared, drafter=drafter, draft=draft)
+        shared = {f.name: getattr(self, f.name) for f in fields(RunSettings)
+                  if f.name not in ("drafter", "draft", "beside")}
+        return RunSettings(**shared, drafter=drafter, draft=draft, beside=False)
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,25 @@
-"""The Playground tab: one prompt, one drafter, the answer streaming with its plots and inspector."""
+"""The Playground tab: one prompt, one drafter's answer streaming with its inspector, and plots that draw the
+drafter paired with it (EAGLE 3 beside EAGLE 3.1) run live on the same prompt."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator, Mapping
 
 import gradio as gr
 
 from playground import plots
 from playground.engines.protocol import Engine
-from playground.ui import render, tree_view, unchecked
-from playground.ui.controls import (answer_header, default_drafter, drafter_choices, follow_backend, keep_or,
-                                    preset_dropdown, prompt_box, run_note, settings_panel, wire_presets)
+from playground.engines.request import GenerationRequest
+from playground.errors import PlaygroundError
+from playground.ui import first_screen, render, tree_view, unchecked
+from playground.ui.controls import (answer_header, beside_label, beside_name, default_drafter, drafter_choices,
+                                    follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
+                                    wire_presets)
 from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, refusal,
                                      stream_handler)
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import Limits, StopRequests, backend, make_request, stop_handler, stopped
+from playground.ui.streams import Limits, StopRequests, backend, interleave, make_request, stop_handler, stopped
 
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
@@ -22,29 +27,34 @@ OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, w
 def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     """The tab; returns its controls by name (the Your prompts tab opens a prompt in them)."""
     view = {}
+    first = next(iter(backends.values()))
+    stored = first_screen.load() if first.name == "reference" else None
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=300):
             c = {"prompt": prompt_box(limits, "pg")}
             with gr.Row():
                 c["preset"] = preset_dropdown("pg")
-                first = next(iter(backends.values()))
-                c["drafter"] = unchecked.Dropdown(drafter_choices(first), value=default_drafter(first.drafter_names),
+                drafter = default_drafter(first.drafter_names)
+                c["drafter"] = unchecked.Dropdown(drafter_choices(first), value=drafter,
                                                   label="Drafter", min_width=120, elem_id="pg-drafter")
+            c["beside"] = gr.Checkbox(True, label=beside_label(drafter, first.drafter_names), container=False,
+                                      elem_id="pg-beside", elem_classes=["plain-check"])
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
-                stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
+                stop = gr.Button("Stop", variant="secondary", elem_id="stop", min_width=80)
             c |= settings_panel(limits, backends, "pg")
             follow_backend(c, backends, "drafter", keep_or(default_drafter))
         with gr.Column(scale=3, min_width=300):
+            initial = update(stored[0], first_screen.DRAFTERS[0], f"A stored run of this example ({stored[1]}). Press Run to run it "
+                             "live.", LivePlots(), True, False, stored=True) if stored else {}
+            view["cards"] = gr.HTML(initial.get("cards", render.figures_html(None)), elem_id="cards")
             answer_header("pg")
-            view["answer"] = gr.HTML(render.answer_html([]), elem_id="answer",
+            view["answer"] = gr.HTML(initial.get("answer", render.answer_html([])), elem_id="answer",
                                      elem_classes=["answer-block", "answers-pg"])
-            view["cards"] = gr.HTML(render.figures_html(None), elem_id="cards")
     view["tree"] = gr.HTML(tree_view.tree_html(None), elem_id="tree")
     with gr.Row():
-        view["acceptance_plot"] = gr.Plot(label="acceptance by depth", elem_id="plot-acceptance")
-        view["attention_plot"] = gr.Plot(label="attention by depth", elem_id="plot-attention")
-        view["norm_plot"] = gr.Plot(label="fed-back RMS by depth", elem_id="plot-norm")
+        for name, elem_id in zip(PLOTS, ("plot-acceptance", "plot-attention", "plot-norm")):
+            view[name] = gr.Plot(initial.get(name), show_label=False, elem_id=elem_id)
     with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True):
         with gr.Row():
             previous = gr.Button("◀ previous step", size="sm", min_width=80, elem_id="step-previous")
@@ -54,7 +64,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     with gr.Accordion("Plain text and downloads", open=False):
         view["text"] = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
         view["files"] = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
-    view["events"] = gr.State([])
+    view["events"] = gr.State(initial.get("events", []))
 
     stops = StopRequests()
 
@@ -62,44 +72,45 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         stops.take(session)   # a Stop pressed before this run started is not for it
         try:
             engine = backend(backends, settings.backend_name)
-            request = make_request(limits, settings, engine)
-            note = run_note(engine, request)
-            steps = engine.generate(request)
+            requests = run_requests(settings, engine)
+            note = run_note(engine, requests[0])
+            streams = {r.drafter: engine.generate(r) for r in requests}
         except Exception as e:  # bad input: nothing ran
             raise refusal(e) from None
-        run_log, pacer, live = RunLog(request), Pacer(), LivePlots()
-        yield update(run_log, note or "waiting for the engine…", live, False, False)
+        logs, main = {r.drafter: RunLog(r) for r in requests}, requests[0].drafter
+        pacer, live = Pacer(), LivePlots()
+        yield update(logs, main, note or render.PREFILL_NOTE, live, False, False)
         try:
-            for event in steps:
-                run_log.events.append(stopped(event) if stops.take(session) else event)
-                final = run_log.finished
+            for name, event in interleave(streams):
+                logs[name].events.append(event)
+                stopping = stops.take(session)
+                if stopping:   # every run that has begun ends here
+                    for log in logs.values():
+                        if log.events and not log.finished:
+                            log.events[-1] = stopped(log.events[-1])
+                final = stopping or all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
-                    yield update(run_log, note, live, final or pacer.due("plots"), final)
+                    yield update(logs, main, note, live, final or pacer.due("plots"), final)
                 if final:
                     return
         except Exception as e:
             error = refusal(e)
-            yield update(run_log, note, live, True, True, error.message)
+            yield update(logs, main, note, live, True, True, error.message)
             raise error from None
 
-    def update(run_log: RunLog, note: str, live: LivePlots, redraw: bool, final: bool, error: str = "") -> dict:
-        summary = run_log.summary
-        runs = {run_log.request.drafter: summary}
-        steps = run_log.steps   # what the answer's data-step numbers index, so a clicked token opens its step
-        html = render.answer_html(steps, note) + (render.error_html(error) if error else "")
-        last = len(steps) - 1
-        return {"answer": html, "text": run_log.text, "cards": render.figures_html(summary),
-                **dict(zip(PLOTS, live.get(lambda: plots.all_figures(runs), redraw))),
-                "step": gr.update(maximum=max(1, last), value=last) if final else 0,
-                "inspector": inspect(steps[-1] if final else None),
-                "files": export({run_log.request.drafter: run_log}, plots.all_figures(runs)) if final else None,
-                "events": steps,
-                "tree": tree_view.tree_html(steps[-1] if steps else None)}
+    def run_requests(settings: RunSettings, engine: Engine) -> list[GenerationRequest]:
+        """The run the answer shows, then the one drawn beside it in the plots (when asked for and paired)."""
+        main = make_request(limits, settings, engine)
+        if not isinstance(settings.beside, bool):
+            raise PlaygroundError("beside must be true or false", "beside")
+        other = beside_name(main.drafter, engine.drafter_names) if settings.beside else ""
+        return [main, *([replace(main, drafter=other)] if other else [])]
 
     handler = stream_handler(RunSettings, OUTPUTS, stream)
     def check(settings: RunSettings) -> None:
         engine = backend(backends, settings.backend_name)
-        engine.check(make_request(limits, settings, engine))
+        for request in run_requests(settings, engine):
+            engine.check(request)
 
     validator = input_validator(RunSettings, check)
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
@@ -108,6 +119,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                 concurrency_id="engine", concurrency_limit=limits.concurrency)
         trigger(None, js=render.scroll_into_view_js("answer"), api_name=False, queue=False)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
+    c["drafter"].change(lambda name, backend_name: gr.update(label=beside_label(
+                            name, backends[backend_name].drafter_names)) if backend_name in backends else gr.skip(),
+                        [c["drafter"], c["backend_name"]], c["beside"], api_name=False, queue=False)
     view["step"].input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
                        [view["step"], view["events"]], view["inspector"], api_name="inspect", queue=False,
                        trigger_mode="always_last")
@@ -115,6 +129,25 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         button.click(lambda i, evs, delta=delta: step_by(i, evs, delta), [view["step"], view["events"]],
                      [view["step"], view["inspector"]], api_name=False, queue=False)
     return c
+
+
+def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, redraw: bool, final: bool,
+           error: str = "", stored: bool = False) -> dict:
+    """The tab's outputs: the answer, text, cards, inspector and downloads of the run `main`, the plots of
+    every run in `logs`."""
+    run_log = logs[main]
+    summaries = {name: log.summary for name, log in logs.items() if log.events}
+    steps = run_log.steps   # what the answer's data-step numbers index, so a clicked token opens its step
+    html = render.answer_html(steps, note, stored) + (render.error_html(error) if error else "")
+    last = len(steps) - 1
+    return {"answer": html, "text": run_log.text,
+            "cards": render.figures_html(summaries.get(main)) + render.pair_html(summaries),
+            **dict(zip(PLOTS, live.get(lambda: plots.all_figures(summaries), redraw))),
+            "step": gr.update(maximum=max(1, last), value=last) if final else 0,
+            "inspector": inspect(steps[-1] if final else None),
+            "files": export(logs, plots.all_figures(summaries)) if final else None,
+            "events": steps,
+            "tree": tree_view.tree_html(steps[-1] if steps else None)}
 
 
 def step_by(i: float, events: list, delta: int) -> tuple[int, str]:

@@ -121,7 +121,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
                                                elem_id="study-sample")
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="study-run", min_width=80)
-                stop = gr.Button("Stop", variant="stop", elem_id="study-stop", min_width=80)
+                stop = gr.Button("Stop", variant="secondary", elem_id="study-stop", min_width=80)
         with gr.Column(scale=3, min_width=300):
             view["progress"] = gr.HTML(progress_html(0, 0, ""), elem_id="study-progress")
             view["report"] = gr.Markdown(elem_id="study-report")

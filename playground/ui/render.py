@@ -7,10 +7,14 @@ or script are shown as text. Whitespace is kept by the `white-space: pre-wrap` o
 from __future__ import annotations
 
 from html import escape
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from playground import plots
 from playground.engines.events import StepEvent
 from playground.engines.stats import RunSummary
+
+PREFILL_NOTE = "The target is reading the prompt (the prefill); the first token follows it…"
+FINISHED = {"eos": "end of answer", "length": "max tokens reached", "context": "context full", "stopped": "stopped"}
 
 LEGEND = (
     '<div class="legend">'
@@ -42,16 +46,18 @@ def step_html(event: StepEvent) -> str:
     return f'<span class="step" data-step="{event.step}">{"".join(parts)}</span>'
 
 
-def answer_html(events: list[StepEvent], note: str = "") -> str:
-    """The answer so far from its verify steps (RunLog.steps: a token's data-step is its step's place there)."""
+def answer_html(events: list[StepEvent], note: str = "", stored: bool = False) -> str:
+    """The answer so far from its verify steps (RunLog.steps: a token's data-step is its step's place there);
+    `stored`: a run read from disk rather than streaming now."""
     body = "".join(step_html(e) for e in events)
     if events and events[-1].finish_reason:
-        body += f'<span class="finish">[{escape(events[-1].finish_reason)}]</span>'
+        reason = events[-1].finish_reason
+        body += f'<span class="finish" title="finish reason: {escape(reason)}">— {escape(FINISHED.get(reason, reason))}</span>'
     elif events:
         body += '<span class="cursor">▌</span>'
     note = " ".join(filter(None, (note, events[-1].note if events else "")))
     note_html = f'<div class="note">{escape(note)}</div>' if note else ""
-    return f'{note_html}<div class="answer">{body}</div>'
+    return f'{note_html}<div class="answer {"stored" if stored else "live"}">{body}</div>'
 
 
 def figures_html(summary: RunSummary | None, label: str = "") -> str:
@@ -70,6 +76,20 @@ def figures_html(summary: RunSummary | None, label: str = "") -> str:
     title = f'<div class="cards-label">{escape(label)}</div>' if label else ""
     items = "".join(f'<div class="card"><div class="v">{v}</div><div class="k">{k}</div></div>' for k, v in cards)
     return f'{title}<div class="cards">{items}</div>'
+
+
+def pair_html(summaries: Mapping[str, RunSummary]) -> str:
+    """A line comparing the runs drawn together, from their summaries: tau, and the fed-back state's RMS
+    at the first and the last depth ("" for fewer than two runs with verify steps)."""
+    ran = {name: s for name, s in summaries.items() if s.steps}
+    if len(ran) < 2:
+        return ""
+    taus = ", ".join(f"{escape(plots.label(name))} {s.mean_acceptance_length:.2f}" for name, s in ran.items())
+    sized = {name: s.mean_hidden_norm for name, s in ran.items() if len(s.mean_hidden_norm) > 1}
+    rms = ", ".join(f"{escape(plots.label(name))} {v[0]:.1f} → {v[-1]:.1f}" for name, v in sized.items())
+    depths = min((len(v) for v in sized.values()), default=0)
+    grows = f" The state fed back into depths 1 to {depths}, RMS: {rms}." if depths else ""
+    return f'<div class="pair">Tokens per target pass (tau) on this prompt: {taus}.{grows}</div>'
 
 
 def inspector_html(event: StepEvent | None) -> str:
@@ -151,6 +171,10 @@ PAGE_JS = """() => {
 }"""
 
 
+# Unscoped, unlike CSS (which Gradio confines to the app's contents): a phone's page margins, narrowed
+# so that the tabs fit in one row
+PAGE_HEAD = "<style>@media (max-width: 520px) { .gradio-container .main.app { padding-left: 8px; padding-right: 8px; } }</style>"
+
 CSS = """
 .answer { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
           font-size: 14px; line-height: 1.7; min-height: 6em; padding: 10px; border-radius: 8px;
@@ -183,6 +207,7 @@ CSS = """
 .note { font-size: 13px; color: var(--body-text-color-subdued); margin-bottom: 4px; }
 .cards { display: flex; gap: 8px; flex-wrap: wrap; }
 .cards-label { font-weight: 600; margin-bottom: 4px; }
+.pair { font-size: 13px; margin-top: 6px; }
 .card { padding: 6px 12px; border-radius: 8px; border: 1px solid var(--border-color-primary); min-width: 72px; }
 .card .v { font-size: 20px; font-weight: 600; }
 .card .k { font-size: 12px; color: var(--body-text-color-subdued); }
@@ -190,6 +215,10 @@ table.inspector { border-collapse: collapse; font-size: 13px; width: 100%; }
 table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-color-primary); padding: 3px 8px; text-align: left; }
 .verdict.accepted { color: #15803d; } .verdict.rejected { color: #b91c1c; } .verdict.not-reached { color: #52525b; }
 .inspector-head, .inspector-foot { font-size: 13px; margin: 4px 0; }
+/* a phone shows all four tabs (Gradio hides those that do not fit behind a menu; see also PAGE_HEAD) */
+@media (max-width: 520px) {
+    #tabs .tab-container button { padding: 0 6px !important; font-size: 12.5px !important; }
+}
 .error-box { padding: 8px 12px; border-radius: 8px; background: rgba(239, 68, 68, 0.12); color: #b91c1c; }
 """
 

@@ -124,7 +124,7 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
             with gr.Row():
                 start = gr.Button("Watch", variant="primary", elem_id="watch-start", min_width=80,
                                   interactive=any_url or has_servers)   # NOTHING_TO_WATCH says why not
-                stop = gr.Button("Stop", variant="stop", elem_id="watch-stop", min_width=80)
+                stop = gr.Button("Stop", variant="secondary", elem_id="watch-stop", min_width=80)
         with gr.Column(scale=3, min_width=300):
             status = gr.HTML(status_html([], False) if any_url or has_servers else NOTHING_TO_WATCH,
                              elem_id="watch-status")

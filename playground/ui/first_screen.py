@@ -1,0 +1,72 @@
+"""What the Playground shows before a visitor runs anything: a stored run of its prefilled example by
+EAGLE 3.1 with EAGLE 3 beside it, drawn by the same code as a live run and labelled as stored.
+
+    python -m playground.ui.first_screen      # records it again (the reference engine, this machine)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from playground.engines.events import StepEvent
+from playground.engines.request import GenerationRequest
+from playground.engines.tree import TreeShape
+from playground.model.variants import EAGLE3, EAGLE31
+from playground.ui.controls import DEFAULT_MAX_TOKENS, DEFAULT_K, FIRST_PRESET
+from playground.ui.presets import PRESETS
+from playground.ui.runs import RunLog
+
+STORED_RUN = Path(__file__).resolve().parents[2] / "assets" / "first_screen.json"
+DRAFTERS = (EAGLE31, EAGLE3)   # the run the answer shows, then the one drawn beside it
+
+
+def example_request(drafter: str) -> GenerationRequest:
+    """The request a fresh page's Run makes with `drafter`: the prefilled example at the default settings."""
+    preset = PRESETS[FIRST_PRESET]
+    return GenerationRequest(prompt=preset.prompt, system=preset.system or None, template=preset.template,
+                             drafter=drafter, k=DEFAULT_K, temperature=0.0, max_tokens=DEFAULT_MAX_TOKENS)
+
+
+def record(path: Path = STORED_RUN) -> dict:
+    """Run the example with each drafter on the reference engine and write the runs with the host."""
+    from playground.engines.reference import ReferenceEngine
+    from playground.evaluation.machine import described, machine
+
+    engine = ReferenceEngine.load()
+    runs = {name: RunLog(example_request(name), list(engine.generate(example_request(name)))) for name in DRAFTERS}
+    stored = {"host": described(machine()), "recorded": time.strftime("%Y-%m-%d"),
+              "runs": {name: run.to_json() for name, run in runs.items()}}
+    path.write_text(json.dumps(stored))
+    return stored
+
+
+def _request(data: dict) -> GenerationRequest:
+    tree = TreeShape(**data["tree"]) if data.get("tree") else None
+    return GenerationRequest(**{**data, "history": tuple(data["history"]), "tree": tree})
+
+
+def load(path: Path = STORED_RUN) -> tuple[dict[str, RunLog], str] | None:
+    """The stored runs by drafter (the answer's first) and a line saying where they come from; None
+    where none is stored or it no longer matches what a fresh page would run."""
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text())
+    runs = {name: RunLog(_request(run["request"]), [StepEvent.from_json(e) for e in run["steps"]])
+            for name, run in stored["runs"].items()}
+    if tuple(runs) != DRAFTERS or any(asdict(run.request) != asdict(example_request(name)) for name, run in runs.items()):
+        return None
+    return runs, f"recorded on {stored['host']}, {stored['recorded']}"
+
+
+def main() -> None:
+    stored = record()
+    for name, run in stored["runs"].items():
+        print(f"{name}: tau {run['summary']['mean_acceptance_length']:.2f}, {run['summary']['tokens']} tokens")
+    print(f"wrote {STORED_RUN}")
+
+
+if __name__ == "__main__":
+    main()
