@@ -48,13 +48,23 @@ def layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None
     lines = [line for line in key if line]
     text = title + "".join(f"<br><span style='font-size:11px'>{line}</span>" for line in lines)
     fig.update_layout(title=dict(text=text, font=dict(size=14)), height=300,
-                      margin=dict(l=50, r=10, t=40 + 15 * len(lines), b=40),
+                      margin=dict(l=50, r=10, t=44 + 17 * len(lines), b=40),
                       legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template="plotly_white",
                       barmode="group")
     fig.update_xaxes(title_text=x_title, dtick=x_step)
     # without a fixed range the axis still starts at 0, so that sizes compare at a glance: a line
     # from 1.6 to 2.2 does not fill the plot as if it had grown tenfold
     fig.update_yaxes(title_text=y_title, range=y_range, rangemode="tozero")
+    return fig
+
+
+def placeholder(text: str) -> go.Figure:
+    """A plot with nothing to draw yet: `text` where it will be, no axes."""
+    fig = go.Figure()
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=13, color="#52525b"))
+    fig.update_layout(height=300, template="plotly_white", margin=dict(l=10, r=10, t=10, b=10),
+                      xaxis=dict(visible=False), yaxis=dict(visible=False))
     return fig
 
 

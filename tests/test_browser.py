@@ -193,6 +193,91 @@ def test_a_first_visitor_runs_the_prefilled_prompt_and_sees_it_stream_in_the_fir
     page.close()
 
 
+# Words (runs of non-space) of visible table cells that are wider than their cell's content box: a
+# word the table broke across lines or cut off. A table that scrolls sideways keeps its cells wide.
+BROKEN_CELLS_JS = """() => {
+    const ctx = document.createElement('canvas').getContext('2d'), broken = [];
+    for (const cell of document.querySelectorAll('td, th')) {
+        if (!cell.checkVisibility() || !cell.innerText.trim()) continue;
+        const style = getComputedStyle(cell);
+        ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+        const room = cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        for (const word of cell.innerText.split(/\\s+/).filter(Boolean)) {
+            const width = ctx.measureText(word).width;
+            if (width > room + 1) broken.push(`${word} (${Math.round(width)} px in ${Math.round(room)})`);
+        }
+    }
+    for (const table of document.querySelectorAll('table')) {   // wider than the page: it must scroll
+        if (!table.checkVisibility() || table.getBoundingClientRect().right <= document.documentElement.clientWidth + 1)
+            continue;
+        let box = table;
+        while (box && !['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) box = box.parentElement;
+        if (!box) broken.push(`a table runs off the page: ${table.innerText.slice(0, 40)}`);
+    }
+    return broken;
+}"""
+# Plots narrower or wider than the block they sit in (a plot drawn while its tab was hidden)
+MISFIT_PLOTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.checkVisibility())
+    .map(p => [p.closest('[id]').id, Math.round(p.querySelector('.main-svg').getBoundingClientRect().width),
+               Math.round(p.getBoundingClientRect().width)]).filter(([, svg, box]) => Math.abs(svg - box) > 2)"""
+
+
+def assert_tab_is_clean(page: Page, tab: str) -> None:
+    assert error_states(page) == 0, f"{tab}: an output is in Gradio's error state"
+    assert messages(page) == [], f"{tab}: {messages(page)}"
+    assert page.evaluate(BROKEN_CELLS_JS) == [], f"{tab}: table cells break inside a word"
+    assert page.evaluate(MISFIT_PLOTS_JS) == [], f"{tab}: plots that do not fit their block"
+
+
+@pytest.mark.parametrize("device", ["desktop", "phone"])
+def test_every_tab_shows_its_tables_whole_its_plots_fitted_and_no_error_state(browser, app_url, device, tmp_path):
+    """A visitor's tour: the first screen's stored run and its inspector, a comparison with a tab switch while it
+    runs and the stored benchmark, a study of a file mixing record kinds, the servers tab."""
+    page = open_page(browser, app_url, device)
+    expect(page.locator("#answer .stored .tok").first).to_be_visible()   # the claim before anything runs
+    for plot in ("plot-acceptance", "plot-attention", "plot-norm"):
+        expect(page.locator(f"#{plot} .legendtext")).to_have_text(["EAGLE 3.1", "EAGLE 3"])
+    expect(page.locator("#cards .pair")).to_contain_text("EAGLE 3.1")
+    if device == "desktop":
+        Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)).joinpath("first-screen.png").write_bytes(
+            page.screenshot())
+    page.locator('#answer .step[data-step="4"] .tok').first.click()
+    expect(page.locator("#inspector .inspector-head")).to_contain_text("step 4 ·")
+    expect(page.locator('#answer .step.chosen')).to_have_attribute("data-step", "4")
+    assert_tab_is_clean(page, "Playground")
+
+    page.get_by_role("tab", name="Comparison").click()
+    set_number(page, "cmp-max-tokens", 24)
+    page.locator("#compare-run").click()
+    page.wait_for_function("() => document.querySelectorAll('#answer-first .tok').length > 0", timeout=60_000)
+    page.get_by_role("tab", name="Playground").click()
+    page.wait_for_timeout(1_500)   # the comparison goes on, its plots redrawn while hidden
+    page.get_by_role("tab", name="Comparison").click()
+    for slot in ("first", "second", "none"):
+        expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=120_000)
+    page.locator("#stored-benchmark .label-wrap").click()
+    expect(page.locator("#stored-benchmark table").first).to_be_visible()
+    page.wait_for_timeout(500)
+    assert_tab_is_clean(page, "Comparison")
+
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"prompt": "Name a colour."}\n{"messages": [{"role": "user", "content": "Say hello."}]}\n')
+    upload_prompts(page, mixed)
+    set_number(page, "study-max-tokens", 8)
+    page.locator("#study-run").click()
+    expect(page.locator("#study-progress .study-line")).to_contain_text("finished", timeout=120_000)
+    assert study_line(page).startswith("2 of 2 prompts")
+    expect(page.locator("#study-report table").first).to_be_visible()
+    page.wait_for_timeout(500)
+    assert_tab_is_clean(page, "Your prompts")
+
+    page.get_by_role("tab", name="Your servers").click()
+    page.wait_for_timeout(500)
+    assert_tab_is_clean(page, "Your servers")
+    screenshot(page, tmp_path, f"tour-{device}.png")
+    page.close()
+
+
 def test_bad_input_gets_one_message_at_its_control(phone):
     phone.locator("#pg-prompt textarea").fill("   ")
     phone.locator("#run").click()
@@ -277,6 +362,14 @@ def test_stop_ends_a_run_like_a_finished_one(page):
     expect(page.locator("#answer .live .finish")).not_to_have_text("— stopped")
 
 
+def column_text(page: Page, slot: str) -> str:
+    """A Comparison column's answer as plain text, from its panel (opened if closed)."""
+    box = page.locator(f"#text-{slot} textarea")
+    if not box.count():
+        page.locator(f"#plain-{slot} .label-wrap").click()
+    return box.input_value()
+
+
 def test_comparison_tab_streams_both_columns(page, tmp_path):
     page.get_by_role("tab", name="Comparison").click()
     page.locator("#cmp-prompt textarea").fill("Write a haiku about the sea.")
@@ -284,7 +377,7 @@ def test_comparison_tab_streams_both_columns(page, tmp_path):
     page.locator("#compare-run").click()
     for slot in ("first", "second", "none"):
         expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=120_000)
-    texts = [page.locator(f"#text-{slot} textarea").input_value() for slot in ("first", "second", "none")]
+    texts = [column_text(page, slot) for slot in ("first", "second", "none")]
     assert texts[0] and texts[0] == texts[1] == texts[2]
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
@@ -301,7 +394,7 @@ def test_the_guided_example_runs_from_one_click(page, tmp_path):
     for slot in ("first", "second", "none"):
         expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=240_000)
     assert page.locator("#cmp-prompt textarea").input_value() == DRIFT_EXAMPLE.prompt
-    texts = [page.locator(f"#text-{slot} textarea").input_value() for slot in ("first", "second", "none")]
+    texts = [column_text(page, slot) for slot in ("first", "second", "none")]
     assert texts[0] and texts[0] == texts[1] == texts[2]
     expect(page.locator("#compare-norm .js-plotly-plot")).to_be_visible(timeout=20_000)
     assert error_states(page) == 0

@@ -253,9 +253,12 @@ def _grouped(groups: list[dict], title: str, x_title: str) -> go.Figure:
                         line=dict(color=plots.color(m)),
                         error_y=_error_bars(values, [g["tau_ci"][m] for g in groups]),
                         customdata=[g["prompts"] for g in groups],
-                        hovertemplate=f"{label(m)}<br>%{{x}}: tau %{{y:.2f}} (%{{customdata}} prompts)<extra></extra>")
+                        hovertemplate=f"{label(m)}<br>%{{x}}: tau %{{y:.2f}} (%{{customdata}} prompts)<extra></extra>",
+                        offsetgroup=m)
+    # each drafter's points a little apart in their group, so that equal values do not hide one another
     fig.update_layout(title=dict(text=title, font=dict(size=14)), height=320, template="plotly_white",
-                      margin=dict(l=50, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.3))
+                      margin=dict(l=50, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.3),
+                      scattermode="group", scattergap=0.5)
     fig.update_xaxes(title_text=x_title, type="category")
     fig.update_yaxes(title_text="tau (mean acceptance length)", rangemode="tozero")
     return fig

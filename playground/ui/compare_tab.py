@@ -4,6 +4,7 @@ a baseline without speculation, with overlaid plots and a summary table."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from functools import partial
@@ -23,7 +24,7 @@ from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_d
                                     wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, refusal, stream_handler)
-from playground.ui.explainer import STORED_RESULTS
+from playground.ui.explainer import STORED_RESULTS, stored_speedups
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, interleave, make_request,
@@ -34,7 +35,17 @@ MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TRE
 STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
 TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tau", "draft ms/step", "verify ms/step",
                  "steps", "tokens", "acceptance by depth"]
-NOISE_NOTE = "A single run on a shared CPU is noisy: compare speeds over several runs (python -m playground bench)."
+
+
+def noise_note() -> str:
+    """How far one run's speeds can be trusted, and what the stored benchmark measured over many."""
+    stored = stored_speedups(json.loads(STORED_RESULTS.read_text())) if STORED_RESULTS.exists() else ""
+    return ("The speeds above are one run on a shared CPU, and noisy: the runs take turns step by step, and a slow "
+            "first token lowers a whole run's rate (python -m playground bench measures over many prompts). "
+            + stored).strip()
+
+
+NOISE_NOTE = noise_note()
 
 
 def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSettings | None]:
@@ -168,12 +179,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                 view[column(slot, "cards")] = gr.HTML(render.figures_html(None), elem_id=f"cards-{slot}")
                 view[column(slot, "answer")] = gr.HTML(render.answer_html([]), elem_id=f"answer-{slot}",
                                                        elem_classes=["answer-block", "answers-cmp"])
-                view[column(slot, "text")] = gr.Textbox(label="plain text", lines=3, buttons=["copy"],
-                                                        elem_id=f"text-{slot}")
+                with gr.Accordion("plain text", open=False, elem_id=f"plain-{slot}"):
+                    view[column(slot, "text")] = gr.Textbox(show_label=False, lines=3, buttons=["copy"],
+                                                            elem_id=f"text-{slot}")
     with gr.Row():
-        view["acceptance_plot"] = gr.Plot(show_label=False, elem_id="compare-acceptance")
-        view["attention_plot"] = gr.Plot(show_label=False, elem_id="compare-attention")
-        view["norm_plot"] = gr.Plot(show_label=False, elem_id="compare-norm")
+        for name, elem_id in zip(PLOTS, ("compare-acceptance", "compare-attention", "compare-norm")):
+            view[name] = gr.Plot(plots.placeholder("press Compare: each run drawn by draft depth"), show_label=False,
+                                 min_width=300, elem_id=elem_id)
     view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
     view["note"] = gr.Markdown(elem_id="compare-note")
     view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
@@ -241,8 +253,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     for trigger, api_name in ((run.click, "compare"), (picked.then, False)):
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
                 concurrency_id="engine", concurrency_limit=limits.concurrency)
-    for trigger in (run.click, guided.click, picked.then):
-        trigger(None, js=render.scroll_into_view_js("answer-first"), api_name=False, queue=False)
     # the settings the README's figures for the example were measured with
     example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,
                "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS,
@@ -273,4 +283,13 @@ def stored_benchmark() -> None:
         return
     with gr.Accordion("Stored benchmark: the prompt suite by category (python -m playground bench)", open=False,
                       elem_id="stored-benchmark"):
-        gr.Markdown(STORED_BENCHMARK.read_text())
+        gr.Markdown(generate_note() + "\n\n" + STORED_BENCHMARK.read_text())
+
+
+def generate_note() -> str:
+    """What the stored table's two kinds of speedup measure."""
+    rows = json.loads(STORED_RESULTS.read_text())["rows"] if STORED_RESULTS.exists() else []
+    own = [row["vs_generate"] for row in rows if row["method"] == NONE and row.get("vs_generate")]
+    engine = f" (without speculation it runs {min(own):.1f}x to {max(own):.1f}x as fast)" if own else ""
+    return ("*vs none* is the gain from speculation alone: the same engine without a drafter. *vs generate* is "
+            f"against transformers' `generate()`, and counts this engine's own kernels too{engine}.")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from playground.model.variants import EAGLE3, EAGLE31
+from playground.evaluation.machine import described
+from playground.model.variants import EAGLE3, EAGLE31, LABELS
 
 STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 CATEGORY = "chat"
@@ -44,6 +45,18 @@ def measured(probes: dict[str, DepthProbes], k: int, category: str = CATEGORY) -
             f"{old.rms_first:.1f} to {old.rms_last:.1f}; EAGLE 3.1's sink attention {trend(new.sink_first, new.sink_last)} "
             f"from {new.sink_first:.3f} "
             f"to {new.sink_last:.3f} and its fed-back RMS from {new.rms_first:.1f} to {new.rms_last:.1f}.")
+
+
+def stored_speedups(results: dict) -> str:
+    """The range of speedups over no speculation the stored benchmark measured, by drafter, in a sentence."""
+    by_method: dict[str, list[float]] = {}
+    for row in results["rows"]:
+        if row["method"] in (EAGLE3, EAGLE31) and row.get("speedup_vs_none"):
+            by_method.setdefault(row["method"], []).append(row["speedup_vs_none"])
+    ranges = ", ".join(f"{LABELS[m]} {min(v):.2f}x to {max(v):.2f}x" for m, v in sorted(by_method.items()))
+    categories = len({row["category"] for row in results["rows"]})
+    return (f"The stored benchmark measured, over its {categories} prompt categories, the speed without speculation "
+            f"times {ranges} ({described(results['machine'])}).") if ranges else ""
 
 
 def explainer_markdown(results_path: Path = STORED_RESULTS) -> str:

@@ -29,6 +29,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     view = {}
     first = next(iter(backends.values()))
     stored = first_screen.load() if first.name == "reference" else None
+    initial = update(stored[0], first_screen.DRAFTERS[0], f"A stored run of this example ({stored[1]}). Press Run to "
+                     "run it live.", LivePlots(), True, False, stored=True) if stored else {}
+    shown_steps = len(initial.get("events", []))
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=300):
             c = {"prompt": prompt_box(limits, "pg")}
@@ -44,9 +47,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                 stop = gr.Button("Stop", variant="secondary", elem_id="stop", min_width=80)
             c |= settings_panel(limits, backends, "pg")
             follow_backend(c, backends, "drafter", keep_or(default_drafter))
+            with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True):
+                with gr.Row():
+                    previous = gr.Button("◀ previous", size="sm", min_width=60, elem_id="step-previous")
+                    view["step"] = gr.Slider(0, max(1, shown_steps - 1), value=0, step=1, label="verify step", elem_id="step", scale=4)
+                    following = gr.Button("next ▶", size="sm", min_width=60, elem_id="step-next")
+                view["inspector"] = gr.HTML(render.inspector_html(None), elem_id="inspector")
         with gr.Column(scale=3, min_width=300):
-            initial = update(stored[0], first_screen.DRAFTERS[0], f"A stored run of this example ({stored[1]}). Press Run to run it "
-                             "live.", LivePlots(), True, False, stored=True) if stored else {}
             view["cards"] = gr.HTML(initial.get("cards", render.figures_html(None)), elem_id="cards")
             answer_header("pg")
             view["answer"] = gr.HTML(initial.get("answer", render.answer_html([])), elem_id="answer",
@@ -54,13 +61,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     view["tree"] = gr.HTML(tree_view.tree_html(None), elem_id="tree")
     with gr.Row():
         for name, elem_id in zip(PLOTS, ("plot-acceptance", "plot-attention", "plot-norm")):
-            view[name] = gr.Plot(initial.get(name), show_label=False, elem_id=elem_id)
-    with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True):
-        with gr.Row():
-            previous = gr.Button("◀ previous step", size="sm", min_width=80, elem_id="step-previous")
-            view["step"] = gr.Slider(0, 1, value=0, step=1, label="verify step", elem_id="step", scale=4)
-            following = gr.Button("next step ▶", size="sm", min_width=80, elem_id="step-next")
-        view["inspector"] = gr.HTML(render.inspector_html(None), elem_id="inspector")
+            view[name] = gr.Plot(initial.get(name), show_label=False, min_width=300, elem_id=elem_id)
     with gr.Accordion("Plain text and downloads", open=False):
         view["text"] = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
         view["files"] = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
@@ -117,7 +118,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     for trigger, api_name in ((run.click, "run"), (c["prompt"].submit, False), (wire_presets(c).then, False)):
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
                 concurrency_id="engine", concurrency_limit=limits.concurrency)
-        trigger(None, js=render.scroll_into_view_js("answer"), api_name=False, queue=False)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     c["drafter"].change(lambda name, backend_name: gr.update(label=beside_label(
                             name, backends[backend_name].drafter_names)) if backend_name in backends else gr.skip(),

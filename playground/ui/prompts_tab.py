@@ -14,7 +14,6 @@ from typing import Iterator, Mapping
 
 import gradio as gr
 import pandas as pd
-import plotly.graph_objects as go
 
 from playground.engines.protocol import Engine
 from playground.engines.request import K_RANGE, check_k, check_max_tokens
@@ -25,7 +24,7 @@ from playground.evaluation.prompt_files import PromptFile, PromptFileError, Prom
     read_prompt_file, read_prompts
 from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.evaluation.runner import PromptResult
-from playground.plots import label
+from playground.plots import label, placeholder
 from playground.ui import unchecked
 from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import (STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, failure_message, input_validator,
@@ -39,6 +38,7 @@ HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `syste
         "`conversations`; CSV with a `prompt` column; or plain text with prompts separated by blank lines. "
         "Greedy: both drafters answer each prompt with the same tokens, so tau compares the same text.")
 SAMPLES = Path(__file__).resolve().parents[2] / "assets" / "prompts"
+NOT_YET = placeholder("drawn as the study's prompts finish")
 
 
 def prompt_limits(limits: Limits) -> PromptLimits:
@@ -91,7 +91,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
     on a prompt of the report fills before it switches to `tabs`' "playground" tab."""
     view = {}
     with gr.Row(equal_height=False):
-        with gr.Column(scale=2, min_width=300):
+        with gr.Column(min_width=300):
             c = {"file": gr.File(label="Prompt file", file_types=[".jsonl", ".json", ".csv", ".txt"], type="filepath",
                                  elem_id="study-file"),
                  "pasted": gr.Textbox(label="…or paste prompts (any of the same formats)", lines=4, max_lines=10,
@@ -99,6 +99,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
             gr.Markdown(HELP + f" At most {limits.study_prompts} prompts per file.", elem_classes=["study-help"])
             gr.Examples([[str(SAMPLES / "chat.jsonl")], [str(SAMPLES / "sharegpt.json")]], [c["file"]],
                         label="Samples")
+        with gr.Column(min_width=300):
             with gr.Row():
                 first = next(iter(backends.values()))
                 c["drafters"] = unchecked.CheckboxGroup(drafter_choices(first), label="Drafters",
@@ -122,15 +123,17 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="study-run", min_width=80)
                 stop = gr.Button("Stop", variant="secondary", elem_id="study-stop", min_width=80)
-        with gr.Column(scale=3, min_width=300):
-            view["progress"] = gr.HTML(progress_html(0, 0, ""), elem_id="study-progress")
-            view["report"] = gr.Markdown(elem_id="study-report")
+            view["progress"] = gr.HTML("<div class='study-line'>Upload a file or paste prompts, then press Run.</div>",
+                                       elem_id="study-progress")
+    view["report"] = gr.Markdown(elem_id="study-report", elem_classes=["report"])
     with gr.Row():
         for name in STUDY_PLOTS[:3]:
-            view[name] = gr.Plot(show_label=False, elem_id=f"study-{name.replace('_', '-')}")
+            view[name] = gr.Plot(NOT_YET, show_label=False, min_width=300,
+                                 elem_id=f"study-{name.replace('_', '-')}")
     with gr.Row():
         for name in STUDY_PLOTS[3:]:
-            view[name] = gr.Plot(show_label=False, elem_id=f"study-{name.replace('_', '-')}")
+            view[name] = gr.Plot(NOT_YET, show_label=False, min_width=300,
+                                 elem_id=f"study-{name.replace('_', '-')}")
     view["table"] = gr.Dataframe(label="Prompts (click one to open it in the Playground tab)", interactive=False,
                                  wrap=True, elem_id="study-table")
     view["files"] = gr.File(label="report: JSON, markdown, CSV per prompt, HTML (self-contained)",
@@ -184,7 +187,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
 
     def update(res: dict, progress: str, live: LivePlots, redraw: bool, files, texts: list,
                figures: dict | None = None) -> dict:
-        shown = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, go.Figure())
+        shown = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, NOT_YET)
                               for kind in FIGURES.values())
         return {"progress": progress, "report": prompt_report.markdown(res) if res["pooled"] else "",
                 **dict(zip(STUDY_PLOTS, live.get(shown, redraw))), "table": table(res), "files": files,
@@ -200,7 +203,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
 
     def open_prompt(prompts: list, event: gr.SelectData):
         row = event.row_value or []
-        index = int(row[0]) if row and str(row[0]).isdigit() else -1
+        index = int(row[0]) - 1 if row and str(row[0]).isdigit() else -1   # the table counts from 1
         if not 0 <= index < len(prompts):
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         prompt, system = prompts[index]
@@ -214,7 +217,7 @@ def table(res: dict) -> pd.DataFrame:
     """A row per prompt: its place, id, category, length, each method's tau, and the start of its text."""
     methods = [p["method"] for p in res["pooled"]]
     head = ["#", "id", "category", "prompt tokens", *(f"{label(m)} tau" for m in methods), "prompt"]
-    rows = [[p["index"], p["id"], p["category"] or "", p["prompt_tokens"] if not p["skipped"] else "–",
+    rows = [[p["index"] + 1, p["id"], p["category"] or "", p["prompt_tokens"] if not p["skipped"] else "–",
              *(round(p["runs"][m]["mean_acceptance_length"], 2) if m in p["runs"] else "–" for m in methods),
              p["preview"] if not p["skipped"] else f"skipped: {p['skipped']}"] for p in res["prompts"]]
     return pd.DataFrame(rows, columns=head)

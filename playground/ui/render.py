@@ -92,11 +92,17 @@ def pair_html(summaries: Mapping[str, RunSummary]) -> str:
     return f'<div class="pair">Tokens per target pass (tau) on this prompt: {taus}.{grows}</div>'
 
 
+INSPECTOR_COLUMNS = (("depth", "draft depth"), ("draft", "the drafted token"), ("p", "the drafter's probability of it"),
+                     ("verdict", "the target's verdict"), ("sink", "drafter attention on the sink tokens"),
+                     ("own", "drafter attention on its own earlier drafts of this step"),
+                     ("RMS", "RMS of the state fed back into this depth"))
+
+
 def inspector_html(event: StepEvent | None) -> str:
     """One verify step in detail: each draft with its depth, probability, verdict and attention."""
     if event is None:
-        return '<div class="inspector empty">Run a prompt, then pick a verify step.</div>'
-    head = (f'<div class="inspector-head">step {event.step} · position {event.position} · '
+        return '<div class="inspector empty">Click a token of the answer: its step opens here, each draft with its probability, verdict and attention.</div>'
+    head = (f'<div class="inspector-head" data-step="{event.step}">step {event.step} · position {event.position} · '
             f'{event.accepted}/{event.drafted} drafts accepted · draft {event.draft_ms:.1f} ms · '
             f'verify {event.verify_ms:.1f} ms</div>')
     if event.step == 0:
@@ -113,8 +119,7 @@ def inspector_html(event: StepEvent | None) -> str:
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     emitted = (f"<code>{escape(visible(event.token_texts[-1]))}</code>" if len(event.token_ids) > event.accepted
                else "none: the sequence ended on an accepted draft")
-    header = "".join(f"<th>{h}</th>" for h in ("depth", "draft", "drafter p", "verdict", "sink attn",
-                                                 "self attn", "fed-back RMS"))
+    header = "".join(f'<th title="{escape(what)}">{h}</th>' for h, what in INSPECTOR_COLUMNS)
     return (f'{head}<div class="table-scroll"><table class="inspector"><thead><tr>{header}</tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>'
             f'<div class="inspector-foot">target token emitted after the drafts: {emitted} '
@@ -139,10 +144,6 @@ def counter_js(limit: int) -> str:
     }}"""
 
 
-def scroll_into_view_js(elem_id: str) -> str:
-    return f"() => {{ document.getElementById({elem_id!r})?.scrollIntoView({{block: 'nearest'}}); }}"
-
-
 def show_rejected_js(group: str) -> str:
     """The 'show rejected drafts inline' switch of the answers with class `answers-group`: an attribute on
     their blocks, which keep it while their contents are re-rendered at every update (the custom CSS
@@ -151,22 +152,38 @@ def show_rejected_js(group: str) -> str:
             f"(block) => block.dataset.rejected = shown ? 'shown' : ''); }}")
 
 
-# Runs once when the page loads. While an answer streams, the page scrolls with it as long as the
-# reader is following its end; clicking a token of the Playground's answer opens its verify step.
+# Runs once when the page loads. A streaming answer's first tokens are scrolled into view when they
+# start below the screen, and then the page scrolls with the answer as long as the reader follows its end; clicking a token of the Playground's answer opens its verify step, and
+# the step the inspector shows is outlined in the answer. A tab's plots are drawn again when the tab is
+# shown: plots updated while their tab was hidden were laid out at a hidden element's size.
 PAGE_JS = """() => {
+    const outline = () => {
+        const shown = document.querySelector('#inspector .inspector-head')?.dataset.step;
+        document.querySelectorAll('#answer .step').forEach((s) => s.classList.toggle('chosen', s.dataset.step === shown));
+    };
+    let streaming = false;
     new MutationObserver(() => {
+        outline();
         const cursor = document.querySelector('.answer .cursor');
+        streaming = streaming && !!cursor;
         if (!cursor) return;
         const bottom = cursor.getBoundingClientRect().bottom, height = window.innerHeight;
-        if (bottom > height - 8 && bottom < height + 240) window.scrollBy(0, bottom - height + 48);
+        if (!streaming && bottom > height) cursor.scrollIntoView({block: 'center'});   // a run's first tokens
+        else if (bottom > height - 8 && bottom < height + 240) window.scrollBy(0, bottom - height + 48);
+        streaming = true;
     }).observe(document.body, {childList: true, subtree: true});
     document.addEventListener('click', (e) => {
+        if (e.target.closest('[role=tab]')) {
+            setTimeout(() => window.dispatchEvent(new Event('resize')), 60);
+            return;
+        }
         const step = e.target.closest('#answer .step');
         const slider = document.querySelector('#step input[type=range]');
         if (!step || !slider) return;
         slider.value = step.dataset.step;
         slider.dispatchEvent(new Event('input', {bubbles: true}));
         slider.dispatchEvent(new Event('change', {bubbles: true}));
+        document.getElementById('inspector')?.scrollIntoView({block: 'nearest', behavior: 'smooth'});
     });
 }"""
 
@@ -191,8 +208,10 @@ CSS = """
                            padding: 2px 6px; border-radius: 4px; background: #fee2e2; color: #991b1b;
                            text-decoration: line-through; box-shadow: 0 1px 4px rgba(0, 0, 0, 0.2); }
 .answer-block[data-rejected=shown] .tok.rej .rej-text {
-    display: inline; position: static; box-shadow: none; white-space: pre-wrap; background: rgba(239, 68, 68, 0.22); }
+    display: inline; position: static; box-shadow: none; white-space: pre-wrap; background: rgba(239, 68, 68, 0.22);
+    text-decoration: line-through; }
 .answer .step { cursor: pointer; }
+.answer .step.chosen { outline: 2px solid #1d4ed8; outline-offset: 1px; border-radius: 3px; }
 .counter { font-size: 12px; color: var(--body-text-color-subdued); text-align: right; }
 .counter.over { color: #b91c1c; font-weight: 600; }
 .table-scroll { overflow-x: auto; }
@@ -212,12 +231,29 @@ CSS = """
 .card .v { font-size: 20px; font-weight: 600; }
 .card .k { font-size: 12px; color: var(--body-text-color-subdued); }
 table.inspector { border-collapse: collapse; font-size: 13px; width: 100%; }
-table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-color-primary); padding: 3px 8px; text-align: left; }
+table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-color-primary); padding: 3px 6px; text-align: left;
+                                         white-space: nowrap; }
 .verdict.accepted { color: #15803d; } .verdict.rejected { color: #b91c1c; } .verdict.not-reached { color: #52525b; }
 .inspector-head, .inspector-foot { font-size: 13px; margin: 4px 0; }
 /* a phone shows all four tabs (Gradio hides those that do not fit behind a menu; see also PAGE_HEAD) */
 @media (max-width: 520px) {
     #tabs .tab-container button { padding: 0 6px !important; font-size: 12.5px !important; }
+}
+/* a report's tables keep every cell on one line and scroll sideways when wider than the page */
+.prose table { display: block; width: max-content; max-width: 100%; overflow-x: auto; }
+.prose table th, .prose table td { white-space: nowrap; }
+/* data tables as wide as their cells' text on one line, scrolling sideways where the page is narrower */
+#study-table table, #compare-table table { width: max-content !important; min-width: 100%; }
+#study-table th, #study-table td, #compare-table th, #compare-table td { white-space: nowrap !important; }
+/* download lists show whole file names (they carry the runs and the time), scrolling on a narrow screen */
+.file-preview .filename, .file-preview .filename .stem { overflow: visible !important; text-overflow: clip !important; }
+/* dark mode (the system's): a brighter mark, and plots on the page's background */
+@media (prefers-color-scheme: dark) {
+    .rej-mark { color: #f87171; }
+    .js-plotly-plot .main-svg { background: transparent !important; }
+    .js-plotly-plot .bg { fill: transparent !important; }
+    .js-plotly-plot text { fill: #d4d4d8 !important; }
+    .js-plotly-plot .gridlayer path, .js-plotly-plot .zerolinelayer path { stroke: #3f3f46 !important; }
 }
 .error-box { padding: 8px 12px; border-radius: 8px; background: rgba(239, 68, 68, 0.12); color: #b91c1c; }
 """

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from playground.engines.vllm.watch import (LIVE, NO_SPECULATION, RESTARTED, RecentReadings, Watch, WindowView,
                                            figure_text, parse_servers)
 from playground.errors import PlaygroundError
-from playground.plots import COLORS, PALETTE, layout
+from playground.plots import COLORS, PALETTE, layout, placeholder
 from playground.ui import unchecked
 from playground.ui.endpoints import number, quiet_refusal, text
 
@@ -114,7 +114,7 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
                 f"`/metrics` every {EVERY_S:g} seconds: each figure is a counter difference over the window. "
                 "A server that restarts, stops answering or serves no metrics is marked, not plotted as a spike.")
     with gr.Row(equal_height=False):
-        with gr.Column(scale=2, min_width=280):
+        with gr.Column(scale=2, min_width=280, visible=any_url or has_servers):
             servers = gr.Textbox(servers_text(app_servers()), label="servers (NAME=URL, one per line)", lines=3,
                                  interactive=any_url, elem_id="watch-servers",
                                  info=None if any_url else "the app's servers (start it with --watch-any-url to "
@@ -128,13 +128,12 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
         with gr.Column(scale=3, min_width=300):
             status = gr.HTML(status_html([], False) if any_url or has_servers else NOTHING_TO_WATCH,
                              elem_id="watch-status")
-    views = {}
-    with gr.Row():
-        for name in PLOTS[:2]:
-            views[name] = gr.Plot(show_label=False, elem_id=f"watch-{name.replace('_', '-')}")
-    with gr.Row():
-        for name in PLOTS[2:]:
-            views[name] = gr.Plot(show_label=False, elem_id=f"watch-{name.replace('_', '-')}")
+    views, waiting = {}, placeholder("press Watch: drawn from the servers' readings")
+    for row in (PLOTS[:2], PLOTS[2:]):
+        with gr.Row(visible=any_url or has_servers):   # nothing to watch: the tab is its one line of why
+            for name in row:
+                views[name] = gr.Plot(waiting, show_label=False, min_width=300,
+                                      elem_id=f"watch-{name.replace('_', '-')}")
     session = gr.State(None, time_to_live=TTL_S, delete_callback=lambda s: s and s.close())
     timer = gr.Timer(EVERY_S, active=False)
 
