@@ -47,7 +47,11 @@ def layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None
     (empty lines are left out); the legend then names only drafters, one row for any number of them."""
     lines = [line for line in key if line]
     text = title + "".join(f"<br><span style='font-size:11px'>{line}</span>" for line in lines)
-    fig.update_layout(title=dict(text=text, font=dict(size=14)), height=300,
+    # the title and its key lines hang from the top, and each line of the key makes the figure taller
+    # rather than the plot smaller
+    fig.update_layout(title=dict(text=text, font=dict(size=14), y=1, yref="container", yanchor="top",
+                                 pad=dict(t=10)),
+                      height=300 + 17 * max(0, len(lines) - 1),
                       margin=dict(l=50, r=10, t=44 + 17 * len(lines), b=40),
                       legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template="plotly_white",
                       barmode="group")

@@ -426,9 +426,9 @@ def test_the_draft_tree_is_drawn_and_can_be_hovered(page, tmp_path):
     assert page.locator("#tree svg .node.rej").count() > 0 and page.locator("#tree svg .node.tgt").count() <= 1
     assert "drafter p" in page.locator("#tree svg .node.acc title").first.text_content()
     set_number(page, "step", 1)   # the inspector draws the step's tree too
-    expect(page.locator("#inspector .tree svg")).to_be_visible(timeout=10_000)
+    expect(page.locator("#inspector .tree-head")).to_contain_text("step 1", timeout=10_000)
+    expect(page.locator("#inspector .tree svg")).to_be_visible()
     assert page.locator("#inspector .tree svg .node.tgt").count() == 1
-    expect(page.locator("#inspector .tree-head")).to_contain_text("step 1")
     screenshot(page, tmp_path, "tree.png")
     page.locator("#pg-draft").get_by_label("chain", exact=True).check()
 

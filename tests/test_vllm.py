@@ -15,7 +15,7 @@ import pytest
 
 from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import summarize
+from playground.engines.stats import first_difference, summarize
 from playground.evaluation.prompt_sets import LONG_CONTEXT, document_prompt, long_context
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
@@ -61,10 +61,6 @@ def test_launcher_starts_a_server_again_when_its_port_was_taken(servers):
     assert f"port {taken_port} was taken before vllm-eagle3.1 could bind it" in "\n".join(lines)
     assert vllm.servers["eagle3.1"].url == retried.url and healthy(retried.url)
     assert all(not is_ephemeral(p.port) for p in launched.processes.values())
-
-
-def first_difference(a, b) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
 def assert_same_answer(vllm_events: list, ours) -> None:

@@ -1,5 +1,5 @@
 """`bench` and its subcommands: the prompt suite, your prompts, and the measurements of one part each
-(ui, vllm, trees, profile, kernels, probe, memory).
+(ui, vllm, trees, rejection, profile, kernels, probe, memory).
 
 The options of a run (--drafters, --k, --max-tokens, ...) belong to `bench` and to each subcommand that
 reads them, so they may come before or after the subcommand: on a subcommand an option left unset keeps
@@ -103,6 +103,16 @@ def add_parsers(sub) -> None:
     t.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="folder for the report "
                                                                        "(default: assets/benchmark/trees)")
     t.set_defaults(func=bench_trees)
+
+    r = suites.add_parser("rejection", help="what predicts a rejected draft: AUC of draft probability, sink and "
+                                            "own-draft attention and fed-back RMS by depth, on the shipped sample "
+                                            "and the held-out prompts")
+    _run_options(r, _unset)
+    r.add_argument("--prompts", type=int, default=None, help="prompts per held-out kind and of the sample "
+                                                              "(default: all)")
+    r.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="folder for the report "
+                                                                       "(default: assets/benchmark/rejection)")
+    r.set_defaults(func=bench_rejection)
 
     f = suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, --k, "
                                           "--max-tokens)")
@@ -229,6 +239,17 @@ def bench_trees(args: argparse.Namespace) -> int:
                                    prompts=args.prompts, max_tokens=args.max_tokens)
     result, paths = trees.run(config, args.out or Path("assets/benchmark/trees"))
     print(trees.markdown(result))
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    return 0
+
+
+def bench_rejection(args: argparse.Namespace) -> int:
+    from playground.evaluation import rejection
+
+    config = rejection.RejectionConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
+                                       prompts=args.prompts)
+    report, paths = rejection.run(config, args.out or Path("assets/benchmark/rejection"))
+    print(rejection.markdown(report))
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0
 

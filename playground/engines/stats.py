@@ -239,6 +239,7 @@ class RunTotals:
     hidden_norm: DepthSums
     draft_ms: float                       # summed over the verify steps
     verify_ms: float
+    self_attention: DepthSums = DepthSums()   # on the drafter's own earlier drafts of the step
 
     @classmethod
     def of(cls, events: list[StepEvent]) -> RunTotals:
@@ -252,7 +253,8 @@ class RunTotals:
                    accepted=accepted, drafting_steps=steps, reaching=steps_accepting(events)[0],
                    sink_attention=DepthSums.of(e.sink_attention for e in drafting),
                    hidden_norm=DepthSums.of(e.hidden_norm for e in drafting),
-                   draft_ms=sum(e.draft_ms for e in verifying), verify_ms=sum(e.verify_ms for e in verifying))
+                   draft_ms=sum(e.draft_ms for e in verifying), verify_ms=sum(e.verify_ms for e in verifying),
+                   self_attention=DepthSums.of(e.self_attention for e in drafting))
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -278,6 +280,7 @@ class Pooled:
     draft_ms: float                    # per verify step
     verify_ms: float
     other_ms: float                    # per verify step: sampling, bookkeeping, events, detokenising
+    self_attention: tuple[float, ...] = ()   # on its own earlier drafts of the step, by depth
 
     @classmethod
     def of(cls, runs: Sequence[RunTotals]) -> Pooled:
@@ -292,7 +295,8 @@ class Pooled:
                    sink_attention=DepthSums.total([r.sink_attention for r in runs]).means,
                    hidden_norm=DepthSums.total([r.hidden_norm for r in runs]).means,
                    draft_ms=draft_ms, verify_ms=verify_ms,
-                   other_ms=max(0.0, sum(r.decode_seconds for r in runs) * 1e3 / n - draft_ms - verify_ms))
+                   other_ms=max(0.0, sum(r.decode_seconds for r in runs) * 1e3 / n - draft_ms - verify_ms),
+                   self_attention=DepthSums.total([r.self_attention for r in runs]).means)
 
     @property
     def tokens_per_s(self) -> float:
@@ -304,3 +308,31 @@ class Pooled:
 
 def pool(runs: list[list[StepEvent]]) -> Pooled:
     return Pooled.of([RunTotals.of(run) for run in runs])
+
+
+def first_difference(tokens: Sequence[int], expected: Sequence[int]) -> int | None:
+    """The index of the first token that differs (the shorter length where one answer stops early);
+    None when both are the same."""
+    if list(tokens) == list(expected):
+        return None
+    return next((j for j, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
+
+
+@dataclass(frozen=True)
+class VerifiedDraft:
+    """One draft the target verified (a draft past the first rejected one never was), with what the
+    drafter knew and showed when it drafted it: None where the backend does not report it."""
+    depth: int                            # 1 for a step's first draft
+    accepted: bool
+    probability: float | None
+    sink_attention: float | None
+    self_attention: float | None
+    hidden_norm: float | None
+
+
+def verified_drafts(events: list[StepEvent]) -> tuple[VerifiedDraft, ...]:
+    """Every verified draft of a run, step by step and depth by depth (a tree's main line)."""
+    at = lambda values, d: values[d] if d < len(values) else None
+    return tuple(VerifiedDraft(d + 1, verdict == "accepted", at(e.draft_probs, d), at(e.sink_attention, d),
+                               at(e.self_attention, d), at(e.hidden_norm, d))
+                 for e in reconcile(events) for d, verdict in enumerate(e.draft_verdicts) if verdict != "not reached")

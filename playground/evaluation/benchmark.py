@@ -67,7 +67,7 @@ class BenchConfig:
                        tree=None if vllm else self.tree)
 
 
-SAVED_FORMAT = 2   # of the measured prompts a rerun goes on from: another format starts afresh
+SAVED_FORMAT = 3   # of the measured prompts a rerun goes on from: another format starts afresh
 
 
 def sweep_name(drafter: str, k: int) -> str:

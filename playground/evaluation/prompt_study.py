@@ -5,11 +5,10 @@
     python -m playground bench prompts my_prompts.jsonl --backend vllm --vllm-url eagle3=URL \\
         --vllm-url eagle3.1=URL [--vllm-url none=URL] --concurrency 4
 
-Every prompt goes through every method back to back (so machine drift hits them alike), greedy, so
-all methods answer with the same tokens and tau compares the same text; any difference is reported.
-A prompt the engine refuses (past its context) is skipped with the reason. What is measured is
-saved after every prompt (OUT/progress.pkl): after Ctrl-C, the same command goes on where it stopped.
-The report (prompt_report) pools each method over the prompts, with paired bootstrap intervals.
+The prompts run through evaluation.runner (every method back to back, answers checked, a checkpoint
+in OUT/progress.pkl after every prompt, so after Ctrl-C the same command goes on where it stopped),
+greedy, so all methods answer with the same tokens and tau compares the same text. The report
+(prompt_report) pools each method over the prompts, with paired bootstrap intervals.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ class StudyConfig:
         return self
 
 
-SAVED_FORMAT = 4   # of the PromptResults a study saves: a study saved in another format starts afresh
+SAVED_FORMAT = 5   # of the PromptResults a study saves: a study saved in another format starts afresh
 
 
 def study_key(config: StudyConfig, prompts: PromptFile) -> str:

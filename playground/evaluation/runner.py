@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import RunTotals
+from playground.engines.stats import RunTotals, VerifiedDraft, first_difference, verified_drafts
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation.checkpoint import Checkpoint
@@ -57,6 +57,7 @@ class PromptResult:
     skipped: str | None = None            # why the engine refused the prompt
     answer: tuple[int, ...] = ()          # the reference answer's tokens
     reference_seconds: float | None = None   # the reference answer's time, where a measurement gives one
+    drafts: dict[str, tuple[VerifiedDraft, ...]] = field(default_factory=dict)   # by method, where kept
 
 
 @dataclass(frozen=True)
@@ -79,15 +80,16 @@ Reference = Callable[[Prompt], tuple[list[int], float]]   # a prompt's reference
 
 def measure(engine: Engine, prompts: Sequence[Prompt], methods: Methods, max_tokens: int,
             done: Sequence[PromptResult] = (), concurrency: int = 1,
-            reference: Reference | None = None) -> Iterator[Progress]:
+            reference: Reference | None = None, keep_drafts: bool = False) -> Iterator[Progress]:
     """Run the prompts not in `done` through every method (a list, or the methods of each prompt);
     closing the iterator stops the run after the step in progress (with concurrency, after the
-    prompts in flight)."""
+    prompts in flight). `keep_drafts`: each result also keeps every verified draft of each run."""
     finished = {r.index for r in done}
     todo = [(i, p) for i, p in enumerate(prompts) if i not in finished]
     total, count = len(prompts), len(finished)
     methods_of = methods if callable(methods) else lambda prompt: methods
-    runs_of = lambda i, p, stop=None: _prompt_runs(engine, i, p, methods_of(p), max_tokens, reference, stop)
+    runs_of = lambda i, p, stop=None: _prompt_runs(engine, i, p, methods_of(p), max_tokens, reference, stop,
+                                                   keep_drafts)
     if concurrency == 1:
         for i, prompt in todo:
             for update in runs_of(i, prompt):
@@ -126,18 +128,11 @@ def _take(queue: Iterator, n: int) -> list:
     return [item for _, item in zip(range(n), queue)]
 
 
-def first_difference(tokens: Sequence[int], expected: Sequence[int]) -> int | None:
-    """The index of the first token that differs (the shorter length where one answer stops early);
-    None when both are the same."""
-    if list(tokens) == list(expected):
-        return None
-    return next((j for j, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
-
-
 def _prompt_runs(engine: Engine, index: int, prompt: Prompt, methods: Sequence[Method], max_tokens: int,
-                 reference: Reference | None, stop: threading.Event | None) -> Iterator[str | PromptResult]:
+                 reference: Reference | None, stop: threading.Event | None,
+                 keep_drafts: bool = False) -> Iterator[str | PromptResult]:
     """Every method on one prompt: a line of progress per step, then the prompt's result."""
-    runs, mismatches, answer, prompt_tokens, seconds = {}, [], None, 0, None
+    runs, drafts, mismatches, answer, prompt_tokens, seconds = {}, {}, [], None, 0, None
     for method in methods:
         if stop is not None and stop.is_set():
             raise Stopped
@@ -164,12 +159,15 @@ def _prompt_runs(engine: Engine, index: int, prompt: Prompt, methods: Sequence[M
         if differs is not None:
             mismatches.append((method.name, differs))
         runs[method.name] = RunTotals.of(events)
+        if keep_drafts:
+            drafts[method.name] = verified_drafts(events)
     yield PromptResult(index, prompt.id, prompt.category, prompt_tokens, runs, tuple(mismatches),
-                       answer=tuple(answer or ()), reference_seconds=seconds)
+                       answer=tuple(answer or ()), reference_seconds=seconds, drafts=drafts)
 
 
 def run(engine: Engine, prompts: Sequence[Prompt], methods: Methods, max_tokens: int, progress: Path | None,
-        key: Any, desc: str, concurrency: int = 1, reference: Reference | None = None) -> list[PromptResult]:
+        key: Any, desc: str, concurrency: int = 1, reference: Reference | None = None,
+        keep_drafts: bool = False) -> list[PromptResult]:
     """`measure` with a progress bar; with `progress`, measured prompts are saved there as they finish
     (identified by `key`), so that the same call goes on after an interruption (a KeyboardInterrupt
     propagates once the last finished prompt is saved). The results in the prompts' order."""
@@ -178,7 +176,7 @@ def run(engine: Engine, prompts: Sequence[Prompt], methods: Methods, max_tokens:
     checkpoint = Checkpoint(progress, key) if progress is not None else None
     done: list[PromptResult] = (checkpoint.load() if checkpoint else None) or []
     with tqdm(total=len(prompts), initial=len(done), desc=desc, unit="prompt") as bar:
-        for update in measure(engine, prompts, methods, max_tokens, done, concurrency, reference):
+        for update in measure(engine, prompts, methods, max_tokens, done, concurrency, reference, keep_drafts):
             if update.result is None:
                 bar.set_postfix_str(update.current, refresh=False)
                 continue

@@ -8,14 +8,14 @@ import json
 import random
 from dataclasses import replace
 from functools import partial
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping
 
 import gradio as gr
 
 from playground import plots
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import RunSummary
+from playground.engines.stats import RunSummary, first_difference
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE, run_name
 from playground.ui import render, unchecked
@@ -131,16 +131,11 @@ def outputs_note(logs: Mapping[str, RunLog]) -> str:
         runs = {2: "Both", 3: "All three"}.get(len(ran), f"All {len(ran)}")
         lossless = "" if temperature > 0 else " (greedy decoding is lossless)"
         return f"{runs} answers are identical token for token{lossless}. {NOISE_NOTE}"
-    differ = min(first_difference(answers[0], other) for other in answers[1:])
+    differ = min(d for other in answers[1:] if (d := first_difference(answers[0], other)) is not None)
     why = (f": at temperature {temperature:g} each run samples its own tokens (speculative sampling keeps the "
            f"target's distribution, not its draws)" if temperature > 0
            else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
     return f"The answers differ from token {differ + 1} on{why}. {NOISE_NOTE}"
-
-
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
-    """Where two token sequences first differ; the shorter one's length if it begins the other."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:

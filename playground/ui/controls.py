@@ -127,13 +127,15 @@ def settings_panel(limits: Limits, backends: Mapping[str, Engine], prefix: str) 
         c["system"] = gr.Textbox(label="System prompt (empty: the model's default)", lines=1, elem_id=eid("system"))
         with gr.Row():
             c["max_tokens"] = unchecked.Slider(1, limits.max_tokens, value=min(DEFAULT_MAX_TOKENS, limits.max_tokens), step=1,
-                                        label="max tokens", elem_id=eid("max-tokens"))
-            c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=DEFAULT_K, step=1, label="k (drafts per step)", elem_id=eid("k"))
+                                        label="max tokens", min_width=200, elem_id=eid("max-tokens"))
+            c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=DEFAULT_K, step=1, label="k (drafts per step)",
+                                      min_width=200, elem_id=eid("k"))
         with gr.Row():
             c["temperature"] = unchecked.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature (0 = greedy)",
-                                         elem_id=eid("temperature"))
-            c["top_p"] = unchecked.Slider(0.01, 1.0, value=1.0, step=0.01, label="top-p", elem_id=eid("top-p"))
-            c["seed"] = unchecked.Number(NEW_SEED, precision=0, min_width=120,
+                                         min_width=200, elem_id=eid("temperature"))
+            c["top_p"] = unchecked.Slider(0.01, 1.0, value=1.0, step=0.01, label="top-p", min_width=200,
+                                          elem_id=eid("top-p"))
+            c["seed"] = unchecked.Number(NEW_SEED, precision=0, min_width=160,
                                   label="seed (-1: a new one each run)", elem_id=eid("seed"))
         c["draft"] = unchecked.Radio(["chain", "tree"], value="chain", label="draft", elem_id=eid("draft"),
                               info="tree: EAGLE-2 dynamic trees, reference backend; k then does not apply")
@@ -159,7 +161,8 @@ def answer_header(prefix: str) -> None:
 
 def wire_presets(c: dict):
     """Picking an example fills the prompt, the system prompt and the format; the tab chains its run
-    on the event this returns, so that an example runs at once."""
+    on the event this returns, so that an example runs at once. Editing the prompt empties the pick."""
+    c["prompt"].input(lambda: None, None, c["preset"], api_name=False, queue=False)
     return c["preset"].input(_preset, c["preset"], [c["prompt"], c["system"], c["template"]], api_name=False,
                              queue=False)
 

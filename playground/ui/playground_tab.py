@@ -30,7 +30,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     first = next(iter(backends.values()))
     stored = first_screen.load() if first.name == "reference" else None
     initial = update(stored[0], first_screen.DRAFTERS[0], f"A stored run of this example ({stored[1]}). Press Run to "
-                     "run it live.", LivePlots(), True, False, stored=True) if stored else {}
+                     "run it live.", LivePlots(), True, True, stored=True) if stored else {}
     shown_steps = len(initial.get("events", []))
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=300):
@@ -138,14 +138,18 @@ def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, re
     run_log = logs[main]
     summaries = {name: log.summary for name, log in logs.items() if log.events}
     steps = run_log.steps   # what the answer's data-step numbers index, so a clicked token opens its step
-    html = render.answer_html(steps, note, stored) + (render.error_html(error) if error else "")
+    shown, waits = steps, [plots.label(name) for name, log in logs.items() if not log.finished]
+    if run_log.finished and not final:   # the answer ends with the run: the other drafter is still drafting
+        shown = [*steps[:-1], replace(steps[-1], finish_reason=None)]
+        note = " ".join(filter(None, (note, f"{' and '.join(waits)} is finishing beside it, for the plots…")))
+    html = render.answer_html(shown, note, stored) + (render.error_html(error) if error else "")
     last = len(steps) - 1
     return {"answer": html, "text": run_log.text,
             "cards": render.figures_html(summaries.get(main)) + render.pair_html(summaries),
             **dict(zip(PLOTS, live.get(lambda: plots.all_figures(summaries), redraw))),
             "step": gr.update(maximum=max(1, last), value=last) if final else 0,
             "inspector": inspect(steps[-1] if final else None),
-            "files": export(logs, plots.all_figures(summaries)) if final else None,
+            "files": export(logs, plots.all_figures(summaries)) if final and not stored else None,
             "events": steps,
             "tree": tree_view.tree_html(steps[-1] if steps else None)}
 

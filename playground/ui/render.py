@@ -20,7 +20,7 @@ LEGEND = (
     '<div class="legend">'
     '<span class="tok acc">accepted draft</span>'
     '<span class="tok tgt">target token</span>'
-    '<span><span class="rej-mark">✗</span> rejected drafts (hover)</span>'
+    '<span><span class="rej-mark">✗</span> rejected drafts (point at the ✗, or tap it)</span>'
     '</div>'
 )
 

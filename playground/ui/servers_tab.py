@@ -256,4 +256,7 @@ def _marked(view: WindowView) -> bool:
 CSS = (".watch-table { font-size: 13px; border-collapse: collapse; } .watch-table td, .watch-table th "
        "{ padding: 2px 8px; text-align: left; } .watch-state { font-weight: 600; } "
        ".watch-note { font-size: 12px; } .watch-line { font-size: 13px; margin-bottom: 4px; } "
-       ".watch-error { color: #b91c1c; }")
+       ".watch-error { color: #b91c1c; } "
+       # the app's own servers, listed for reading where the page takes no other URL: text, not a field
+       "#watch-servers textarea:disabled { background: none; border: none; box-shadow: none; resize: none; "
+       "color: var(--body-text-color); }")

@@ -1,0 +1,271 @@
+"""What predicts a rejected draft: every draft the target verified, with what the drafter showed
+when it drafted it, and how well each signal separates the accepted drafts from the rejected ones.
+
+    python -m playground bench rejection [--drafters eagle3 eagle3.1] [--k 5] [--max-tokens 128]
+                                         [--prompts N] [--out assets/benchmark/rejection]
+
+The prompts are the shipped sample (assets/prompts/chat.jsonl) and the held-out sets (chat, code,
+long context, perturbed formats), greedy, through evaluation.runner. A draft counts once the target
+verified it: the accepted ones and the first rejected one of each step (those after it were never
+checked). For each drafter, depth and signal (draft probability, sink attention, own-draft attention,
+fed-back RMS) the report gives the AUC: the chance that an accepted draft's value is higher than a
+rejected draft's at the same depth (0.5: the signal tells nothing; below 0.5: higher values go with
+rejection), with a 95% bootstrap interval over prompts. Beside it: the acceptance rate by the signal's
+quartile within each depth; a negative control, the band where 95% of the probability's AUCs fall
+when the depth's verdicts are shuffled (what "no information" looks like at that many drafts: 0.5
+must be inside it, and a signal outside it tells something); and whether attention and RMS add anything to the probability: logistic
+models of probability (and depth) with and without them, fitted on other prompts than they are scored
+on (prompts in five folds), and the paired difference of their AUCs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from playground.engines.reference import ReferenceEngine
+from playground.engines.stats import bootstrap_interval
+from playground.evaluation import runner
+from playground.evaluation.heldout import kind_prompts
+from playground.evaluation.machine import described, machine
+from playground.evaluation.prompt_files import read_prompt_file
+from playground.evaluation.prompt_sets import EVAL_KINDS
+from playground.evaluation.runner import Method, PromptResult
+from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
+
+SIGNALS = {"probability": "draft probability", "sink_attention": "sink attention",
+           "self_attention": "own-draft attention", "hidden_norm": "fed-back RMS"}
+ATTENTION = ("sink_attention", "self_attention", "hidden_norm")   # what the drift story is about
+SAMPLE = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "chat.jsonl"
+SAVED_FORMAT = 1
+FOLDS = 5
+SEED = 0
+SHUFFLES = 200   # of the verdicts, for the control's band
+
+
+@dataclass(frozen=True)
+class RejectionConfig:
+    drafters: tuple[str, ...] = (EAGLE3, EAGLE31)
+    kinds: tuple[str, ...] = (EVAL_KINDS["chat"], EVAL_KINDS["code"], EVAL_KINDS["long-context"],
+                              EVAL_KINDS["perturbed"])
+    k: int = 5
+    max_tokens: int = 128
+    prompts: int | None = None            # per held-out kind, and of the sample (None: all)
+
+
+def prompt_set(config: RejectionConfig) -> list:
+    sample = read_prompt_file(SAMPLE).prompts[:config.prompts]
+    return [*sample, *(p for kind in config.kinds for p in kind_prompts(kind, config.prompts))]
+
+
+def collect(config: RejectionConfig, progress: Path | None = None) -> list[PromptResult]:
+    """Every prompt through every drafter on the embedded engine, keeping each run's verified drafts."""
+    methods = [Method(drafter, drafter, config.k) for drafter in config.drafters]
+    return runner.run(ReferenceEngine.load(), prompt_set(config), methods, config.max_tokens, progress,
+                      [SAVED_FORMAT, asdict(config)], "rejection", keep_drafts=True)
+
+
+def auc(higher: np.ndarray, lower: np.ndarray) -> float:
+    """P(a value of `higher` exceeds one of `lower`), ties counting half (Mann-Whitney U over the pairs)."""
+    if not len(higher) or not len(lower):
+        return float("nan")
+    values = np.concatenate([higher, lower])
+    _, where, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2)[where]   # tied values share their mean rank
+    n = len(higher)
+    return float((ranks[:n].sum() - n * (n + 1) / 2) / (n * len(lower)))
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """One drafter's verified drafts: a row each, with the prompt it came from."""
+    prompt: np.ndarray                    # the prompt's place in the results
+    depth: np.ndarray
+    accepted: np.ndarray                  # bool
+    signals: dict[str, np.ndarray]        # by SIGNALS name; NaN where not reported
+
+    @classmethod
+    def of(cls, results: Sequence[PromptResult], method: str) -> Drafts:
+        rows = [(i, d) for i, r in enumerate(results) for d in r.drafts.get(method, ())]
+        value = lambda d, name: np.nan if getattr(d, name) is None else getattr(d, name)
+        return cls(np.array([i for i, _ in rows], dtype=int), np.array([d.depth for _, d in rows], dtype=int),
+                   np.array([d.accepted for _, d in rows], dtype=bool),
+                   {name: np.array([value(d, name) for _, d in rows], dtype=float) for name in SIGNALS})
+
+    def at(self, depth: int) -> np.ndarray:
+        return self.depth == depth
+
+
+def _by_prompt(mask: np.ndarray, drafts: Drafts, units: int) -> list[np.ndarray]:
+    """The row indices of `mask` grouped by prompt, so that a bootstrap resample gathers whole prompts."""
+    rows = np.flatnonzero(mask)
+    return [rows[drafts.prompt[rows] == u] for u in range(units)]
+
+
+def auc_statistic(values: np.ndarray, accepted: np.ndarray, groups: list[np.ndarray]):
+    """A bootstrap statistic: the AUC of `values` between accepted and rejected rows of the resampled prompts."""
+    def statistic(resamples: np.ndarray) -> np.ndarray:
+        out = []
+        for row in np.atleast_2d(resamples):
+            picked = np.concatenate([groups[u] for u in row])
+            out.append(auc(values[picked][accepted[picked]], values[picked][~accepted[picked]]))
+        return np.array(out)
+    return statistic
+
+
+def interval_of(statistic, units: int, resamples: int) -> tuple[float, float]:
+    return bootstrap_interval(lambda idx: np.nan_to_num(statistic(idx), nan=0.5), units, resamples=resamples)
+
+
+def depth_rows(drafts: Drafts, units: int, depths: int, resamples: int) -> list[dict]:
+    """Per depth and signal: the AUC with its interval, the counts, and the shuffled-verdict control."""
+    rows, shuffle = [], np.random.default_rng(SEED)
+    for depth in range(1, depths + 1):
+        at = drafts.at(depth)
+        for name in SIGNALS:
+            reported = at & ~np.isnan(drafts.signals[name])
+            if len(np.unique(drafts.signals[name][reported])) < 2:   # unreported, or one value (at depth 1
+                continue                                               # there are no own drafts to attend to)
+            groups, values = _by_prompt(reported, drafts, units), drafts.signals[name]
+            statistic = auc_statistic(values, drafts.accepted, groups)
+            row = {"depth": depth, "signal": name, "accepted": int(drafts.accepted[reported].sum()),
+                   "rejected": int((~drafts.accepted[reported]).sum()),
+                   "auc": float(statistic(np.arange(units))[0]), "auc_ci": interval_of(statistic, units, resamples),
+                   "acceptance_by_quartile": quartile_rates(values[reported], drafts.accepted[reported])}
+            if name == "probability":   # the negative control, on the strongest signal
+                verdicts = drafts.accepted[reported]
+                null = [auc(values[reported][v], values[reported][~v])
+                        for v in (shuffle.permutation(verdicts) for _ in range(SHUFFLES))]
+                row |= {"null_auc": float(np.mean(null)),
+                        "null_band": [float(np.quantile(null, 0.025)), float(np.quantile(null, 0.975))]}
+            rows.append(row)
+    return rows
+
+
+def quartile_rates(values: np.ndarray, accepted: np.ndarray) -> list[float | None]:
+    """The acceptance rate among the drafts in each quartile of `values` (lowest first)."""
+    order = np.argsort(values, kind="stable")
+    return [float(accepted[part].mean()) if len(part) else None for part in np.array_split(order, 4)]
+
+
+def features(drafts: Drafts, names: Sequence[str], depths: int) -> np.ndarray:
+    """The models' inputs, a row per draft: the depth (one-hot) and the named signals standardised over all
+    drafts (the log of the probability; a missing value is the mean)."""
+    one_hot = np.eye(depths)[drafts.depth - 1]
+    columns = []
+    for name in names:
+        x = drafts.signals[name]
+        x = np.log(np.clip(x, 1e-6, None)) if name == "probability" else x
+        columns.append(np.nan_to_num((x - np.nanmean(x)) / (np.nanstd(x) or 1.0)))
+    return np.column_stack([one_hot, *columns])
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, ridge: float = 1e-2, steps: int = 25) -> np.ndarray:
+    """Weights of a ridge-penalised logistic regression (Newton's method)."""
+    w = np.zeros(x.shape[1])
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-(x @ w)))
+        gradient = x.T @ (p - y) + ridge * w
+        hessian = (x * (p * (1 - p))[:, None]).T @ x + ridge * np.eye(len(w))
+        w -= np.linalg.solve(hessian, gradient)
+    return w
+
+
+def out_of_fold_scores(drafts: Drafts, names: Sequence[str], units: int, depths: int) -> np.ndarray:
+    """Each draft's score from a model fitted on the other folds' prompts."""
+    folds = np.random.default_rng(SEED).permutation(units) % FOLDS
+    x, scores = features(drafts, names, depths), np.full(len(drafts.depth), np.nan)
+    for fold in range(FOLDS):
+        held = folds[drafts.prompt] == fold
+        if not held.any() or held.all():
+            continue
+        w = fit_logistic(x[~held], drafts.accepted[~held].astype(float))
+        scores[held] = x[held] @ w
+    return scores
+
+
+def added_value(drafts: Drafts, units: int, depths: int, resamples: int) -> dict:
+    """AUC of probability (and depth) alone, with attention and RMS added, and their paired difference."""
+    base = out_of_fold_scores(drafts, ["probability"], units, depths)
+    full = out_of_fold_scores(drafts, ["probability", *ATTENTION], units, depths)
+    groups = _by_prompt(~np.isnan(base), drafts, units)
+    alone, both = (auc_statistic(s, drafts.accepted, groups) for s in (base, full))
+    gain = lambda idx: both(idx) - alone(idx)
+    everything = np.arange(units)
+    return {"probability_auc": float(alone(everything)[0]), "probability_auc_ci": interval_of(alone, units, resamples),
+            "with_attention_auc": float(both(everything)[0]),
+            "with_attention_auc_ci": interval_of(both, units, resamples),
+            "gain": float(gain(everything)[0]), "gain_ci": bootstrap_interval(gain, units, resamples=resamples)}
+
+
+def analyse(results: Sequence[PromptResult], config: RejectionConfig, resamples: int = 1000) -> dict:
+    units = len(results)
+    report = {"config": asdict(config), "prompts": units, "drafters": {}}
+    for drafter in config.drafters:
+        drafts = Drafts.of(results, drafter)
+        report["drafters"][drafter] = {"drafts": len(drafts.depth),
+                                       "by_depth": depth_rows(drafts, units, config.k, resamples),
+                                       "added_value": added_value(drafts, units, config.k, resamples)}
+    return report
+
+
+def _ci(interval: Sequence[float]) -> str:
+    return f"{interval[0]:.2f}–{interval[1]:.2f}"
+
+
+def markdown(report: dict) -> str:
+    config = report["config"]
+    lines = [f"{report['prompts']} prompts (the shipped sample and the held-out {', '.join(config['kinds'])}), k="
+             f"{config['k']}, greedy, up to {config['max_tokens']} tokens; {described(report['machine'])}", "",
+             "AUC: the chance that an accepted draft's value is higher than a rejected draft's at the same depth "
+             "(95% bootstrap interval over prompts); 0.5 says nothing, below 0.5 higher values go with rejection.",
+             "", "| drafter | depth | verified (accepted / rejected) | " + " | ".join(SIGNALS.values())
+             + " | no information (verdicts shuffled) |", "|---|---:|---|" + "---:|" * (len(SIGNALS) + 1)]
+    for drafter, part in report["drafters"].items():
+        for depth in range(1, config["k"] + 1):
+            rows = {r["signal"]: r for r in part["by_depth"] if r["depth"] == depth}
+            if not rows:
+                continue
+            first = next(iter(rows.values()))
+            cells = [f"{rows[s]['auc']:.2f} ({_ci(rows[s]['auc_ci'])})" if s in rows else "–" for s in SIGNALS]
+            control = rows.get("probability")
+            shuffled = _ci(control["null_band"]) if control else "–"
+            lines.append(f"| {DRAFTER_LABELS.get(drafter, drafter)} | {depth} | {first['accepted']} / "
+                         f"{first['rejected']} | " + " | ".join(cells) + f" | {shuffled} |")
+    lines += ["", "Acceptance rate by quartile of each signal within its depth (lowest quartile first), all depths:",
+              "", "| drafter | " + " | ".join(SIGNALS.values()) + " |", "|---|" + "---|" * len(SIGNALS)]
+    for drafter, part in report["drafters"].items():
+        cells = [" ".join(f"{v:.2f}" for v in quartiles_pooled(part["by_depth"], name)) or "–" for name in SIGNALS]
+        lines.append(f"| {DRAFTER_LABELS.get(drafter, drafter)} | " + " | ".join(cells) + " |")
+    lines += ["", "Does attention add to the probability? Logistic models scored on prompts they were not fitted on "
+              "(AUC over all verified drafts, depth in both models):", "",
+              "| drafter | probability and depth | + sink, own-draft attention and RMS | gain |", "|---|---:|---:|---:|"]
+    for drafter, part in report["drafters"].items():
+        a = part["added_value"]
+        lines.append(f"| {DRAFTER_LABELS.get(drafter, drafter)} | {a['probability_auc']:.3f} "
+                     f"({_ci(a['probability_auc_ci'])}) | {a['with_attention_auc']:.3f} "
+                     f"({_ci(a['with_attention_auc_ci'])}) | {a['gain']:+.3f} ({a['gain_ci'][0]:+.3f} to "
+                     f"{a['gain_ci'][1]:+.3f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def quartiles_pooled(rows: list[dict], signal: str) -> list[float]:
+    """Each depth's quartile rates averaged over depths, weighted by the depth's verified drafts."""
+    parts = [(r["acceptance_by_quartile"], r["accepted"] + r["rejected"]) for r in rows if r["signal"] == signal]
+    total = sum(n for _, n in parts)
+    return [sum((rates[q] or 0.0) * n for rates, n in parts) / total for q in range(4)] if total else []
+
+
+def run(config: RejectionConfig, out: Path) -> tuple[dict, list[Path]]:
+    """Measure (resuming from out/progress.pkl), analyse, and write results.json and results.md to `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = collect(config, out / "progress.pkl")
+    report = {**analyse(results, config), "machine": machine()}
+    paths = [out / "results.md", out / "results.json"]
+    paths[0].write_text(markdown(report))
+    paths[1].write_text(json.dumps(report, indent=1))
+    return report, paths

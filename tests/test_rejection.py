@@ -1,0 +1,64 @@
+"""What predicts a rejected draft (evaluation/rejection.py): the statistics on data whose answer is known,
+and the stored report's negative control."""
+
+import json
+
+import numpy as np
+
+from playground.engines.events import StepEvent
+from playground.engines.stats import VerifiedDraft, verified_drafts
+from playground.evaluation import rejection
+from playground.evaluation.runner import PromptResult
+
+
+def test_auc_counts_pairs_and_halves_ties():
+    assert rejection.auc(np.array([3.0, 4.0]), np.array([1.0, 2.0])) == 1.0
+    assert rejection.auc(np.array([1.0]), np.array([1.0])) == 0.5
+    assert rejection.auc(np.array([1.0, 2.0]), np.array([2.0, 3.0])) == 0.125   # one tie of four pairs
+    assert np.isnan(rejection.auc(np.array([1.0]), np.array([])))
+
+
+def test_only_drafts_the_target_verified_count():
+    step = StepEvent(step=1, position=5, token_ids=(7, 8), token_texts=("a", "b"), draft_ids=(7, 9, 9), drafted=3,
+                     accepted=1, draft_probs=(0.9, 0.4, 0.3), sink_attention=(0.1, 0.2, 0.3), hidden_norm=(1.0, 2.0))
+    drafts = verified_drafts([StepEvent(step=0, position=4, token_ids=(1,), token_texts=("x",)), step])
+    assert drafts == (VerifiedDraft(1, True, 0.9, 0.1, None, 1.0), VerifiedDraft(2, False, 0.4, 0.2, None, 2.0))
+
+
+def synthetic(prompts: int, seed: int = 0) -> list[PromptResult]:
+    """Drafts whose acceptance follows their probability, with attention that is noise."""
+    rng = np.random.default_rng(seed)
+    results = []
+    for i in range(prompts):
+        drafts = []
+        for _ in range(20):
+            for depth in (1, 2):
+                p = rng.uniform()
+                drafts.append(VerifiedDraft(depth, bool(rng.uniform() < p), p, *rng.uniform(size=3)))
+        results.append(PromptResult(i, f"p{i}", None, drafts={"eagle3.1": tuple(drafts)}))
+    return results
+
+
+def test_a_signal_that_decides_acceptance_separates_and_noise_and_shuffled_verdicts_do_not():
+    config = rejection.RejectionConfig(drafters=("eagle3.1",), k=2)
+    report = rejection.analyse(synthetic(30), config, resamples=300)["drafters"]["eagle3.1"]
+    for row in report["by_depth"]:
+        low, high = row["auc_ci"]
+        if row["signal"] == "probability":
+            assert low > 0.6, row   # P(accepted) = p: an AUC near 0.83
+            assert row["null_band"][0] <= 0.5 <= row["null_band"][1] < low, row
+        else:
+            assert low <= 0.5 <= high, row
+    assert report["added_value"]["gain_ci"][0] <= 0 <= report["added_value"]["gain_ci"][1]
+    assert report["added_value"]["probability_auc"] > 0.7
+
+
+STORED = rejection.Path(__file__).resolve().parents[1] / "assets" / "benchmark" / "rejection" / "results.json"
+
+
+def test_the_stored_reports_control_is_at_chance_and_the_probability_far_from_it():
+    report = json.loads(STORED.read_text())
+    for part in report["drafters"].values():
+        for row in part["by_depth"]:
+            if row["signal"] == "probability":   # no information at 0.5; the probability far from it
+                assert row["null_band"][0] <= 0.5 <= row["null_band"][1] < row["auc_ci"][0], row
