@@ -99,6 +99,7 @@ COMMANDS = {
     "bench ui": bench.bench_ui,
     "bench vllm": bench.bench_vllm,
     "bench trees": bench.bench_trees,
+    "bench rejection --prompts 2": bench.bench_rejection,
     "bench --k 3 profile": bench.bench_profile,
     "bench kernels --rounds 1": bench.bench_kernels,
     "bench memory --runs 2": bench.bench_memory,
