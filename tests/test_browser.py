@@ -245,6 +245,15 @@ def test_every_tab_shows_its_tables_whole_its_plots_fitted_and_no_error_state(br
     expect(page.locator("#inspector .inspector-head")).to_contain_text("step 4 ·")
     expect(page.locator('#answer .step.chosen')).to_have_attribute("data-step", "4")
     assert_tab_is_clean(page, "Playground")
+    for prompt, message in (("   ", "the prompt is empty"), ("word " * 4_001, "the prompt is 20,005 characters")):
+        page.locator("#pg-prompt textarea").fill(prompt)
+        page.locator("#run").click()
+        expect(page.locator("div.validation-error")).to_contain_text(message, timeout=10_000)
+        assert error_states(page) == 0 and len(messages(page)) == 1
+    run_playground(page, "Tell me a long story about a lighthouse keeper.", 300)
+    page.locator("#stop").click()
+    expect(page.locator("#answer .live .finish")).to_have_text("— stopped", timeout=10_000)
+    assert_tab_is_clean(page, "Playground, stopped")
 
     page.get_by_role("tab", name="Comparison").click()
     set_number(page, "cmp-max-tokens", 24)
@@ -270,10 +279,23 @@ def test_every_tab_shows_its_tables_whole_its_plots_fitted_and_no_error_state(br
     expect(page.locator("#study-report table").first).to_be_visible()
     page.wait_for_timeout(500)
     assert_tab_is_clean(page, "Your prompts")
+    broken = tmp_path / "broken.jsonl"   # read in the study's queue: its message where the progress shows
+    broken.write_text('{"prompt": "a"}\n{"prompt": \n')
+    upload_prompts(page, broken)
+    page.locator("#study-run").click()
+    expect(page.locator("#study-progress .study-error")).to_have_text("line 2: not JSON", timeout=30_000)
+    page.wait_for_timeout(500)
+    assert_tab_is_clean(page, "Your prompts, a broken file")
 
     page.get_by_role("tab", name="Your servers").click()
     page.wait_for_timeout(500)
     assert_tab_is_clean(page, "Your servers")
+    page.locator("#watch-servers textarea").fill("")
+    page.locator("#watch-start").click()
+    expect(page.locator("#watch-status .watch-error")).to_have_text("stopped: name a server per line: NAME=URL",
+                                                                  timeout=20_000)
+    page.wait_for_timeout(500)
+    assert_tab_is_clean(page, "Your servers, nothing to watch")
     screenshot(page, tmp_path, f"tour-{device}.png")
     page.close()
 
@@ -512,21 +534,3 @@ def test_your_servers_reads_the_named_servers_every_few_seconds_until_stopped(pa
         assert server.requests == readings, "Stop ends the readings"
     finally:
         server.close()
-
-
-def test_a_file_or_watch_refused_in_the_queue_is_one_message_beside_its_control(page, tmp_path):
-    """Refusals the validator cannot make (the file is read in the study's queue; the servers are read when
-    Watch runs): the message where the tab shows its progress, no toast, no output in Gradio's error state."""
-    (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
-    upload_prompts(page, tmp_path / "broken.jsonl")
-    page.locator("#study-run").click()
-    expect(page.locator("#study-progress .study-error")).to_have_text("line 2: not JSON", timeout=30_000)
-    page.wait_for_timeout(500)
-    assert error_states(page) == 0 and messages(page) == []
-    page.get_by_role("tab", name="Your servers").click()
-    page.locator("#watch-servers textarea").fill("")
-    page.locator("#watch-start").click()
-    expect(page.locator("#watch-status .watch-error")).to_have_text("stopped: name a server per line: NAME=URL",
-                                                                  timeout=20_000)
-    page.wait_for_timeout(500)
-    assert error_states(page) == 0 and messages(page) == []
