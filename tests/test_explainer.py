@@ -2,7 +2,8 @@
 
 import json
 
-from playground.ui.explainer import STORED_RESULTS, explainer_markdown, stored_probes
+from playground.ui import first_screen
+from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, explainer_markdown, signed, stored_probes
 
 
 def test_the_explainers_drift_statement_matches_the_stored_benchmark():
@@ -23,3 +24,26 @@ def test_the_explainers_drift_statement_matches_the_stored_benchmark():
 def test_without_a_stored_benchmark_the_explainer_says_how_to_measure(tmp_path):
     text = explainer_markdown(tmp_path / "results.json")
     assert "Run `python -m playground bench` to measure it on this machine." in text and "$" not in text
+
+
+def test_the_explainer_says_which_drafter_attends_more_to_its_own_drafts_as_the_first_screen_measured():
+    runs = {name: run.summary for name, run in first_screen.load()[0].items()}
+    own = {name: s.mean_self_attention[-1] for name, s in runs.items()}
+    more, less = sorted(own, key=own.get, reverse=True)
+    text = explainer_markdown()
+    assert f"example {'EAGLE 3.1' if more == 'eagle3.1' else 'EAGLE 3'} attends more to its own drafts" in text
+    assert f"({own[more]:.2f} against {own[less]:.2f} of its attention at depth 5" in text
+    # the claim the release makes is stated as the release's, and where ours differs the page says so
+    assert ("Not all of it holds on our drafters" in text) == (more == "eagle3.1")
+
+
+def test_the_explainer_says_what_predicts_a_rejection_as_the_stored_report_measured():
+    report = json.loads(STORED_REJECTION.read_text())
+    probability = [r["auc"] for part in report["drafters"].values() for r in part["by_depth"]
+                   if r["signal"] == "probability"]
+    gains = [part["added_value"] for part in report["drafters"].values()]
+    assert min(probability) > 0.7   # what "tells which drafts the target rejects" rests on
+    assert all(g["gain_ci"][0] <= 0.005 and abs(g["gain"]) < 0.01 for g in gains)   # ... and "add nothing to it"
+    text = explainer_markdown()
+    assert f"AUC {min(probability):.2f} to {max(probability):.2f} by depth" in text
+    assert all(signed(g["gain"]) in text for g in gains) and "$" not in text
