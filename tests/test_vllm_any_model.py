@@ -224,6 +224,7 @@ def test_the_page_streams_from_the_model_and_keeps_serving_past_a_dead_server(ti
         assert out[1].strip() and summarize(list(a.generate(GenerationRequest(prompt=PROMPTS[1], drafter="eagle3",
                                                            max_tokens=24)))).text == out[1]
         assert "drafts, rejected ones included" in out[0] and 'class="tok rej"' in out[0]
+        assert "EAGLE 3.1 could not run beside it: cannot reach" in out[0]   # the answer's run goes on alone
         servers = client.predict(api_name="/servers")
         assert "tiny-a" in servers and "cannot reach" in servers
         with pytest.raises(Exception, match="cannot reach"):

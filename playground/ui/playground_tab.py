@@ -9,6 +9,7 @@ from typing import Iterator, Mapping
 import gradio as gr
 
 from playground import plots
+from playground.engines.events import StepEvent
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.errors import PlaygroundError
@@ -16,8 +17,8 @@ from playground.ui import first_screen, render, tree_view, unchecked
 from playground.ui.controls import (answer_header, beside_label, beside_name, default_drafter, drafter_choices,
                                     follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
                                     wire_presets)
-from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, input_validator, named_inputs, refusal,
-                                     stream_handler)
+from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, failure_message, input_validator,
+                                     named_inputs, refusal, stream_handler)
 from playground.ui.runs import LivePlots, Pacer, RunLog, export
 from playground.ui.streams import Limits, StopRequests, backend, interleave, make_request, stop_handler, stopped
 
@@ -75,7 +76,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
             engine = backend(backends, settings.backend_name)
             requests = run_requests(settings, engine)
             note = run_note(engine, requests[0])
-            streams = {r.drafter: engine.generate(r) for r in requests}
+            failed: dict[str, str] = {}
+            streams = {requests[0].drafter: engine.generate(requests[0]),
+                       **{r.drafter: beside_events(engine, r, failed) for r in requests[1:]}}
         except Exception as e:  # bad input: nothing ran
             raise refusal(e) from None
         logs, main = {r.drafter: RunLog(r) for r in requests}, requests[0].drafter
@@ -84,6 +87,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
+                note = without_failed(logs, failed, note)
                 stopping = stops.take(session)
                 if stopping:   # every run that has begun ends here
                     for log in logs.values():
@@ -94,6 +98,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                     yield update(logs, main, note, live, final or pacer.due("plots"), final)
                 if final:
                     return
+            # here only when the run beside failed after the answer had ended
+            yield update(logs, main, without_failed(logs, failed, note), live, True, True)
         except Exception as e:
             error = refusal(e)
             yield update(logs, main, note, live, True, True, error.message)
@@ -108,10 +114,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         return [main, *([replace(main, drafter=other)] if other else [])]
 
     handler = stream_handler(RunSettings, OUTPUTS, stream)
-    def check(settings: RunSettings) -> None:
+    def check(settings: RunSettings) -> None:   # the run beside the answer may fail alone, at run time
         engine = backend(backends, settings.backend_name)
-        for request in run_requests(settings, engine):
-            engine.check(request)
+        engine.check(run_requests(settings, engine)[0])
 
     validator = input_validator(RunSettings, check)
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
@@ -129,6 +134,23 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         button.click(lambda i, evs, delta=delta: step_by(i, evs, delta), [view["step"], view["events"]],
                      [view["step"], view["inspector"]], api_name=False, queue=False)
     return c
+
+
+def beside_events(engine: Engine, request: GenerationRequest, failed: dict[str, str]) -> Iterator[StepEvent]:
+    """The run drawn beside the answer: a failure (a server down) ends it with its reason in `failed`,
+    and the answer's run goes on alone."""
+    try:
+        yield from engine.generate(request)
+    except Exception as e:
+        failed[request.drafter] = failure_message(e)
+
+
+def without_failed(logs: dict[str, RunLog], failed: Mapping[str, str], note: str) -> str:
+    """Drops the runs beside the answer that failed from `logs`; the note, with why for each."""
+    for name in [n for n in failed if n in logs]:
+        del logs[name]
+        note = " ".join(filter(None, (note, f"{plots.label(name)} could not run beside it: {failed[name]}.")))
+    return note
 
 
 def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, redraw: bool, final: bool,
