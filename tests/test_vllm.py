@@ -120,8 +120,8 @@ def test_tau_agrees_with_the_reference_engine(vllm, engine):
 
 def test_a_column_read_in_turn_beside_a_slower_one_keeps_its_own_time(vllm):
     """The Comparison tab reads its columns a step of each in turn (streams.interleave): beside a column
-    whose steps come 0.25 s apart, a column's time must still be its own server's, within 10% of the same
-    run alone (the steps are stamped as they arrive, not as the page gets round to them). The column
+    whose steps come 0.25 s apart, a column's time after its first token must still be its own server's,
+    within 10% of the same run alone (the steps are stamped as they arrive, not as the page gets round to them). The column
     measured is the baseline server's, whose steps come as its chunks do (a probed column's steps wait
     for their records, which here come at the stream's end, so it reads its whole stream before its
     first step either way)."""
@@ -129,7 +129,7 @@ def test_a_column_read_in_turn_beside_a_slower_one_keeps_its_own_time(vllm):
 
     request = GenerationRequest(prompt=PROMPTS[1], drafter="none", k=K, max_tokens=24)
     recorded = list(vllm.generate(replace(request, drafter="eagle3", max_tokens=16)))
-    alone = sorted((summarize(list(vllm.generate(request))) for _ in range(3)), key=lambda s: s.tokens_per_s)
+    alone = sorted((summarize(list(vllm.generate(request))) for _ in range(3)), key=lambda s: s.decode_tokens_per_s)
 
     def slower_column():   # a slower server's steps (recorded, so that it takes no CPU from the one measured)
         for event in recorded:
@@ -140,7 +140,10 @@ def test_a_column_read_in_turn_beside_a_slower_one_keeps_its_own_time(vllm):
               if column == "fast"]
     ran = summarize(beside)
     assert ran.token_ids == alone[0].token_ids and len(beside) > 8   # the read waited 0.25 s at least 8 times
-    assert ran.tokens_per_s >= 0.9 * alone[1].tokens_per_s, (ran.tokens_per_s, [s.tokens_per_s for s in alone])
+    # after the first token: a request's first token alone varies by 30% here (13.2 to 17.4 tok/s over the whole
+    # answer in one run of the suite), which would hide the 20% that read-time stamps cost
+    assert ran.decode_tokens_per_s >= 0.9 * alone[1].decode_tokens_per_s, (
+        ran.decode_tokens_per_s, [s.decode_tokens_per_s for s in alone])
 
 
 def test_the_live_view_equals_the_per_request_counts_of_the_load_it_watched(vllm):

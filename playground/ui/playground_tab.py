@@ -51,7 +51,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
             with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True):
                 with gr.Row():
                     previous = gr.Button("◀ previous", size="sm", min_width=60, elem_id="step-previous")
-                    view["step"] = gr.Slider(0, max(1, shown_steps - 1), value=0, step=1, label="verify step", elem_id="step", scale=4)
+                    view["step"] = gr.Slider(0, max(1, shown_steps - 1), value=0, step=1, label="verify step",
+                                             elem_id="step", scale=4)
                     following = gr.Button("next ▶", size="sm", min_width=60, elem_id="step-next")
                 view["inspector"] = gr.HTML(render.inspector_html(None), elem_id="inspector")
         with gr.Column(scale=3, min_width=300):
