@@ -101,7 +101,8 @@ INSPECTOR_COLUMNS = (("depth", "draft depth"), ("draft", "the drafted token"), (
 def inspector_html(event: StepEvent | None) -> str:
     """One verify step in detail: each draft with its depth, probability, verdict and attention."""
     if event is None:
-        return '<div class="inspector empty">Click a token of the answer: its step opens here, each draft with its probability, verdict and attention.</div>'
+        return ('<div class="inspector empty">Click a token of the answer: its step opens here, each draft with '
+                'its probability, verdict and attention.</div>')
     head = (f'<div class="inspector-head" data-step="{event.step}">step {event.step} · position {event.position} · '
             f'{event.accepted}/{event.drafted} drafts accepted · draft {event.draft_ms:.1f} ms · '
             f'verify {event.verify_ms:.1f} ms</div>')
@@ -153,8 +154,9 @@ def show_rejected_js(group: str) -> str:
 
 
 # Runs once when the page loads. A streaming answer's first tokens are scrolled into view when they
-# start below the screen, and then the page scrolls with the answer as long as the reader follows its end; clicking a token of the Playground's answer opens its verify step, and
-# the step the inspector shows is outlined in the answer. A tab's plots are drawn again when the tab is
+# start below the screen, and then the page scrolls with the answer as long as the reader follows its
+# end; clicking a token of the Playground's answer opens its verify step, and the step the inspector
+# shows is outlined in the answer. A tab's plots are drawn again when the tab is
 # shown: plots updated while their tab was hidden were laid out at a hidden element's size.
 PAGE_JS = """() => {
     const outline = () => {
