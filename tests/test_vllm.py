@@ -4,6 +4,8 @@ import http.server
 import itertools
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -489,3 +491,37 @@ def test_the_backend_streams_the_probes_drafts_rms_and_attention_step_by_step(vl
         assert theirs.draft_texts[:theirs.accepted] == mine.token_texts[:theirs.accepted]
     assert "attention" in streamed[1].observed
     assert "eagle_probe 0.3.0" in vllm.connection("eagle3").info.describe()
+
+
+def run_diff(*args: str, urls: dict[str, str], tmp_path, prompts: list[str]) -> list[dict]:
+    """`python -m playground diff ... --json` over the servers at `urls`, one object per prompt."""
+    file = tmp_path / "prompts.jsonl"
+    file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    command = [sys.executable, "-m", "playground", "diff", *args, "--prompts", str(file), "--max-tokens", "48",
+               "--k", str(K), "--json"]
+    for name, url in urls.items():
+        command += ["--vllm-url", f"{name}={url}"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert out.returncode in (0, 1), out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_diff_finds_where_a_chunked_prefill_departs_and_nothing_where_none_does(vllm, engine, probe_prompts, tmp_path):
+    """The servers prefill at most 2,048 tokens a step. A 2,600-token prompt is prefilled in two chunks,
+    and there the drafter departs from the embedded engine's unchunked computation from the first verify
+    step on (docs/findings/chunked-prefill.md); the 1,990-token prompt (one chunk) agrees, and so does
+    each server with itself."""
+    documents, questions = LONG_CONTEXT[2000]
+    chunked = document_prompt(long_context(2550, documents + ("harbor",), engine.tokenizer), questions[0])
+    urls = {"eagle3.1": vllm.connection("eagle3.1").server.url}
+    found = run_diff("eagle3.1", "reference:eagle3.1", urls=urls, tmp_path=tmp_path,
+                     prompts=[probe_prompts[-1], chunked])
+    assert [x["chunk_boundaries"][0] for x in found] == [[], [2048]]
+    assert 2048 < found[1]["prompt_tokens"] < 4096
+    assert found[0]["agree"] and found[0]["first_divergence"] is None
+    assert not found[1]["agree"]
+    assert found[1]["first_divergence"]["step"] == 1 and found[1]["first_divergence"]["depth"] >= 1
+    assert found[1]["first_divergence"]["quantity"] in ("fed_back_rms", "sink_attention", "own_draft_attention",
+                                                        "draft_probability", "draft")
+    itself = run_diff("eagle3.1", "same", urls={**urls, "same": urls["eagle3.1"]}, tmp_path=tmp_path, prompts=[chunked])
+    assert itself[0]["agree"] and itself[0]["tau"][0] == itself[0]["tau"][1]

@@ -35,6 +35,23 @@ def test_each_launch_entry_becomes_its_speculative_config():
     assert speculative_config("plain=none") is None
 
 
+def test_a_speculative_config_in_the_server_arguments_adds_keys_to_each_servers_own():
+    """vLLM takes the last --speculative-config whole: given as an argument of its own, it would drop the
+    drafter; the launcher merges its keys instead."""
+    extra = ("--max-num-batched-tokens", "512", "--speculative-config", '{"disable_padded_drafter_batch": true}')
+    name, spec = parse_launch_entry("k3=/drafters/a:k=3", k=5)
+    cmd = server_command(LaunchConfig(target="/models/t", servers={name: spec}, extra_args=extra), name, 8000)
+    assert cmd.count("--speculative-config") == 1 and cmd[-2:] == ["--max-num-batched-tokens", "512"]
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
+        "method": "eagle3", "model": "/drafters/a", "num_speculative_tokens": 3, "disable_padded_drafter_batch": True}
+    plain = server_command(LaunchConfig(target="/models/t", servers={"none": ServerSpec(None)}, extra_args=extra),
+                           "none", 8000)
+    assert "--speculative-config" not in plain
+    for bad in (("--speculative-config",), ("--speculative-config=[1]",), ("--speculative-config", "{")):
+        with pytest.raises(PlaygroundError, match="--speculative-config in the vLLM arguments"):
+            server_command(LaunchConfig(target="/models/t", servers={name: spec}, extra_args=bad), name, 8000)
+
+
 def test_the_embedded_target_starts_the_shipped_pair_then_the_named_servers_then_none():
     assert planned_names(LaunchSpec()) == ("eagle3", "eagle3.1", "none")
     spec = LaunchSpec(drafters=("k3=eagle3.1:k=3", "ngram=ngram:k=4", "eagle3=/elsewhere"), k=6)

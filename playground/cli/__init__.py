@@ -1,11 +1,11 @@
 """Command line: `python -m playground generate | convert | train data|drafter|validate|eval|ship |
-bench [prompts|ui|vllm|trees|profile|kernels|memory|probe] | watch`.
+bench [prompts|ui|vllm|trees|profile|kernels|memory|probe] | watch | diff`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step
     python -m playground convert --out ./smollm2-135m-instruct  # the embedded target as safetensors
 
-One module per command family (`answers`: generate and convert; `train`; `bench`; `watch`), each
+One module per command family (`answers`: generate and convert; `train`; `bench`; `watch`; `diff`), each
 adding its parsers and the functions they run (`set_defaults(func=...)`); those functions turn the
 options into the owning module's call and print what it returns. The modules that run a
 subcommand are imported inside its function, so `--help` loads only what the options' defaults need.
@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from playground.cli import answers, bench, train, watch
+from playground.cli import answers, bench, diff, train, watch
 from playground.errors import PlaygroundError
 
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parsers(sub)
     bench.add_parsers(sub)
     watch.add_parsers(sub)
+    diff.add_parsers(sub)
     return parser
 
 

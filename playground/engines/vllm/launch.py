@@ -81,10 +81,35 @@ def server_command(config: LaunchConfig, name: str, port: int) -> list[str]:
            "--served-model-name", config.served_name, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--dtype", config.dtype] if config.dtype else []
     cmd += ["--max-model-len", str(config.max_model_len)] if config.max_model_len else []
+    extra, speculative_keys = split_speculative_config(config.extra_args)
     speculative = config.servers[name].speculative_config()
     if speculative is not None:   # vLLM refuses per-request spec-decode metrics without speculation
-        cmd += ["--speculative-config", json.dumps(speculative), "--per-request-spec-decode-metrics", "detailed"]
-    return cmd + list(config.extra_args)   # last, so that they override the flags above
+        cmd += ["--speculative-config", json.dumps({**speculative, **speculative_keys}),
+                "--per-request-spec-decode-metrics", "detailed"]
+    return cmd + extra   # last, so that they override the flags above
+
+
+def split_speculative_config(args: tuple[str, ...]) -> tuple[list[str], dict]:
+    """The extra server arguments without `--speculative-config JSON`, and that JSON's keys: they are
+    added to each server's own speculative config (given as an argument of their own, vLLM would take
+    them instead of it), e.g. '{"disable_padded_drafter_batch": true}'."""
+    rest, keys, i = [], {}, 0
+    while i < len(args):
+        flag, sep, value = args[i].partition("=")
+        if flag == "--speculative-config":
+            if not sep:
+                if i + 1 >= len(args):
+                    raise PlaygroundError("--speculative-config in the vLLM arguments needs a JSON object after it")
+                value, i = args[i + 1], i + 1
+            try:
+                keys.update(json.loads(value))
+            except (ValueError, TypeError):
+                raise PlaygroundError(f"--speculative-config in the vLLM arguments is not a JSON object: "
+                                      f"{value}") from None
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest, keys
 
 
 def check_available(source: str, what: str) -> None:
