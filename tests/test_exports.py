@@ -12,9 +12,10 @@ from playground import plots
 from playground.engines.events import StepEvent
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
+from playground.engines.step_diff import DRAFT_QUANTITIES
 from playground.engines.tree import TreeShape
 from playground.ui import render
-from playground.ui.compare_tab import TABLE_HEADERS, outputs_note, summary_table
+from playground.ui.compare_tab import QUANTITY_NAMES, TABLE_HEADERS, outputs_note, summary_table
 from playground.ui.explainer import STORED_RESULTS, stored_speedups
 from playground.ui.runs import CSV_FIELDS, RunLog, csv_rows, export, file_stem
 
@@ -171,6 +172,16 @@ def test_outputs_note_says_whether_the_answers_agree(temperature, other, expecte
     note = outputs_note(logs)
     assert note.startswith(expected) and "one run on a shared CPU, and noisy" in note
     assert note.endswith(stored_speedups(json.loads(STORED_RESULTS.read_text())))   # beside it, what many runs measured
+
+
+def test_outputs_note_says_where_two_greedy_runs_first_differ_step_by_step(engine):
+    request = lambda drafter: GenerationRequest(prompt="What is 2 + 2?", drafter=drafter, k=5, max_tokens=16)
+    logs = {d: RunLog(request(d), list(engine.generate(request(d)))) for d in ("eagle3", "eagle3.1")}
+    note = outputs_note(logs)
+    assert "Step by step, eagle3 and eagle3.1 first differ at step 1 (depth 1): the fed-back RMS, " in note
+    same = outputs_note({"a": logs["eagle3.1"], "b": RunLog(logs["eagle3.1"].request, logs["eagle3.1"].events)})
+    assert "Step by step, a and b agree at every step (RMS and probability within 0.001 relative" in same
+    assert set(QUANTITY_NAMES) == {name for name, _, _ in DRAFT_QUANTITIES} | {"accepted", "token", "answer_end"}
 
 
 def test_the_stored_speedups_are_each_drafters_range_over_the_categories():

@@ -102,6 +102,19 @@ def info(config: dict | None, switches=None, speculative=True) -> ServerInfo:
                       k=5 if speculative else None, config=config, switches=switches)
 
 
+def test_an_eagle_server_that_prefills_in_chunks_with_the_padded_batch_says_what_that_does():
+    eagle = {"speculative_config": {"method": "eagle3", "model": "/d", "num_speculative_tokens": 5},
+             "scheduler_config": {"max_num_batched_tokens": 2048, "max_num_scheduled_tokens": 2048}}
+    assert info(eagle).prefill_chunk == 2048
+    assert "longer than 2,048 tokens in chunks" in info(eagle).chunked_prefill_fault
+    unpadded = {**eagle, "speculative_config": {**eagle["speculative_config"], "disable_padded_drafter_batch": True}}
+    whole = {**eagle, "scheduler_config": {"max_num_batched_tokens": 8192}}
+    ngram = {**eagle, "speculative_config": {"method": "ngram", "num_speculative_tokens": 5}}
+    for config in (unpadded, whole, ngram, None):
+        assert info(config).chunked_prefill_fault == ""
+    assert info(None).prefill_chunk is None
+
+
 def test_a_servers_variant_comes_from_its_method_and_its_drafters_switches():
     eagle = {"speculative_config": {"method": "eagle3", "model": "/d", "num_speculative_tokens": 5}}
     assert info(eagle, (True, True)).variant == "eagle3.1"

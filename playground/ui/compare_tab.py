@@ -16,6 +16,7 @@ from playground import plots
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary, first_difference
+from playground.engines.step_diff import TOLERANCES, diff_steps
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE, run_name
 from playground.ui import render, unchecked
@@ -130,12 +131,38 @@ def outputs_note(logs: Mapping[str, RunLog]) -> str:
     if all(answer == answers[0] for answer in answers):
         runs = {2: "Both", 3: "All three"}.get(len(ran), f"All {len(ran)}")
         lossless = "" if temperature > 0 else " (greedy decoding is lossless)"
-        return f"{runs} answers are identical token for token{lossless}. {NOISE_NOTE}"
+        return f"{runs} answers are identical token for token{lossless}. {step_note(logs)}{NOISE_NOTE}"
     differ = min(d for other in answers[1:] if (d := first_difference(answers[0], other)) is not None)
     why = (f": at temperature {temperature:g} each run samples its own tokens (speculative sampling keeps the "
            f"target's distribution, not its draws)" if temperature > 0
            else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
     return f"The answers differ from token {differ + 1} on{why}. {NOISE_NOTE}"
+
+
+QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sink attention",
+                  "own_draft_attention": "the own-draft attention", "draft_probability": "the draft's probability",
+                  "draft": "the draft", "accepted": "the accepted count", "token": "the token",
+                  "answer_end": "the answer's end"}
+
+
+def step_note(logs: Mapping[str, RunLog]) -> str:
+    """Where two greedy chain runs of one k first differ, step by step (engines/step_diff.py): what
+    `python -m playground diff` reports, for the two drafting columns ("" where it does not apply)."""
+    drafting = [(name, log) for name, log in logs.items()
+                if any(e.drafted for e in log.events) and not any(e.tree_ids for e in log.events)]
+    if len(drafting) != 2 or {(log.request.temperature, log.request.k) for _, log in drafting} != {
+            (0.0, drafting[0][1].request.k)}:
+        return ""
+    (first, a), (second, b) = drafting
+    tolerance = TOLERANCES["float32"]
+    found = diff_steps(a.steps, b.steps, tolerance)
+    if found.agree:
+        return f"Step by step, {first} and {second} agree at every step ({tolerance.describe()}). "
+    d = found.divergence
+    where = f"depth {d.depth}" if d.depth else "its own counts"
+    values = " against ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in (d.first, d.second))
+    return (f"Step by step, {first} and {second} first differ at step {d.step} ({where}): "
+            f"{QUANTITY_NAMES[d.quantity]}, {values}. ")
 
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:

@@ -251,6 +251,8 @@ class VLLMEngine:
             notes.append("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
                          "nor the drafter's internals: run the server with the probe to see them (docs/vllm.md).")
         notes.append(f"It drafts k = {c.info.k} per step, fixed when the server starts.")
+        if c.info.chunked_prefill_fault:
+            notes.append(c.info.chunked_prefill_fault)
         if c.info.reports_steps is False:
             notes.append("This server does not report each step's counts (start it with "
                          "--per-request-spec-decode-metrics detailed): steps and counts are read from the stream's "

@@ -81,6 +81,18 @@ class ServerInfo:
         return chunk if isinstance(chunk, int) else None
 
     @property
+    def chunked_prefill_fault(self) -> str:
+        """What vLLM's padded drafter batch does to an EAGLE drafter on prompts longer than one prefill
+        chunk ("" where it cannot happen or is not known to): docs/findings/chunked-prefill.md."""
+        chunk = self.prefill_chunk
+        if self.method not in EAGLE_METHODS or chunk is None or chunk >= self.max_model_len \
+                or self.speculative_config.get("disable_padded_drafter_batch"):
+            return ""
+        return (f"It prefills prompts longer than {chunk:,} tokens in chunks, and vLLM's padded drafter batch then "
+                "gives the drafter the prompt's last token at each chunk boundary where the next one belongs: on "
+                "such prompts its drafts depart slightly from a one-chunk prefill (docs/findings/chunked-prefill.md).")
+
+    @property
     def reports_steps(self) -> bool | None:
         """Whether its streams end with every verify step's counts (None: not published)."""
         if self.config is None:
