@@ -15,7 +15,7 @@ from playground.engines.stats import summarize
 from playground.engines.step_diff import DRAFT_QUANTITIES
 from playground.engines.tree import TreeShape
 from playground.ui import render
-from playground.ui.compare_tab import QUANTITY_NAMES, TABLE_HEADERS, outputs_note, summary_table
+from playground.ui.compare_tab import QUANTITY_NAMES, TABLE_HEADERS, divergence_marks, outputs_note, summary_table
 from playground.ui.explainer import STORED_RESULTS, stored_speedups
 from playground.ui.runs import CSV_FIELDS, RunLog, csv_rows, export, file_stem
 
@@ -182,6 +182,11 @@ def test_outputs_note_says_where_two_greedy_runs_first_differ_step_by_step(engin
     same = outputs_note({"a": logs["eagle3.1"], "b": RunLog(logs["eagle3.1"].request, logs["eagle3.1"].events)})
     assert "Step by step, a and b agree at every step (RMS and probability within 0.001 relative" in same
     assert set(QUANTITY_NAMES) == {name for name, _, _ in DRAFT_QUANTITIES} | {"accepted", "token", "answer_end"}
+    marks = divergence_marks(logs)
+    assert {name: step for name, (step, _) in marks.items()} == {"eagle3": 1, "eagle3.1": 1}
+    html = render.answer_html(logs["eagle3"].steps, diverged=marks["eagle3"])
+    assert html.count('class="step diverged"') == 1 and 'data-step="1" title="first difference from the run' in html
+    assert divergence_marks({"a": logs["eagle3.1"], "b": logs["eagle3.1"]}) == {}
 
 
 def test_the_stored_speedups_are_each_drafters_range_over_the_categories():

@@ -94,6 +94,9 @@ def test_comparison_streams_both_drafters_side_by_side(client):
     growing_together = [u for u in updates if all(column_texts(u)) and column_texts(u)[0] != column_texts(final)[0]]
     assert growing_together, "both columns should stream before either finishes"
     assert column_texts(final) == (expected, expected, expected)
+    for slot in ("first", "second"):   # the step where the two drafters first differ, outlined in both
+        assert final[column(slot, "answer")].count('class="step diverged" data-step="1"') == 1
+    assert "first differ at step 1 (depth 1): the fed-back RMS" in final["note"]
     table = final["table"]["data"]
     assert [row[0] for row in table] == ["EAGLE 3", "EAGLE 3.1", "no speculation"]
     assert table[2][3] == "1.00x"

@@ -16,7 +16,7 @@ from playground import plots
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary, first_difference
-from playground.engines.step_diff import TOLERANCES, diff_steps
+from playground.engines.step_diff import TOLERANCES, Divergence, StepDiff, diff_steps
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE, run_name
 from playground.ui import render, unchecked
@@ -145,24 +145,43 @@ QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sin
                   "answer_end": "the answer's end"}
 
 
-def step_note(logs: Mapping[str, RunLog]) -> str:
-    """Where two greedy chain runs of one k first differ, step by step (engines/step_diff.py): what
-    `python -m playground diff` reports, for the two drafting columns ("" where it does not apply)."""
+STEP_TOLERANCE = TOLERANCES["float32"]
+
+
+def step_diff(logs: Mapping[str, RunLog]) -> tuple[str, str, StepDiff] | None:
+    """The two drafting columns' names and where they first differ, step by step (engines/step_diff.py,
+    what `python -m playground diff` reports), for two greedy chain runs of one k; None otherwise."""
     drafting = [(name, log) for name, log in logs.items()
                 if any(e.drafted for e in log.events) and not any(e.tree_ids for e in log.events)]
     if len(drafting) != 2 or {(log.request.temperature, log.request.k) for _, log in drafting} != {
             (0.0, drafting[0][1].request.k)}:
-        return ""
+        return None
     (first, a), (second, b) = drafting
-    tolerance = TOLERANCES["float32"]
-    found = diff_steps(a.steps, b.steps, tolerance)
-    if found.agree:
-        return f"Step by step, {first} and {second} agree at every step ({tolerance.describe()}). "
-    d = found.divergence
+    return first, second, diff_steps(a.steps, b.steps, STEP_TOLERANCE)
+
+
+def divergence_text(d: Divergence) -> str:
     where = f"depth {d.depth}" if d.depth else "its own counts"
     values = " against ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in (d.first, d.second))
-    return (f"Step by step, {first} and {second} first differ at step {d.step} ({where}): "
-            f"{QUANTITY_NAMES[d.quantity]}, {values}. ")
+    return f"step {d.step} ({where}): {QUANTITY_NAMES[d.quantity]}, {values}"
+
+
+def step_note(logs: Mapping[str, RunLog]) -> str:
+    if (found := step_diff(logs)) is None:
+        return ""
+    first, second, diff = found
+    if diff.agree:
+        return f"Step by step, {first} and {second} agree at every step ({STEP_TOLERANCE.describe()}). "
+    return f"Step by step, {first} and {second} first differ at {divergence_text(diff.divergence)} (outlined). "
+
+
+def divergence_marks(logs: Mapping[str, RunLog]) -> dict[str, tuple[int, str]]:
+    """Per drafting column, the step to outline as the first difference from the other, and why."""
+    if (found := step_diff(logs)) is None or found[2].agree:
+        return {}
+    first, second, diff = found
+    why = f"first difference from the run beside it: {divergence_text(diff.divergence)}"
+    return {first: (diff.divergence.step, why), second: (diff.divergence.second_step, why)}
 
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
@@ -254,9 +273,10 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                live: LivePlots, redraw: bool, final: bool) -> dict:
         summaries = {n: log.summary for n, log in logs.items() if log.events}
         drafted = {n: s for n, s in summaries.items() if n != baseline}
-        out = {}
+        out, marks = {}, divergence_marks(logs) if final else {}
         for slot, name in zip(SLOTS, names):
-            out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name))
+            out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name),
+                                 marks.get(name))
         out |= dict(zip(PLOTS, live.get(lambda: plots.all_figures(drafted), redraw)))
         out["table"] = summary_table(summaries, baseline)
         out["note"] = outputs_note(logs) if final else ""
@@ -287,15 +307,17 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     stored_benchmark()
 
 
-def column_update(slot: str, name: str | None, log: RunLog | None, note: str, summary: RunSummary | None) -> dict:
-    """One column's outputs: the run `name` (None: the column is not run this time)."""
+def column_update(slot: str, name: str | None, log: RunLog | None, note: str, summary: RunSummary | None,
+                  diverged: tuple[int, str] | None = None) -> dict:
+    """One column's outputs: the run `name` (None: the column is not run this time); `diverged`: the
+    step to outline as its first difference from the run beside it."""
     if name is None:
         return {column(slot, "cards"): render.figures_html(None),
                 column(slot, "answer"): render.answer_html([], "not run"),
                 column(slot, "text"): "", column(slot, "heading"): "#### not run"}
     waiting = "" if log.events else render.PREFILL_NOTE
     return {column(slot, "cards"): render.figures_html(summary),
-            column(slot, "answer"): render.answer_html(log.steps, note or waiting),
+            column(slot, "answer"): render.answer_html(log.steps, note or waiting, diverged=diverged),
             column(slot, "text"): log.text, column(slot, "heading"): f"#### {plots.label(name)}"}
 
 

@@ -30,9 +30,10 @@ def visible(text: str) -> str:
     return text.replace(" ", "·").replace("\n", "↵").replace("\t", "⇥")
 
 
-def step_html(event: StepEvent) -> str:
+def step_html(event: StepEvent, diverged: str = "") -> str:
     """One verify step: accepted drafts, a mark for the rejected drafts (their text shown on hover, or
-    inline when the page asks for it), then the target token."""
+    inline when the page asks for it), then the target token; `diverged`: why this is the step where
+    the run first differs from the one beside it."""
     parts = []
     for i, text in enumerate(event.token_texts):
         if i == event.accepted and event.drafted > event.accepted:
@@ -43,13 +44,19 @@ def step_html(event: StepEvent) -> str:
         kind = "acc" if i < event.accepted else "tgt"
         title = f"step {event.step}" + (f", depth {i + 1}" if kind == "acc" else "")
         parts.append(f'<span class="tok {kind}" title="{title}">{escape(text)}</span>')
+    if diverged:
+        return (f'<span class="step diverged" data-step="{event.step}" title="{escape(diverged)}">'
+                f'{"".join(parts)}</span>')
     return f'<span class="step" data-step="{event.step}">{"".join(parts)}</span>'
 
 
-def answer_html(events: list[StepEvent], note: str = "", stored: bool = False) -> str:
+def answer_html(events: list[StepEvent], note: str = "", stored: bool = False,
+                diverged: tuple[int, str] | None = None) -> str:
     """The answer so far from its verify steps (RunLog.steps: a token's data-step is its step's place there);
-    `stored`: a run read from disk rather than streaming now."""
-    body = "".join(step_html(e) for e in events)
+    `stored`: a run read from disk rather than streaming now; `diverged`: (step, why) of the step where
+    the run first differs from the one beside it."""
+    step, why = diverged or (None, "")
+    body = "".join(step_html(e, why if e.step == step else "") for e in events)
     if events and events[-1].finish_reason:
         reason = events[-1].finish_reason
         body += f'<span class="finish" title="finish reason: {escape(reason)}">— {escape(FINISHED.get(reason, reason))}</span>'
@@ -214,6 +221,7 @@ CSS = """
     text-decoration: line-through; }
 .answer .step { cursor: pointer; }
 .answer .step.chosen { outline: 2px solid #1d4ed8; outline-offset: 1px; border-radius: 3px; }
+.answer .step.diverged { outline: 2px dashed #c2410c; outline-offset: 1px; border-radius: 3px; }
 .counter { font-size: 12px; color: var(--body-text-color-subdued); text-align: right; }
 .counter.over { color: #b91c1c; font-weight: 600; }
 .table-scroll { overflow-x: auto; }
