@@ -88,13 +88,12 @@ def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], toleranc
     first, second = reconcile(list(first)), reconcile(list(second))
     compared = observed_quantities(first, second)
     kinds = {name: (field, kind) for name, field, kind in DRAFT_QUANTITIES if name in compared}
-    start = first[0].position   # the prompt's length: answer positions count from there
-    partners = {e.position: e for e in second}
+    partners = {e.position - second[0].position: e for e in second}   # by answer position (from the prompt's end)
     answer = [t for e in second for t in e.token_ids]
     aligned = 0
     for event in first:
-        other = partners.get(event.position)
-        at = event.position - start
+        at = event.position - first[0].position
+        other = partners.get(at)
         if other is not None:
             aligned += 1
             depths = max((min(len(getattr(event, f)), len(getattr(other, f))) for f, _ in kinds.values()), default=0)
