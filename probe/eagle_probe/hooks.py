@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from eagle_probe import HEADS_FIELD, REQUEST_FIELD, VLLM_VERSION, __version__
+from eagle_probe import CHECKED_VERSIONS, HEADS_FIELD, REQUEST_FIELD, VLLM_VERSION, __version__
 from eagle_probe.attention import SINK_TOKENS, Budget, KeyCopy, Unavailable
 from eagle_probe.capabilities import measures
 from eagle_probe.settings import Settings
@@ -63,20 +63,69 @@ STORE = Store(SETTINGS)
 BUDGET = Budget(SETTINGS.max_key_bytes, SETTINGS.max_positions)
 
 
+# the methods the probe wraps, with their parameters in vLLM 0.32.0: (module, class, method) -> parameters
+HOOKED = {
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_update_states"): ("self", "scheduler_output"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens"): ("self", "grammar_output"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids"): (
+        "self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
+        "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata", "common_attn_metadata", "slot_mappings"),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer", "set_inputs_first_pass"): (
+        "self", "target_token_ids", "next_token_ids", "target_positions", "target_hidden_states",
+        "token_indices_to_sample", "cad", "num_rejected_tokens_gpu"),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer", "_sample_draft_tokens"): (
+        "self", "hidden_states", "sampling_metadata"),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer", "load_model"): ("self", "target_model"),
+}
+
+
+def hooks_missing() -> list[str]:
+    """What of the hooked code this vLLM lacks or has changed (empty: every hooked method is there with
+    the parameters the probe was written against)."""
+    import importlib
+    import inspect
+
+    missing = []
+    for (module, cls, method), parameters in HOOKED.items():
+        try:
+            found = getattr(getattr(importlib.import_module(module), cls), method)
+        except (ImportError, AttributeError):
+            missing.append(f"{cls}.{method} is missing")
+            continue
+        if tuple(inspect.signature(found).parameters) != parameters:
+            missing.append(f"{cls}.{method} takes ({', '.join(inspect.signature(found).parameters)})")
+    return missing
+
+
+def version_check(version: str) -> str:
+    """How this vLLM release is known to fit the probe ("" where it does not fit: the probe stays off)."""
+    if version in CHECKED_VERSIONS:
+        return CHECKED_VERSIONS[version]
+    missing = hooks_missing()
+    if missing:
+        log.warning("eagle_probe %s does not fit vLLM %s (%s): it stays off", __version__, version,
+                    "; ".join(missing))
+        return ""
+    log.warning("eagle_probe %s has not been checked against vLLM %s; every method it hooks is there as in %s, so "
+                "it runs unverified: its attention self-check decides what it reports", __version__, version,
+                VLLM_VERSION)
+    return f"unverified: not checked against this release; the methods it hooks are there as in {VLLM_VERSION}"
+
+
 def install() -> None:
     """The `vllm.general_plugins` entry point: vLLM calls it in every one of its processes."""
     import vllm
 
-    if vllm.__version__ != VLLM_VERSION:
-        log.warning("eagle_probe %s was written for vLLM %s, not %s: it stays off", __version__, VLLM_VERSION,
-                    vllm.__version__)
-        return
     if not multiprocessing.current_process().name.startswith(RUNNER_PROCESSES):
+        return
+    checked = version_check(vllm.__version__)
+    if not checked:
         return
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.worker_base import WorkerBase
 
+    WORKER.vllm = (vllm.__version__, checked)
     if getattr(GPUModelRunner, "_eagle_probe", False):
         return
     GPUModelRunner._eagle_probe = True
@@ -91,7 +140,8 @@ def install() -> None:
 
 
 def status(runner, hooked_class: type) -> dict:
-    return {"version": __version__, "vllm": VLLM_VERSION, "recording": STORE.live(), "steps_seen": WORKER.steps,
+    return {"version": __version__, "vllm": WORKER.vllm[0], "vllm_checked": WORKER.vllm[1],
+            "checked_versions": CHECKED_VERSIONS, "recording": STORE.live(), "steps_seen": WORKER.steps,
             "record_bytes": STORE.held_bytes, "key_copy_bytes": BUDGET.used, "fetch_calls": STORE.fetch_calls,
             "limits": SETTINGS.describe(),
             "measures": measures(runner, hooked_class, WORKER.attention_backend)}
@@ -178,6 +228,7 @@ class Worker:
     capture: Capture | None = None   # set while a propose call for probed requests runs
     steps: int = 0                   # steps the hooks have seen: 0 under traffic means they do not run
     attention_backend: str = ""      # the drafter attention backend's class, once the drafter loads
+    vllm: tuple[str, str] = ("", "")  # this vLLM's version, and how it is known to fit the probe
 
     def admitted(self, runner) -> dict[str, str]:
         """The requests of the runner's batch being recorded: internal id -> the client's key. A request

@@ -87,8 +87,9 @@ class Probe:
                 return list(await asyncio.wait_for(call, RPC_TIMEOUT_S + 1))
             return [await self.engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)]
         except Exception as e:   # the worker half is off (another vLLM version), or a worker failed or timed out
-            raise HTTPException(503, f"eagle_probe {__version__} is not running in this server's workers "
-                                     f"(it runs on vLLM {VLLM_VERSION}): {type(e).__name__}: {e}") from None
+            raise HTTPException(503, f"eagle_probe {__version__} is not running in this server's workers (it "
+                                     f"runs where vLLM's methods it hooks are {VLLM_VERSION}'s): "
+                                     f"{type(e).__name__}: {e}") from None
 
     async def status(self) -> dict:
         async with self._status_lock:
