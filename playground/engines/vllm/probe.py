@@ -32,7 +32,7 @@ class ProbeStatus:
 
 def probe_status(client: httpx.Client, url: str) -> ProbeStatus:
     """The probe in the server at `url`: its version (None where it does not run: not installed, not in
-    VLLM_PLUGINS, or off because the server's vLLM is not the one it was written for), and why it cannot
+    VLLM_PLUGINS, or off because the server's vLLM changed the code it hooks), and why it cannot
     record drafts there, if it cannot (another model runner, asynchronous scheduling)."""
     try:
         answer = call_json(client, "GET", url, f"{PREFIX}/status")
