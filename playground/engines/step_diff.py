@@ -19,6 +19,8 @@ from typing import Sequence
 
 from playground.engines.events import StepEvent, reconcile
 
+ESTIMATED = "chunks"   # in `observed`: a server's steps and counts estimated from its stream's chunks
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -69,11 +71,18 @@ class StepDiff:
 
 
 def _differs(a: float, b: float, kind: str, tolerance: Tolerance) -> bool:
+    """Whether two values of one quantity differ beyond the tolerance (a NaN differs from everything)."""
     if kind == "exact":
         return a != b
     if kind == "attention":
-        return abs(a - b) > tolerance.attention
-    return abs(a - b) > tolerance.relative * max(abs(a), 1e-12)
+        return not abs(a - b) <= tolerance.attention
+    return not abs(a - b) <= tolerance.relative * max(abs(a), 1e-12)
+
+
+def _step_at(events: Sequence[StepEvent], position: int) -> int:
+    """The step of `events` that committed the token at answer `position` (its last step past the end)."""
+    start = events[0].position
+    return next((e.step for e in events if e.position - start + len(e.token_ids) > position), events[-1].step)
 
 
 def observed_quantities(first: Sequence[StepEvent], second: Sequence[StepEvent]) -> tuple[str, ...]:
@@ -84,8 +93,12 @@ def observed_quantities(first: Sequence[StepEvent], second: Sequence[StepEvent])
 
 
 def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], tolerance: Tolerance) -> StepDiff:
-    """The first divergence of two runs of one prompt, or None where they agree."""
+    """The first divergence of two runs of one prompt, or None where they agree. Accepted counts are
+    compared only where both runs report them exactly (not estimated from a stream's chunks)."""
+    if not first or not second:
+        raise ValueError("a run without events has nothing to compare")
     first, second = reconcile(list(first)), reconcile(list(second))
+    exact_counts = not any(ESTIMATED in run[-1].observed for run in (first, second))
     compared = observed_quantities(first, second)
     kinds = {name: (field, kind) for name, field, kind in DRAFT_QUANTITIES if name in compared}
     partners = {e.position - second[0].position: e for e in second}   # by answer position (from the prompt's end)
@@ -104,19 +117,19 @@ def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], toleranc
                         return StepDiff(Divergence(event.step, other.step, at + depth - 1, depth, name,
                                                    a[depth - 1], b[depth - 1]), compared, aligned)
             last = event is first[-1] or other is second[-1]   # where the token budget cuts the drafts short
-            if not last and event.step > 0 and event.accepted != other.accepted:
+            if exact_counts and not last and event.step > 0 and event.accepted != other.accepted:
                 return StepDiff(Divergence(event.step, other.step, at, 0, "accepted", event.accepted, other.accepted),
                                 compared, aligned)
         for offset, token in enumerate(event.token_ids):
             position = at + offset
             if position >= len(answer):
-                return StepDiff(Divergence(event.step, other.step if other else -1, position, 0, "answer_end",
-                                           token, None), compared, aligned)
+                return StepDiff(Divergence(event.step, second[-1].step, position, 0, "answer_end", token, None),
+                                compared, aligned)
             if answer[position] != token:
-                return StepDiff(Divergence(event.step, other.step if other else -1, position, 0, "token",
+                return StepDiff(Divergence(event.step, _step_at(second, position), position, 0, "token",
                                            token, answer[position]), compared, aligned)
     length = sum(len(e.token_ids) for e in first)
     if length < len(answer):
-        return StepDiff(Divergence(first[-1].step, second[-1].step, length, 0, "answer_end", None, answer[length]),
-                        compared, aligned)
+        return StepDiff(Divergence(first[-1].step, _step_at(second, length), length, 0, "answer_end", None,
+                                   answer[length]), compared, aligned)
     return StepDiff(None, compared, aligned)

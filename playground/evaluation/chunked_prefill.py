@@ -1,7 +1,7 @@
 """What vLLM's chunked prefill costs EAGLE-3 drafters: tau on long prompts at several prefill chunk
 sizes, paired with the same prompts prefilled in one chunk (docs/findings/chunked-prefill.md).
 
-    python -m playground bench chunked-prefill [--chunks 512 2048] [--max-tokens 96]
+    python -m playground bench chunked-prefill [--chunks 512 2048] [--k 5] [--max-tokens 96]
                                                [--out assets/benchmark/chunked-prefill]
 
 Each setting starts the two shipped drafters' servers of the embedded target (float32) with
@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from playground.engines.reference import ReferenceEngine
 from playground.engines.stats import paired_ratio, pooled_tau, tau_of
+from playground.engines.vllm.launch import LaunchConfig
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
@@ -28,7 +30,7 @@ from playground.evaluation.runner import Method, PromptResult
 from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
 
 SAVED_FORMAT = 1
-UNCHUNKED = 8192   # the servers' context: every prompt fits one chunk
+UNCHUNKED = LaunchConfig.max_model_len   # the launched servers' context: every prompt fits one chunk
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ def prompts() -> list:
     return kind_prompts(EVAL_KINDS["long-context"], None) + kind_prompts(LONGER_CONTEXT, None)
 
 
-def collect(config: ChunkConfig, out: Path, status=print) -> dict[str, list[PromptResult]]:
+def collect(config: ChunkConfig, out: Path, status: Callable[[str], None] = print) -> dict[str, list[PromptResult]]:
     """Every setting's results, starting each setting's servers in turn."""
     from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 

@@ -136,7 +136,7 @@ def outputs_note(logs: Mapping[str, RunLog]) -> str:
     why = (f": at temperature {temperature:g} each run samples its own tokens (speculative sampling keeps the "
            f"target's distribution, not its draws)" if temperature > 0
            else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
-    return f"The answers differ from token {differ + 1} on{why}. {NOISE_NOTE}"
+    return f"The answers differ from token {differ + 1} on{why}. {step_note(logs)}{NOISE_NOTE}"
 
 
 QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sink attention",

@@ -220,8 +220,8 @@ CSS = """
     display: inline; position: static; box-shadow: none; white-space: pre-wrap; background: rgba(239, 68, 68, 0.22);
     text-decoration: line-through; }
 .answer .step { cursor: pointer; }
-.answer .step.chosen { outline: 2px solid #1d4ed8; outline-offset: 1px; border-radius: 3px; }
 .answer .step.diverged { outline: 2px dashed #c2410c; outline-offset: 1px; border-radius: 3px; }
+.answer .step.chosen { outline: 2px solid #1d4ed8; outline-offset: 1px; border-radius: 3px; }
 .counter { font-size: 12px; color: var(--body-text-color-subdued); text-align: right; }
 .counter.over { color: #b91c1c; font-weight: 600; }
 .table-scroll { overflow-x: auto; }

@@ -102,10 +102,12 @@ def split_speculative_config(args: tuple[str, ...]) -> tuple[list[str], dict]:
                     raise PlaygroundError("--speculative-config in the vLLM arguments needs a JSON object after it")
                 value, i = args[i + 1], i + 1
             try:
-                keys.update(json.loads(value))
-            except (ValueError, TypeError):
-                raise PlaygroundError(f"--speculative-config in the vLLM arguments is not a JSON object: "
-                                      f"{value}") from None
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise PlaygroundError(f"--speculative-config in the vLLM arguments is not a JSON object: {value}")
+            keys.update(parsed)
         else:
             rest.append(args[i])
         i += 1
