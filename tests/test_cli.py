@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import playground.cli as command_line
-from playground.cli import answers, bench, train, watch
+from playground.cli import answers, bench, diff, train, watch
 
 STEP_FIELDS = {"token_ids", "draft_ids", "accepted", "sink_attention", "hidden_norm"}
 SUMMARY_FIELDS = {"text", "token_ids", "tokens", "steps", "mean_acceptance_length", "per_position_acceptance",
@@ -104,7 +104,9 @@ COMMANDS = {
     "bench kernels --rounds 1": bench.bench_kernels,
     "bench memory --runs 2": bench.bench_memory,
     "bench probe --rounds 2": bench.bench_probe,
+    "bench chunked-prefill --chunks 512": bench.bench_chunked_prefill,
     "watch --vllm-url http://a:1": watch.watch,
+    "diff reference:eagle3 reference:eagle3.1 --prompt hi": diff.diff,
 }
 
 
