@@ -97,6 +97,7 @@ class StepEvent:
 
 
 EXACT_STEPS = "steps"   # in `observed`: the stream's events are the verify steps themselves (the vLLM probe)
+ESTIMATED_STEPS = "chunks"   # ... steps and counts estimated from a stream's chunks (a vLLM server without them)
 
 
 def reconcile(events: list[StepEvent]) -> list[StepEvent]:

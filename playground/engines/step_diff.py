@@ -17,9 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from playground.engines.events import StepEvent, reconcile
-
-ESTIMATED = "chunks"   # in `observed`: a server's steps and counts estimated from its stream's chunks
+from playground.engines.events import ESTIMATED_STEPS, StepEvent, reconcile
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], toleranc
     if not first or not second:
         raise ValueError("a run without events has nothing to compare")
     first, second = reconcile(list(first)), reconcile(list(second))
-    exact_counts = not any(ESTIMATED in run[-1].observed for run in (first, second))
+    exact_counts = not any(ESTIMATED_STEPS in run[-1].observed for run in (first, second))
     compared = observed_quantities(first, second)
     kinds = {name: (field, kind) for name, field, kind in DRAFT_QUANTITIES if name in compared}
     partners = {e.position - second[0].position: e for e in second}   # by answer position (from the prompt's end)

@@ -26,7 +26,7 @@ from typing import Iterator
 import httpx
 
 from playground.engines.drafters import DrafterInfo
-from playground.engines.events import EXACT_STEPS, StepEvent
+from playground.engines.events import ESTIMATED_STEPS, EXACT_STEPS, StepEvent
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text, http_client, refusal
 from playground.engines.vllm.arrivals import stamped
@@ -38,7 +38,7 @@ from playground.model.variants import NONE, SHIPPED
 
 log = logging.getLogger("playground.vllm")
 OBSERVED = ("counts",)          # the server reported every step's counts
-OBSERVED_CHUNKS = ("chunks",)   # it did not: steps are the stream's chunks, counts estimated from them
+OBSERVED_CHUNKS = (ESTIMATED_STEPS,)   # it did not: steps are the stream's chunks, counts estimated from them
 FINISH = {"stop": "eos", "length": "length"}
 
 
