@@ -9,9 +9,11 @@ from html import escape
 from typing import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
+from playground.engines.step_diff import DepthDifferences
 from playground.model.variants import EAGLE3, EAGLE31, LABELS, NONE, SEPARATOR
 
 COLORS = {EAGLE31: "#2563eb", EAGLE3: "#ea580c", NONE: "#6b7280"}
@@ -22,6 +24,9 @@ PALETTE = ("#0d9488", "#db2777", "#65a30d", "#ca8a04", "#0891b2", "#9f1239", "#4
 _assigned: dict[str, str] = {}
 _assigning = threading.Lock()
 FEW_SAMPLES = 5              # a mean over fewer steps than this is drawn hollow: too few to trust
+DEPTH_COLORS = ("#1d4ed8", "#0891b2", "#16a34a", "#ca8a04", "#dc2626", "#7c3aed", "#db2777", "#52525b")
+DIFFERENCE_TITLES = {"fed_back_rms": "RMS", "sink_attention": "sink", "own_draft_attention": "own drafts",
+                     "draft_probability": "probability"}
 
 
 def label(name: str) -> str:
@@ -164,6 +169,37 @@ def hidden_norm(runs: Mapping[str, RunSummary]) -> go.Figure:
     """RMS of the state fed into each depth; EAGLE 3's grows with depth, 3.1's stays normalised."""
     return by_depth({name: s.mean_hidden_norm for name, s in runs.items()}, "Fed-back hidden state RMS by depth", "RMS",
                     samples={name: s.drafting_steps_by_depth for name, s in runs.items()})
+
+
+def step_differences(differences: Sequence[DepthDifferences], first: str, second: str,
+                     divergence: int | None = None) -> go.Figure:
+    """Per quantity a row, per depth a line: the second run's value minus the first's at each answer
+    position where both start a step (relative for RMS and probability); a dotted line at the answer
+    position where they first part (`divergence`)."""
+    rows = [d for d in differences if d.by_depth]
+    if not rows:
+        return placeholder("no quantity by depth that both runs measured")
+    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    for row, found in enumerate(rows, start=1):
+        for depth, points in enumerate(found.by_depth):
+            shade = DEPTH_COLORS[depth % len(DEPTH_COLORS)]
+            fig.add_scatter(x=[p for p, _ in points], y=[v for _, v in points], mode="lines", row=row, col=1,
+                            line=dict(color=shade, width=1.2), name=f"depth {depth + 1}", legendgroup=str(depth),
+                            showlegend=row == 1,
+                            hovertemplate=f"depth {depth + 1} · {DIFFERENCE_TITLES[found.quantity]}"
+                                          "<br>position %{x}: %{y:.3g}<extra></extra>")
+        unit = " (rel.)" if found.relative else ""
+        fig.update_yaxes(title_text=DIFFERENCE_TITLES[found.quantity] + unit, row=row, col=1, title_font=dict(size=11))
+        if divergence is not None:
+            fig.add_vline(x=divergence, line=dict(color="#ea580c", dash="dot", width=1), row=row, col=1)
+    fig.update_layout(title=dict(text=f"Step by step: {label(second)} minus {label(first)}, by depth"
+                                      "<br><span style='font-size:11px'>relative for RMS and probability; dotted: "
+                                      "where they first part</span>", font=dict(size=14), y=1, yref="container",
+                                 yanchor="top", pad=dict(t=10)),
+                      height=140 + 110 * len(rows), margin=dict(l=60, r=10, t=60, b=40), template="plotly_white",
+                      legend=dict(orientation="h", yanchor="top", y=-0.08, font=dict(size=11)))
+    fig.update_xaxes(title_text="answer position", row=len(rows), col=1)
+    return fig
 
 
 def all_figures(runs: Mapping[str, RunSummary]) -> tuple[go.Figure, go.Figure, go.Figure]:

@@ -15,7 +15,8 @@ from playground.engines.stats import summarize
 from playground.engines.step_diff import DRAFT_QUANTITIES
 from playground.engines.tree import TreeShape
 from playground.ui import render
-from playground.ui.compare_tab import QUANTITY_NAMES, TABLE_HEADERS, divergence_marks, outputs_note, summary_table
+from playground.ui.compare_tab import (QUANTITY_NAMES, TABLE_HEADERS, divergence_marks, outputs_note, step_diff,
+                                      step_figure, step_tolerance, summary_table)
 from playground.ui.explainer import STORED_RESULTS, stored_speedups
 from playground.ui.runs import CSV_FIELDS, RunLog, csv_rows, export, file_stem
 
@@ -177,16 +178,29 @@ def test_outputs_note_says_whether_the_answers_agree(temperature, other, expecte
 def test_outputs_note_says_where_two_greedy_runs_first_differ_step_by_step(engine):
     request = lambda drafter: GenerationRequest(prompt="What is 2 + 2?", drafter=drafter, k=5, max_tokens=16)
     logs = {d: RunLog(request(d), list(engine.generate(request(d)))) for d in ("eagle3", "eagle3.1")}
-    note = outputs_note(logs)
+    steps = step_diff(logs, step_tolerance(engine))
+    note = outputs_note(logs, steps)
     assert "Step by step, eagle3 and eagle3.1 first differ at step 1 (depth 1): the fed-back RMS, " in note
-    same = outputs_note({"a": logs["eagle3.1"], "b": RunLog(logs["eagle3.1"].request, logs["eagle3.1"].events)})
-    assert "Step by step, a and b agree at every step (RMS and probability within 0.001 relative" in same
+    same = {"a": logs["eagle3.1"], "b": RunLog(logs["eagle3.1"].request, logs["eagle3.1"].events)}
+    assert "Step by step, a and b agree at every step (RMS and probability within 0.001 relative" in outputs_note(
+        same, step_diff(same))
     assert set(QUANTITY_NAMES) == {name for name, _, _ in DRAFT_QUANTITIES} | {"accepted", "token", "answer_end"}
-    marks = divergence_marks(logs)
+    marks = divergence_marks(steps)
     assert {name: step for name, (step, _) in marks.items()} == {"eagle3": 1, "eagle3.1": 1}
     html = render.answer_html(logs["eagle3"].steps, diverged=marks["eagle3"])
     assert html.count('class="step diverged"') == 1 and 'data-step="1" title="first difference from the run' in html
-    assert divergence_marks({"a": logs["eagle3.1"], "b": logs["eagle3.1"]}) == {}
+    assert divergence_marks(step_diff({"a": logs["eagle3.1"], "b": logs["eagle3.1"]})) == {}
+    # the step-by-step plot: a row per quantity, a line per depth, the first difference dotted
+    figure = step_figure(logs, steps)
+    rows = {trace.yaxis for trace in figure.data}
+    assert len(rows) == 4 and len(figure.data) == 4 * 5
+    rms = next(t for t in figure.data if t.name == "depth 1" and t.yaxis == "y")
+    first, second = logs["eagle3"].steps, logs["eagle3.1"].steps
+    assert rms.x[0] == 1 and rms.y[0] == pytest.approx(
+        (second[1].hidden_norm[0] - first[1].hidden_norm[0]) / first[1].hidden_norm[0])
+    assert [shape.x0 for shape in figure.layout.shapes] == [steps.diff.divergence.position] * 4
+    same = step_figure(same, step_diff(same))
+    assert {v for trace in same.data for v in trace.y} == {0.0} and not same.layout.shapes
 
 
 def test_the_stored_speedups_are_each_drafters_range_over_the_categories():

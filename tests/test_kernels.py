@@ -446,22 +446,19 @@ def test_a_masked_draft_step_is_the_op_by_op_step(engine, rows):
     torch.manual_seed(rows)
     committed, H = 50, drafter.config.hidden_size
     proposer = EagleProposer(drafter, engine.target.embed_tokens, committed + rows + 8)
-    proposer._step(torch.randn(1, committed, H), torch.randn(1, committed, H), torch.arange(committed),
-                   committed_end=committed)
+    proposer._step(torch.randn(1, committed, H), torch.randn(1, committed, H), torch.arange(committed), committed, 0)
     proposer.cache.truncate(committed)
     mask = torch.rand(rows, committed + rows) > 0.5
     mask[:, :proposer.sink_tokens] = True   # the sink keys, seen by every row as in a tree
     mask[:, committed:] &= torch.ones(rows, rows, dtype=torch.bool).tril()
     mask[:, committed:].fill_diagonal_(True)
     hidden, embeds, positions = torch.randn(1, rows, H), torch.randn(1, rows, H), torch.full((rows,), committed)
-    fused = proposer._step(hidden, embeds, positions, committed, committed, mask)
-    fused_probe = dict(proposer._probe)
-    proposer.step_weights = None
-    plain = proposer._step(hidden, embeds, positions, committed, committed, mask)
-    for ours, theirs in zip(fused, plain):
+    fused = proposer._kernel_step(hidden, embeds, positions, committed, committed, mask)
+    plain = proposer._module_step(hidden, embeds, positions, committed, committed, mask)
+    for ours, theirs in ((fused.normed, plain.normed), (fused.fed_back, plain.fed_back)):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
-    assert fused_probe == pytest.approx(proposer._probe, rel=1e-4, abs=1e-6)
-    assert 0 < fused_probe["sink"] < 1 and 0 < fused_probe["self"] < 1
+    assert (fused.sink, fused.own) == pytest.approx((plain.sink, plain.own), rel=1e-4, abs=1e-6)
+    assert 0 < fused.sink < 1 and 0 < fused.own < 1
 
 
 @pytest.mark.parametrize("one_call", [True, False])
@@ -473,12 +470,11 @@ def test_sinks_are_the_committed_tokens_only_under_a_context_shorter_than_four(e
     torch.manual_seed(0)
     H = drafter.config.hidden_size
     proposer = EagleProposer(drafter, engine.target.embed_tokens, 16)
-    if not one_call:
-        proposer.step_weights = None
-    proposer._step(torch.randn(1, 2, H), torch.randn(1, 2, H), torch.arange(2), committed_end=2)
-    proposer._step(torch.randn(1, 1, H), torch.randn(1, 1, H), torch.tensor([2]), committed_end=2)
-    assert proposer.sink_tokens == 4 and 0 < proposer._probe["self"] < 1
-    assert proposer._probe["sink"] + proposer._probe["self"] == pytest.approx(1.0, abs=1e-5)
+    step = proposer._kernel_step if one_call else proposer._module_step
+    step(torch.randn(1, 2, H), torch.randn(1, 2, H), torch.arange(2), 2, 0)
+    out = step(torch.randn(1, 1, H), torch.randn(1, 1, H), torch.tensor([2]), 2, 2)
+    assert proposer.sink_tokens == 4 and 0 < out.own < 1
+    assert out.sink + out.own == pytest.approx(1.0, abs=1e-5)
 
 
 @pytest.mark.parametrize("calls", ["a chain a call", "a step a call", "a tree's step a call"])

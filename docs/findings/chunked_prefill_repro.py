@@ -11,6 +11,8 @@ process of its own:
     one-chunk           max_num_batched_tokens above the prompt: no chunk boundary
     chunked             max_num_batched_tokens = --chunk: the prompt is prefilled in pieces
     chunked-unpadded    the same, with speculative_config disable_padded_drafter_batch=True
+    chunked-fixed       chunked, with the fix of docs/findings/chunked-prefill.md applied in this
+                        script's worker only (the backup token taken at the end of the scheduled chunk)
 
 EAGLE's drafter input at position i is the token at i + 1, so at the end of a prefill chunk that is
 not the prompt's last, the drafter must be given the first token of the next chunk, which the prompt
@@ -19,7 +21,9 @@ already holds. The script watches, in the worker, the token each path hands the 
 vllm/v1/spec_decode/llm_base_proposer.py) and prints how many boundaries got the right one. The
 padded path gives the prompt's last token instead (its backup token, `num_tokens_no_spec - 1`), and
 the drafter's KV at that position stays wrong for the rest of the request. The answers are the same
-either way (the target decides them); the drafter's acceptance is what moves.
+either way (the target decides them); the drafter's acceptance is what moves. Every engine's drafts,
+step by step, are compared with one-chunk's: where the drafter's state is the unchunked one, they are
+the same.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import pathlib
 import subprocess
 import sys
 
-ENGINES = {"one-chunk": (False, False), "chunked": (True, False), "chunked-unpadded": (True, True)}  # (chunked, unpadded)
+# name: (chunked, unpadded, fixed)
+ENGINES = {"one-chunk": (False, False, False), "chunked": (True, False, False), "chunked-unpadded": (True, True, False),
+           "chunked-fixed": (True, False, True)}
 RESULT = "engine result: "   # the line of an engine's output that holds its results (vLLM logs to stdout too)
 
 
@@ -72,8 +78,47 @@ def watch_chunk_boundaries(worker) -> None:
     watched("prepare_next_token_ids_cpu")
 
 
-def chunk_boundaries_seen(worker) -> list[dict]:
-    return worker.model_runner.chunk_boundaries_seen
+def apply_fix(worker) -> None:
+    """In the worker, the fix: a request whose chunk is not its prompt's last (a "discarded" request) gets
+    as its backup token the token at the end of its scheduled chunk, where `prepare_next_token_ids_padded`
+    takes the token at `num_tokens_no_spec - 1`. Applied here by showing that function, for those
+    requests only, a `num_tokens_no_spec` that ends at the chunk (restored after the call); the patch to
+    vLLM itself is in docs/findings/chunked-prefill.md."""
+    runner = worker.model_runner
+    original = runner.drafter.prepare_next_token_ids_padded
+
+    def fixed(sampled_token_ids, requests, gpu_input_batch, discard_request_mask):
+        lengths = gpu_input_batch.num_tokens_no_spec
+        kept = lengths.copy()
+        for i in range(gpu_input_batch.num_reqs):
+            end = int(runner.optimistic_seq_lens_cpu[i])
+            if end < lengths[i]:
+                lengths[i] = end + 1
+        try:
+            return original(sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
+        finally:
+            lengths[:] = kept
+    runner.drafter.prepare_next_token_ids_padded = fixed
+
+
+def watch_drafts(worker) -> None:
+    """In the worker: record the drafts of every step whose request is not in a prefill chunk before its
+    last (those drafts are discarded)."""
+    runner, drafted = worker.model_runner, []
+    runner.drafts_seen = drafted
+    original = runner.propose_draft_token_ids
+
+    def wrapped(*args, **kwargs):
+        drafts = original(*args, **kwargs)
+        rows = drafts.tolist() if hasattr(drafts, "tolist") else drafts
+        discarded = runner.discard_request_mask.np[:len(rows)]
+        drafted.extend(row for row, gone in zip(rows, discarded) if not gone)
+        return drafts
+    runner.propose_draft_token_ids = wrapped
+
+
+def seen_in_worker(worker) -> dict:
+    return {"boundaries": worker.model_runner.chunk_boundaries_seen, "drafts": worker.model_runner.drafts_seen}
 
 
 def run(config: dict) -> dict:
@@ -88,15 +133,19 @@ def run(config: dict) -> dict:
     llm = LLM(model=config["model"], speculative_config=speculative, dtype="float32", seed=0, enforce_eager=True,
               max_model_len=4096, max_num_seqs=4, max_num_batched_tokens=config["chunk"],
               enable_chunked_prefill=True, enable_prefix_caching=False, disable_log_stats=False)
+    if config["fixed"]:
+        llm.collective_rpc(apply_fix)
     llm.collective_rpc(watch_chunk_boundaries)
+    llm.collective_rpc(watch_drafts)
     params = SamplingParams(temperature=0, max_tokens=config["max_tokens"])
     answers = []
     for ids in prompts(llm.get_tokenizer(), config["prompts"], config["length"]):
-        before = accepted_by_depth(llm)
+        before, drafted = accepted_by_depth(llm), len(llm.collective_rpc(seen_in_worker)[0]["drafts"])
         answer = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0].outputs[0]
-        after = accepted_by_depth(llm)
-        answers.append({"tokens": list(answer.token_ids), "accepted": [a - b for a, b in zip(after, before)]})
-    return {"answers": answers, "boundaries": llm.collective_rpc(chunk_boundaries_seen)[0]}
+        after, seen = accepted_by_depth(llm), llm.collective_rpc(seen_in_worker)[0]
+        answers.append({"tokens": list(answer.token_ids), "accepted": [a - b for a, b in zip(after, before)],
+                        "drafts": seen["drafts"][drafted:]})
+    return {"answers": answers, "boundaries": seen["boundaries"]}
 
 
 def accepted_by_depth(llm) -> list[int]:
@@ -124,8 +173,9 @@ def main() -> None:
         return
     found = {}
     for name in args.engines:
-        chunked, unpadded = ENGINES[name]
-        config = json.dumps({**vars(args), "chunk": args.chunk if chunked else 4096, "unpadded": unpadded})
+        chunked, unpadded, fixed = ENGINES[name]
+        config = json.dumps({**vars(args), "chunk": args.chunk if chunked else 4096, "unpadded": unpadded,
+                             "fixed": fixed})
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--drafter", args.drafter,
                               "--engine", config], stdout=subprocess.PIPE, text=True, check=True).stdout
         found[name] = json.loads(next(line for line in out.splitlines() if line.startswith(RESULT))[len(RESULT):])
@@ -135,7 +185,10 @@ def main() -> None:
                       "fed_last_token": sum(b["fed"] == b["last"] != b["next"] for b in run["boundaries"]),
                       "same_answers": reference and all(r["tokens"] == o["tokens"]
                                                         for r, o in zip(reference, run["answers"])),
-                      "accepted_by_depth": [sum(col) for col in zip(*(r["accepted"] for r in run["answers"]))]}
+                      "accepted_by_depth": [sum(col) for col in zip(*(r["accepted"] for r in run["answers"]))],
+                      "steps_drafting_as_one_chunk": reference and sum(
+                          same_drafts(r["drafts"], o["drafts"]) for r, o in zip(reference, run["answers"])),
+                      "steps": sum(len(o["drafts"]) for o in run["answers"])}
                for name, run in found.items()}
     if args.json:
         print(json.dumps(summary))
@@ -143,10 +196,20 @@ def main() -> None:
     print(f"{args.prompts} prompts of about {args.length} tokens, {args.max_tokens} answer tokens at most; "
           f"chunks of {args.chunk}")
     print(f"{'engine':18} {'boundaries':>10} {'fed the next token':>18} {'fed the last token':>18} "
-          f"{'same answers':>12}  accepted drafts by depth")
+          f"{'same answers':>12} {'drafts as one-chunk':>19}  accepted drafts by depth")
     for name, row in summary.items():
+        same = f"{row['steps_drafting_as_one_chunk']}/{row['steps']} steps" if reference else "-"
         print(f"{name:18} {row['boundaries']:>10} {row['fed_next_token']:>18} {row['fed_last_token']:>18} "
-              f"{str(row['same_answers']):>12}  {row['accepted_by_depth']}")
+              f"{str(row['same_answers']):>12} {same:>19}  {row['accepted_by_depth']}")
+
+
+def same_drafts(reference: list[list[int]], other: list[list[int]]) -> int:
+    """How many steps, from the first, draft what the reference engine drafted at the same step (the
+    count up to the first step that differs)."""
+    for step, (a, b) in enumerate(zip(reference, other)):
+        if a != b:
+            return step
+    return min(len(reference), len(other))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,17 @@ class Proposal:
     hidden_norm: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class DepthOutput:
+    """One drafter step: its output (into the LM head), the state fed into the next depth, both
+    [1, T, H], and its attention masses on the sink tokens and on this round's drafts (of the last
+    query row, or averaged over every row where a mask says which keys each row reads)."""
+    normed: torch.Tensor
+    fed_back: torch.Tensor
+    sink: float
+    own: float
+
+
 class Proposer(Protocol):
     def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
         """Committed positions: target features [m, F] and, for each, the token that follows it."""
@@ -79,7 +90,8 @@ class EagleProposer:
         self.draft_vocab_ids = drafter.to_target_ids(torch.arange(c.draft_vocab_size))
         self.vocab_size = c.vocab_size
         self.step_weights = drafter.step_weights()
-        self._probe: dict[str, float] = {}
+        # how one step runs, chosen once: a call into kernels/eagle_step.cpp, or the drafter's modules op by op
+        self._step = self._kernel_step if self.step_weights is not None else self._module_step
 
     @property
     def chains_in_one_call(self) -> bool:
@@ -101,17 +113,17 @@ class EagleProposer:
         for depth in range(k):
             proposal.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
             embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
-            normed, fed_back = self._step(hidden, embeds, positions, committed_end=end)
+            out = self._step(hidden, embeds, positions, end, int(positions[0]))
             if depth == 0:
                 self.cache.truncate(end)
-            logits = self.drafter.draft_logits(normed[0, -1]).float()  # [draft_vocab]
+            logits = self.drafter.draft_logits(out.normed[0, -1]).float()  # [draft_vocab]
             draft_id, prob, q = self._choose(logits, params, generator)
             proposal.ids.append(draft_id)
             proposal.probs.append(prob)
-            self._record(proposal)
+            _record(proposal, out)
             if q is not None:
                 q_rows.append(q)
-            hidden = fed_back[:, -1:]
+            hidden = out.fed_back[:, -1:]
             ids = torch.tensor([draft_id])
             positions = torch.tensor([end + depth])
         if q_rows:
@@ -130,20 +142,24 @@ class EagleProposer:
         return Proposal(ids=drafts.tolist(), probs=probs.tolist(), sink_attention=sink.tolist(),
                         self_attention=own.tolist(), hidden_norm=rms.tolist())
 
-    def _step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int,
-              start: int | None = None, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The drafter's step written at start.. (positions[0] unless said) with attention causal over its
-        cache, or as `mask` [T, start+T] allows; its probes recorded (the last row's, or every row's)."""
-        start = int(positions[0]) if start is None else start
-        if self.step_weights is None:
-            return self.drafter.step(hidden, embeds, positions, self._attend_fn(start, committed_end, mask))
+    def _kernel_step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int,
+                     start: int, mask: torch.Tensor | None = None) -> DepthOutput:
+        """The drafter's step written at `start`.. with attention causal over its cache, or as `mask`
+        [T, start+T] allows, in one call (kernels/eagle_step.cpp)."""
         cos, sin = self.drafter.rope(positions, hidden.dtype)
         normed, h_pre, sink, own = torch.ops.playground.eagle_step(
             hidden[0], embeds[0], self.step_weights, cos, sin, self.cache.keys, self.cache.values, start,
             self.drafter.config.rms_norm_eps, self.drafter.config.num_attention_heads, self.sink_tokens, committed_end,
             mask)
-        self._probe = {"sink": sink, "self": own}
-        return normed[None], (normed if self.drafter.config.norm_output else h_pre)[None]
+        return DepthOutput(normed[None], (normed if self.drafter.config.norm_output else h_pre)[None], sink, own)
+
+    def _module_step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int,
+                     start: int, mask: torch.Tensor | None = None) -> DepthOutput:
+        """`_kernel_step`, run by the drafter's modules op by op (other dtypes, or no kernels here)."""
+        masses: dict[str, float] = {}
+        normed, fed_back = self.drafter.step(hidden, embeds, positions,
+                                             self._attend_fn(start, committed_end, mask, masses))
+        return DepthOutput(normed, fed_back, masses["sink"], masses["own"])
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
         """(target id, drafter probability, full-vocab q or None) for one draft depth."""
@@ -163,11 +179,11 @@ class EagleProposer:
         hidden, ids, committed, end = self._take_pending()
         probes.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
         embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
-        normed, fed_back = self._step(hidden, embeds, torch.arange(committed, end), committed_end=end)
+        out = self._step(hidden, embeds, torch.arange(committed, end), end, committed)
         self.cache.truncate(end)
-        self._record(probes)
+        _record(probes, out)
         tree, sources = DraftTree(), {}
-        frontier = self._expand(tree, sources, [ROOT], normed[0, -1:], fed_back[0, -1:], shape.top_k)
+        frontier = self._expand(tree, sources, [ROOT], out.normed[0, -1:], out.fed_back[0, -1:], shape.top_k)
         slots: dict[int, int] = {}   # expanded node -> its scratch slot in the drafter cache
         for depth in range(1, shape.depth):
             frontier = sorted(frontier, key=lambda i: -tree.scores[i])[:shape.top_k]
@@ -182,10 +198,9 @@ class EagleProposer:
                     mask[row, slots[node]] = True
                     node = tree.parents[node]
             embeds = self.embed_tokens(torch.tensor([tree.tokens[n] for n in frontier]))[None].to(self.drafter.dtype)
-            normed, fed_back = self._step(hidden, embeds, torch.full((len(frontier),), end + depth - 1), end,
-                                          start, mask)
-            self._record(probes)
-            frontier = self._expand(tree, sources, frontier, normed[0], fed_back[0], shape.top_k)
+            out = self._step(hidden, embeds, torch.full((len(frontier),), end + depth - 1), end, start, mask)
+            _record(probes, out)
+            frontier = self._expand(tree, sources, frontier, out.normed[0], out.fed_back[0], shape.top_k)
         return tree.best(shape.nodes), probes
 
     def _take_pending(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -212,13 +227,9 @@ class EagleProposer:
                 children.append(child)
         return children
 
-    def _record(self, probes: Proposal) -> None:
-        probes.sink_attention.append(self._probe["sink"])
-        probes.self_attention.append(self._probe["self"])
-
-    def _attend_fn(self, start: int, committed_end: int, mask: torch.Tensor | None = None):
-        """Attention over the drafter cache (causal unless `mask` [T, start+T] says otherwise);
-        records the sink and self mass of the last query, or with a mask of every query, averaged."""
+    def _attend_fn(self, start: int, committed_end: int, mask: torch.Tensor | None, masses: dict[str, float]):
+        """Attention over the drafter cache (causal unless `mask` [T, start+T] says otherwise); puts the
+        sink and own-draft mass of the last query, or with a mask of every query, averaged, in `masses`."""
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             T = q.shape[2]
@@ -234,8 +245,13 @@ class EagleProposer:
                 scores = scores.masked_fill(~mask, float("-inf"))
             probs = scores.softmax(-1)                                     # [kv, group, R, start+T]
             sinks = min(self.sink_tokens, committed_end)   # a draft is never a sink, however short the context
-            self._probe = {"sink": float(probs[..., :sinks].sum(-1).mean()),
-                           "self": float(probs[..., committed_end:].sum(-1).mean())}
+            masses.update(sink=float(probs[..., :sinks].sum(-1).mean()),
+                          own=float(probs[..., committed_end:].sum(-1).mean()))
             return out
 
         return attend
+
+
+def _record(probes: Proposal, out: DepthOutput) -> None:
+    probes.sink_attention.append(out.sink)
+    probes.self_attention.append(out.own)

@@ -131,3 +131,34 @@ def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], toleranc
         return StepDiff(Divergence(first[-1].step, _step_at(second, length), length, 0, "answer_end", None,
                                    answer[length]), compared, aligned)
     return StepDiff(None, compared, aligned)
+
+
+@dataclass(frozen=True)
+class DepthDifferences:
+    """One quantity of two runs along the answer: at each answer position where both runs start a step,
+    second minus first at each depth (relative to the first run's value for RMS and probability)."""
+    quantity: str
+    relative: bool
+    by_depth: tuple[tuple[tuple[int, float], ...], ...]   # depth 1 first: (answer position, difference)
+
+
+def differences_by_depth(first: Sequence[StepEvent], second: Sequence[StepEvent]) -> list[DepthDifferences]:
+    """Every numeric per-depth quantity both runs observed, differenced step by step along the answer
+    (the steps aligned as in `diff_steps`); what `diff_steps` finds first, drawn all the way."""
+    first, second = reconcile(list(first)), reconcile(list(second))
+    partners = {e.position - second[0].position: e for e in second}
+    compared = observed_quantities(first, second)
+    found = []
+    for name, field, kind in DRAFT_QUANTITIES:
+        if name not in compared or kind == "exact":
+            continue
+        by_depth: dict[int, list[tuple[int, float]]] = {}
+        for event in first:
+            at = event.position - first[0].position
+            if (other := partners.get(at)) is None or event.step == 0:
+                continue
+            for depth, (a, b) in enumerate(zip(getattr(event, field), getattr(other, field))):
+                change = (b - a) / max(abs(a), 1e-12) if kind == "relative" else b - a
+                by_depth.setdefault(depth, []).append((at, change))
+        found.append(DepthDifferences(name, kind == "relative", tuple(tuple(by_depth[d]) for d in sorted(by_depth))))
+    return found

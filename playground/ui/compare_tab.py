@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Iterator, Mapping
 
 import gradio as gr
+import torch
 
 from playground import plots
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary, first_difference
-from playground.engines.step_diff import TOLERANCES, Divergence, StepDiff, diff_steps
+from playground.engines.reference import ReferenceEngine
+from playground.engines.step_diff import (TOLERANCES, Divergence, StepDiff, Tolerance, differences_by_depth,
+                                          diff_steps)
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE, run_name
 from playground.ui import render, unchecked
@@ -120,9 +123,10 @@ def summary_table(summaries: Mapping[str, RunSummary], baseline: str | None = NO
     return rows
 
 
-def outputs_note(logs: Mapping[str, RunLog]) -> str:
+def outputs_note(logs: Mapping[str, RunLog], steps: ColumnsDiff | None = None) -> str:
     """A line for under the table: whether the runs' answers are the same tokens (where not, from
-    which token on, and why when a reason is known), then how far one run's speeds can be trusted."""
+    which token on, and why when a reason is known), where two drafting columns first differ step by
+    step (`steps`, from `step_diff`), then how far one run's speeds can be trusted."""
     ran = [log for log in logs.values() if log.events]
     if len(ran) < 2:
         return NOISE_NOTE
@@ -131,12 +135,12 @@ def outputs_note(logs: Mapping[str, RunLog]) -> str:
     if all(answer == answers[0] for answer in answers):
         runs = {2: "Both", 3: "All three"}.get(len(ran), f"All {len(ran)}")
         lossless = "" if temperature > 0 else " (greedy decoding is lossless)"
-        return f"{runs} answers are identical token for token{lossless}. {step_note(logs)}{NOISE_NOTE}"
+        return f"{runs} answers are identical token for token{lossless}. {step_note(steps)}{NOISE_NOTE}"
     differ = min(d for other in answers[1:] if (d := first_difference(answers[0], other)) is not None)
     why = (f": at temperature {temperature:g} each run samples its own tokens (speculative sampling keeps the "
            f"target's distribution, not its draws)" if temperature > 0
            else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
-    return f"The answers differ from token {differ + 1} on{why}. {step_note(logs)}{NOISE_NOTE}"
+    return f"The answers differ from token {differ + 1} on{why}. {step_note(steps)}{NOISE_NOTE}"
 
 
 QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sink attention",
@@ -145,19 +149,33 @@ QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sin
                   "answer_end": "the answer's end"}
 
 
-STEP_TOLERANCE = TOLERANCES["float32"]
+@dataclass(frozen=True)
+class ColumnsDiff:
+    """Two drafting columns, by name, and where they first differ step by step."""
+    first: str
+    second: str
+    diff: StepDiff
+    tolerance: Tolerance
 
 
-def step_diff(logs: Mapping[str, RunLog]) -> tuple[str, str, StepDiff] | None:
-    """The two drafting columns' names and where they first differ, step by step (engines/step_diff.py,
-    what `python -m playground diff` reports), for two greedy chain runs of one k; None otherwise."""
+def step_tolerance(engine: Engine) -> Tolerance:
+    """How far two runs' values may differ by rounding alone: bfloat16's where the page's embedded engine
+    runs in bfloat16, else float32's (the vLLM servers the playground starts run float32; `python -m
+    playground diff --dtype` compares others)."""
+    bfloat16 = isinstance(engine, ReferenceEngine) and engine.target.dtype == torch.bfloat16
+    return TOLERANCES["bfloat16" if bfloat16 else "float32"]
+
+
+def step_diff(logs: Mapping[str, RunLog], tolerance: Tolerance = TOLERANCES["float32"]) -> ColumnsDiff | None:
+    """Where the two drafting columns first differ, step by step (engines/step_diff.py, what `python -m
+    playground diff` reports), for two greedy chain runs of one k; None otherwise."""
     drafting = [(name, log) for name, log in logs.items()
                 if any(e.drafted for e in log.events) and not any(e.tree_ids for e in log.events)]
     if len(drafting) != 2 or {(log.request.temperature, log.request.k) for _, log in drafting} != {
             (0.0, drafting[0][1].request.k)}:
         return None
     (first, a), (second, b) = drafting
-    return first, second, diff_steps(a.steps, b.steps, STEP_TOLERANCE)
+    return ColumnsDiff(first, second, diff_steps(a.steps, b.steps, tolerance), tolerance)
 
 
 def divergence_text(d: Divergence) -> str:
@@ -166,22 +184,34 @@ def divergence_text(d: Divergence) -> str:
     return f"step {d.step} ({where}): {QUANTITY_NAMES[d.quantity]}, {values}"
 
 
-def step_note(logs: Mapping[str, RunLog]) -> str:
-    if (found := step_diff(logs)) is None:
+def step_note(steps: ColumnsDiff | None) -> str:
+    if steps is None:
         return ""
-    first, second, diff = found
-    if diff.agree:
-        return f"Step by step, {first} and {second} agree at every step ({STEP_TOLERANCE.describe()}). "
-    return f"Step by step, {first} and {second} first differ at {divergence_text(diff.divergence)} (outlined). "
+    if steps.diff.agree:
+        return f"Step by step, {steps.first} and {steps.second} agree at every step ({steps.tolerance.describe()}). "
+    return (f"Step by step, {steps.first} and {steps.second} first differ at "
+            f"{divergence_text(steps.diff.divergence)} (outlined). ")
 
 
-def divergence_marks(logs: Mapping[str, RunLog]) -> dict[str, tuple[int, str]]:
+STEPS_WAITING = plots.placeholder("step by step: where two greedy chain runs of one k differ, drawn when both end")
+
+
+def step_figure(logs: Mapping[str, RunLog], steps: ColumnsDiff | None):
+    """The two drafting columns' quantities differenced along the answer, depth by depth."""
+    if steps is None:
+        return STEPS_WAITING
+    divergence = steps.diff.divergence
+    return plots.step_differences(differences_by_depth(logs[steps.first].steps, logs[steps.second].steps),
+                                  steps.first, steps.second, divergence.position if divergence else None)
+
+
+def divergence_marks(steps: ColumnsDiff | None) -> dict[str, tuple[int, str]]:
     """Per drafting column, the step to outline as the first difference from the other, and why."""
-    if (found := step_diff(logs)) is None or found[2].agree:
+    if steps is None or steps.diff.agree:
         return {}
-    first, second, diff = found
-    why = f"first difference from the run beside it: {divergence_text(diff.divergence)}"
-    return {first: (diff.divergence.step, why), second: (diff.divergence.second_step, why)}
+    divergence = steps.diff.divergence
+    why = f"first difference from the run beside it: {divergence_text(divergence)}"
+    return {steps.first: (divergence.step, why), steps.second: (divergence.second_step, why)}
 
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
@@ -229,6 +259,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                                  min_width=300, elem_id=elem_id)
     view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
     view["note"] = gr.Markdown(elem_id="compare-note")
+    view["step_plot"] = gr.Plot(STEPS_WAITING, show_label=False, elem_id="compare-steps")
     view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
 
     stops = StopRequests()
@@ -247,11 +278,12 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             requests = {n: r for n, r in zip(names, columns) if r}
             notes = {n: run_note(engine, r) for n, r in requests.items()}
             streams = {n: engine.generate(r) for n, r in requests.items()}
+            tolerance = step_tolerance(engine)
         except Exception as e:
             raise refusal(e) from None
         logs = {name: RunLog(r) for name, r in requests.items()}
         pacer, live = Pacer(), LivePlots()
-        yield update(logs, notes, names, baseline, live, True, False)
+        yield update(logs, notes, names, baseline, tolerance, live, True, False)
         try:
             for name, event in interleave(streams):
                 logs[name].events.append(event)
@@ -262,25 +294,28 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                             log.events[-1] = stopped(log.events[-1])
                 final = stopping or all(log.finished for log in logs.values())
                 if final or pacer.due("text"):
-                    yield update(logs, notes, names, baseline, live, final or pacer.due("plots"), final)
+                    yield update(logs, notes, names, baseline, tolerance, live, final or pacer.due("plots"), final)
                 if final:
                     return
         except Exception as e:
-            yield update(logs, notes, names, baseline, live, True, True)
+            yield update(logs, notes, names, baseline, tolerance, live, True, True)
             raise refusal(e) from None
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
-               live: LivePlots, redraw: bool, final: bool) -> dict:
+               tolerance: Tolerance, live: LivePlots, redraw: bool, final: bool) -> dict:
         summaries = {n: log.summary for n, log in logs.items() if log.events}
         drafted = {n: s for n, s in summaries.items() if n != baseline}
-        out, marks = {}, divergence_marks(logs) if final else {}
+        steps = step_diff(logs, tolerance) if final else None
+        out, marks = {}, divergence_marks(steps)
         for slot, name in zip(SLOTS, names):
             out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name),
                                  marks.get(name))
         out |= dict(zip(PLOTS, live.get(lambda: plots.all_figures(drafted), redraw)))
         out["table"] = summary_table(summaries, baseline)
-        out["note"] = outputs_note(logs) if final else ""
-        out["files"] = export(logs, plots.all_figures(drafted)) if final else None
+        out["note"] = outputs_note(logs, steps) if final else ""
+        out["step_plot"] = step_figure(logs, steps)
+        figures = (*plots.all_figures(drafted), *((out["step_plot"],) if steps else ()))
+        out["files"] = export(logs, figures) if final else None
         return out
 
     handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)

@@ -94,7 +94,7 @@ def column(slot: str, part: str) -> str:
 
 RUN_OUTPUTS = ("answer", "text", "cards", *PLOTS, "step", "inspector", "files", "tree")
 COMPARE_OUTPUTS = (*(column(slot, part) for slot in SLOTS for part in COLUMN_PARTS), *PLOTS, "table", "files",
-                   *(column(slot, "heading") for slot in SLOTS), "note")
+                   *(column(slot, "heading") for slot in SLOTS), "note", "step_plot")
 
 STUDY_PLOTS = ("tau_plot", "length_plot", "per_prompt_plot", "study_acceptance_plot", "sink_plot", "rms_plot")
 STUDY_OUTPUTS = ("progress", "report", *STUDY_PLOTS, "table", "files")

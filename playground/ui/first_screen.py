@@ -6,6 +6,7 @@ EAGLE 3.1 with EAGLE 3 beside it, drawn by the same code as a live run and label
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import asdict
@@ -40,6 +41,7 @@ def record(path: Path = STORED_RUN) -> dict:
     stored = {"host": described(machine()), "recorded": time.strftime("%Y-%m-%d"),
               "runs": {name: run.to_json() for name, run in runs.items()}}
     path.write_text(json.dumps(stored))
+    _stored.cache_clear()
     return stored
 
 
@@ -48,12 +50,19 @@ def _request(data: dict) -> GenerationRequest:
     return GenerationRequest(**{**data, "history": tuple(data["history"]), "tree": tree})
 
 
+@functools.lru_cache(maxsize=2)
+def _stored(path: Path) -> dict:
+    """The stored file, read once per process (the Playground and the explainer both start from it);
+    each `load` builds its own RunLogs from it, which the page then changes."""
+    return json.loads(path.read_text())
+
+
 def load(path: Path = STORED_RUN) -> tuple[dict[str, RunLog], str] | None:
     """The stored runs by drafter (the answer's first) and a line saying where they come from; None
     where none is stored or it no longer matches what a fresh page would run."""
     if not path.exists():
         return None
-    stored = json.loads(path.read_text())
+    stored = _stored(path)
     runs = {name: RunLog(_request(run["request"]), [StepEvent.from_json(e) for e in run["steps"]])
             for name, run in stored["runs"].items()}
     if tuple(runs) != DRAFTERS or any(asdict(run.request) != asdict(example_request(name)) for name, run in runs.items()):

@@ -130,25 +130,32 @@ class KeyCopy:
         depths, heads = queries.shape[0], queries.shape[1]
         kv_heads = self.keys.shape[0]
         group = heads // kv_heads                       # query head h reads kv head h // group
-        # [kv, depths * group, dim]: every depth's query heads that read one kv head, side by side
-        q = queries.float().reshape(depths, kv_heads, group, -1).transpose(0, 1).reshape(kv_heads, depths * group, -1)
+        # [kv, depths * group, dim]: every depth's query heads that read one kv head, side by side, scaled
+        q = (queries.float() * scale).reshape(depths, kv_heads, group, -1).transpose(0, 1).reshape(
+            kv_heads, depths * group, -1)
         spans = [(s, min(s + CHUNK, length)) for s in range(0, length, CHUNK)]
-        scores = torch.cat([torch.bmm(q, self.keys[:, s:e].float().transpose(1, 2)) for s, e in spans], dim=-1)
+        scores = [torch.bmm(q, self.keys[:, s:e].float().transpose(1, 2)) for s, e in spans]
+        scores = scores[0] if len(scores) == 1 else torch.cat(scores, dim=-1)
+        # only the round's drafts lie past a query's position: the mask covers them alone
         ends = torch.tensor(positions, device=scores.device)
-        later = torch.arange(length, device=scores.device)[None, :] > ends[:, None]   # [depths, L]: not attended
-        scores = (scores * scale).reshape(kv_heads, depths, group, length).masked_fill(later[None, :, None], -torch.inf)
-        probs = scores.softmax(-1).reshape(kv_heads, depths * group, length)
+        first = min(round_start, length)
+        later = torch.arange(first, length, device=scores.device)[None, :] > ends[:, None]   # [depths, tail]
+        tail = scores.view(kv_heads, depths, group, length)[..., first:]
+        tail.masked_fill_(later[None, :, None], -torch.inf)
+        probs = scores.softmax(-1)
         output = q.new_zeros((kv_heads, depths * group, self.values.shape[-1]))
         for s, e in spans:
             output.baddbmm_(probs[..., s:e], self.values[:, s:e].float())
         output = output.reshape(kv_heads, depths, group, -1).transpose(0, 1).reshape(depths, heads, -1)
-        probs = probs.reshape(kv_heads, depths, group, length).transpose(0, 1).reshape(depths, heads, length)
         largest = self.largest[:length].cummax(0).values[ends.clamp(max=length - 1)].clamp(min=1e-30)
         errors = ((output - backend_outputs.float()).abs().flatten(1).amax(1) / largest).tolist()
         limit = TOLERANCE.get(backend_outputs.dtype, OTHER_TOLERANCE)
         sinks = min(sinks, round_start)
-        sink, drafts = probs[..., :sinks].sum(-1).tolist(), probs[..., round_start:].sum(-1).tolist()
-        rest = probs[..., sinks:round_start].sum(-1).tolist()
+        probs = probs.view(kv_heads, depths, group, length)
+        sink, drafts = (part.sum(-1).transpose(0, 1).reshape(depths, heads)
+                        for part in (probs[..., :sinks], probs[..., round_start:]))
+        rest = (1 - sink - drafts).clamp(min=0)   # a softmax sums to 1: the long middle is not summed again
+        sink, drafts, rest = sink.tolist(), drafts.tolist(), rest.tolist()
         measured: list[Masses | str] = []
         for d, position in enumerate(positions):
             if position >= length:

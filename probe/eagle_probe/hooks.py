@@ -98,14 +98,16 @@ def hooks_missing() -> list[str]:
 
 
 def version_check(version: str) -> str:
-    """How this vLLM release is known to fit the probe ("" where it does not fit: the probe stays off)."""
-    if version in CHECKED_VERSIONS:
-        return CHECKED_VERSIONS[version]
+    """How this vLLM release is known to fit the probe ("" where it does not fit: the probe stays off).
+    The hooked methods are checked under every release, the ones named in CHECKED_VERSIONS too: a
+    patched or mislabelled build of a checked release is refused by what its code takes."""
     missing = hooks_missing()
     if missing:
         log.warning("eagle_probe %s does not fit vLLM %s (%s): it stays off", __version__, version,
                     "; ".join(missing))
         return ""
+    if version in CHECKED_VERSIONS:
+        return CHECKED_VERSIONS[version]
     log.warning("eagle_probe %s has not been checked against vLLM %s; every method it hooks is there as in %s, so "
                 "it runs unverified: its attention self-check decides what it reports", __version__, version,
                 VLLM_VERSION)
@@ -129,12 +131,9 @@ def install() -> None:
     if getattr(GPUModelRunner, "_eagle_probe", False):
         return
     GPUModelRunner._eagle_probe = True
-    _wrap(GPUModelRunner, "_update_states", _update_states)
-    _wrap(GPUModelRunner, "sample_tokens", _sample_tokens)
-    _wrap(GPUModelRunner, "propose_draft_token_ids", _propose_draft_token_ids)
-    _wrap(SpecDecodeBaseProposer, "set_inputs_first_pass", _set_inputs_first_pass)
-    _wrap(SpecDecodeBaseProposer, "_sample_draft_tokens", _sample_draft_tokens)
-    _wrap(SpecDecodeBaseProposer, "load_model", _load_model)
+    classes = {"GPUModelRunner": GPUModelRunner, "SpecDecodeBaseProposer": SpecDecodeBaseProposer}
+    for _, cls, method in HOOKED:
+        _wrap(classes[cls], method, globals()["_" + method.lstrip("_")])   # each wrapper is named after its method
     WorkerBase.eagle_probe_fetch = lambda worker, asked: STORE.fetch_many(asked)
     WorkerBase.eagle_probe_status = lambda worker: status(getattr(worker, "model_runner", None), GPUModelRunner)
 
