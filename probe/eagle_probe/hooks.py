@@ -130,10 +130,12 @@ def install() -> None:
     WORKER.vllm = (vllm.__version__, checked)
     if getattr(GPUModelRunner, "_eagle_probe", False):
         return
-    GPUModelRunner._eagle_probe = True
     classes = {"GPUModelRunner": GPUModelRunner, "SpecDecodeBaseProposer": SpecDecodeBaseProposer}
-    for _, cls, method in HOOKED:
-        _wrap(classes[cls], method, globals()["_" + method.lstrip("_")])   # each wrapper is named after its method
+    # each wrapper is this module's function named after its method; all are found before any is installed
+    wrappers = [(classes[cls], method, globals()["_" + method.lstrip("_")]) for _, cls, method in HOOKED]
+    GPUModelRunner._eagle_probe = True
+    for cls, method, wrapper in wrappers:
+        _wrap(cls, method, wrapper)
     WorkerBase.eagle_probe_fetch = lambda worker, asked: STORE.fetch_many(asked)
     WorkerBase.eagle_probe_status = lambda worker: status(getattr(worker, "model_runner", None), GPUModelRunner)
 
