@@ -173,9 +173,9 @@ def hidden_norm(runs: Mapping[str, RunSummary]) -> go.Figure:
 
 def step_differences(differences: Sequence[DepthDifferences], first: str, second: str,
                      divergence: int | None = None) -> go.Figure:
-    """Per quantity a row, per depth a line: the second run's value minus the first's at each answer
-    position where both start a step (relative for RMS and probability); a dotted line at the answer
-    position where they first part (`divergence`)."""
+    """Per quantity a row, per depth a line: the second run's value minus the first's along the answer
+    (step_diff.DepthDifferences; relative for RMS and probability); a dotted line at the answer position
+    where they first part (`divergence`)."""
     rows = [d for d in differences if d.by_depth]
     if not rows:
         return placeholder("no quantity by depth that both runs measured")

@@ -310,12 +310,12 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         for slot, name in zip(SLOTS, names):
             out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name),
                                  marks.get(name))
-        out |= dict(zip(PLOTS, live.get(lambda: plots.all_figures(drafted), redraw)))
+        shown = live.get(lambda: plots.all_figures(drafted), redraw)   # a final update always redraws
+        out |= dict(zip(PLOTS, shown))
         out["table"] = summary_table(summaries, baseline)
         out["note"] = outputs_note(logs, steps) if final else ""
         out["step_plot"] = step_figure(logs, steps)
-        figures = (*plots.all_figures(drafted), *((out["step_plot"],) if steps else ()))
-        out["files"] = export(logs, figures) if final else None
+        out["files"] = export(logs, (*shown, *((out["step_plot"],) if steps else ()))) if final else None
         return out
 
     handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)

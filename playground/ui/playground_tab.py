@@ -167,12 +167,13 @@ def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, re
         note = " ".join(filter(None, (note, f"{' and '.join(waits)} is finishing beside it, for the plots…")))
     html = render.answer_html(shown, note, stored) + (render.error_html(error) if error else "")
     last = len(steps) - 1
+    figures = live.get(lambda: plots.all_figures(summaries), redraw)   # a final update always redraws
     return {"answer": html, "text": run_log.text,
             "cards": render.figures_html(summaries.get(main)) + render.pair_html(summaries),
-            **dict(zip(PLOTS, live.get(lambda: plots.all_figures(summaries), redraw))),
+            **dict(zip(PLOTS, figures)),
             "step": gr.update(maximum=max(1, last), value=last) if final else 0,
             "inspector": inspect(steps[-1] if final else None),
-            "files": export(logs, plots.all_figures(summaries)) if final and not stored else None,
+            "files": export(logs, figures) if final and not stored else None,
             "events": steps,
             "tree": tree_view.tree_html(steps[-1] if steps else None)}
 
