@@ -10,6 +10,11 @@ from playground.errors import PlaygroundError
 
 API_KEY_ENV = "PLAYGROUND_VLLM_API_KEY"
 
+# vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vllm/envs.py:1143), and
+# httpx keeps one for 5 s: a request sent on a connection the server is closing at that moment fails with
+# "Server disconnected". Idle connections are dropped well before any server's keep-alive ends.
+KEEPALIVE_EXPIRY_S = 2.0
+
 
 class ServerAnswered(PlaygroundError):
     """The server answered, with an HTTP status other than 200."""
@@ -21,7 +26,9 @@ class ServerAnswered(PlaygroundError):
 
 def http_client(api_key: str | None, timeout: httpx.Timeout) -> httpx.Client:
     """A client for vLLM servers that sends `api_key` (vLLM's --api-key) as a bearer token, if given."""
-    return httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+    return httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                                                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
+                        headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
 
 
 def refusal(url: str, path: str, response: httpx.Response) -> ServerAnswered:
