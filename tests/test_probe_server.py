@@ -20,6 +20,7 @@ from playground.engines.events import reconcile
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from tests.vllm_servers import EAGER
 from playground.engines.vllm.launch import healthy
 from playground.engines.vllm.probe import PREFIX
 
@@ -39,7 +40,8 @@ def server(engine, tmp_path_factory):
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:
-        backend, launched = vllm_backend(engine, [], LaunchSpec(k=5), names=("eagle3.1",), api_key=API_KEY)
+        backend, launched = vllm_backend(engine, [], LaunchSpec(k=5, server_args=EAGER), names=("eagle3.1",),
+                                           api_key=API_KEY)
     finally:
         for name, value in saved.items():
             os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
@@ -150,7 +152,7 @@ def test_forty_requests_at_once_are_all_served_and_a_key_they_share_records_one_
     backend, url, _ = server
     keyed = {"Authorization": f"Bearer {API_KEY}"}
     model = backend.connection("eagle3.1").info.model
-    document = " ".join(f"Item {n} costs {n * n} coins." for n in range(40))   # about 300 tokens
+    document = " ".join(f"Item {n} costs {n * n} coins." for n in range(12))   # about 100 tokens
     shared = uuid.uuid4().hex
     keys = [shared if i % 2 == 0 else uuid.uuid4().hex for i in range(40)]
 
@@ -228,7 +230,7 @@ def test_a_flood_of_fetches_of_made_up_keys_reaches_the_engine_once_a_second(ser
 def test_every_data_parallel_engine_records_its_requests(engine, greedy):
     """Two engines (--data-parallel-size 2): vLLM spreads the requests over both, and each request's
     records come back from whichever engine ran it."""
-    backend, launched = vllm_backend(engine, [], LaunchSpec(k=5, server_args=("--data-parallel-size", "2")),
+    backend, launched = vllm_backend(engine, [], LaunchSpec(k=5, server_args=(*EAGER, "--data-parallel-size", "2")),
                                      names=("eagle3.1",))
     try:
         url = backend.urls()["eagle3.1"]

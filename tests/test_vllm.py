@@ -20,6 +20,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import first_difference, summarize
 from playground.evaluation.prompt_sets import LONG_CONTEXT, document_prompt, long_context
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from tests.vllm_servers import EAGER
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import healthy
 from playground.engines.vllm.metrics import read_counters
@@ -338,7 +339,7 @@ def speculators_server(engine, vllm, tmp_path_factory):
 
     folder = save_speculators(shipped_path("eagle3.1"), tmp_path_factory.mktemp("speculators") / "eagle3.1",
                               verifier=str(embedded_target_folder()), k=K)
-    backend, launched = vllm_backend(engine, [], LaunchSpec(k=K, drafters=(f"eagle3.1={folder}",)),
+    backend, launched = vllm_backend(engine, [], LaunchSpec(k=K, drafters=(f"eagle3.1={folder}",), server_args=EAGER),
                                      names=("eagle3.1",))
     yield backend
     launched.stop()

@@ -9,6 +9,7 @@ from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from tests.vllm_servers import EAGER
 from playground.ui.endpoints import COMPARE_OUTPUTS, SLOTS, column
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
@@ -21,7 +22,8 @@ PROMPTS = [PROMPT, "Write a Python function that reverses a list."]
 
 @pytest.fixture(scope="module")
 def methods(engine):
-    backend, launched = vllm_backend(engine, [], LaunchSpec(k=K, drafters=("k3=eagle3.1:k=3", "ngram=ngram:k=4")),
+    backend, launched = vllm_backend(engine, [], LaunchSpec(k=K, drafters=("k3=eagle3.1:k=3", "ngram=ngram:k=4"),
+                                                            server_args=EAGER),
                                      names=("eagle3.1", "k3", "ngram"), status=lambda line: None)
     yield backend
     launched.stop()
