@@ -62,3 +62,25 @@ def test_the_stored_reports_control_is_at_chance_and_the_probability_far_from_it
         for row in part["by_depth"]:
             if row["signal"] == "probability":   # no information at 0.5; the probability far from it
                 assert row["null_band"][0] <= 0.5 <= row["null_band"][1] < row["auc_ci"][0], row
+
+
+def test_the_figure_draws_each_drafters_aucs_with_their_intervals_and_the_shuffled_band():
+    report = json.loads(STORED.read_text())
+    fig = rejection.figure(report)
+    drafters = list(report["drafters"])
+    for col, drafter in enumerate(drafters, start=1):
+        axis = "x" if col == 1 else f"x{col}"
+        traces = [t for t in fig.data if t.xaxis == axis]
+        rows = report["drafters"][drafter]["by_depth"]
+        for signal, title in rejection.SIGNALS.items():
+            line = next(t for t in traces if t.name == title)
+            mine = [r for r in rows if r["signal"] == signal]
+            assert list(line.x) == [r["depth"] for r in mine] and list(line.y) == [r["auc"] for r in mine]
+            tops = [y + up for y, up in zip(line.y, line.error_y.array)]
+            bottoms = [y - down for y, down in zip(line.y, line.error_y.arrayminus)]
+            assert np.allclose(tops, [r["auc_ci"][1] for r in mine])
+            assert np.allclose(bottoms, [r["auc_ci"][0] for r in mine])
+        band = next(t for t in traces if t.name == "verdicts shuffled")
+        nulls = [r["null_band"] for r in rows if "null_band" in r]
+        assert max(band.y) == max(hi for _, hi in nulls) and min(band.y) == min(lo for lo, _ in nulls)
+    assert f"{report['prompts']} prompts" in fig.layout.title.text

@@ -381,7 +381,7 @@ def test_container_health_check_sees_the_page_and_a_dead_port(app_url, dead_port
                   TMPDIR=str(tmp_path)) == 1
 
 
-def test_stored_benchmark_is_offered_on_the_comparison_tab(app_url):
+def test_stored_benchmark_and_rejection_study_are_offered_on_the_comparison_tab(app_url):
     import urllib.request
 
     from playground.ui.compare_tab import STORED_BENCHMARK
@@ -391,6 +391,8 @@ def test_stored_benchmark_is_offered_on_the_comparison_tab(app_url):
     page = json.loads(urllib.request.urlopen(app_url + "/config").read())
     shown = [str(c.get("props", {}).get("value")) for c in page["components"]]
     assert any(row in value for value in shown), "the stored benchmark's rows are on the Comparison tab"
+    plot = next(c for c in page["components"] if c.get("props", {}).get("elem_id") == "rejection-plot")
+    assert "What predicts a rejection" in json.dumps(plot["props"]["value"]), "the rejection study is drawn there"
 
 
 def wait_for(condition, timeout_s: float = 10) -> None:

@@ -26,7 +26,10 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
+from playground import plots
 from playground.engines.reference import ReferenceEngine
 from playground.engines.stats import bootstrap_interval
 from playground.evaluation import runner
@@ -39,6 +42,8 @@ from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
 
 SIGNALS = {"probability": "draft probability", "sink_attention": "sink attention",
            "self_attention": "own-draft attention", "hidden_norm": "fed-back RMS"}
+SIGNAL_COLORS = {"probability": "#1e293b", "sink_attention": "#0d9488", "self_attention": "#db2777",
+                 "hidden_norm": "#ca8a04"}
 ATTENTION = ("sink_attention", "self_attention", "hidden_norm")   # what the drift story is about
 SAMPLE = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "chat.jsonl"
 SAVED_FORMAT = 1
@@ -251,6 +256,41 @@ def markdown(report: dict) -> str:
                      f"({_ci(a['with_attention_auc_ci'])}) | {a['gain']:+.3f} ({a['gain_ci'][0]:+.3f} to "
                      f"{a['gain_ci'][1]:+.3f}) |")
     return "\n".join(lines) + "\n"
+
+
+def figure(report: dict) -> go.Figure:
+    """The report's AUCs by depth: a panel per drafter, a line per signal with its 95% interval, the grey
+    band where the probability's AUC falls with the verdicts shuffled, and 0.5 (tells nothing) dotted."""
+    drafters = list(report["drafters"])
+    fig = make_subplots(rows=1, cols=len(drafters), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[plots.label(name) for name in drafters])
+    for col, drafter in enumerate(drafters, start=1):
+        rows = report["drafters"][drafter]["by_depth"]
+        band = [(r["depth"], *r["null_band"]) for r in rows if "null_band" in r]
+        fig.add_scatter(x=[d for d, _, _ in band] + [d for d, _, _ in reversed(band)],
+                        y=[hi for _, _, hi in band] + [lo for _, lo, _ in reversed(band)], fill="toself", mode="lines",
+                        fillcolor="rgba(107,114,128,0.2)", line=dict(width=0), hoverinfo="skip", row=1, col=col,
+                        name="verdicts shuffled", legendgroup="shuffled", showlegend=col == 1)
+        for signal, title in SIGNALS.items():
+            mine = [r for r in rows if r["signal"] == signal]
+            fig.add_scatter(x=[r["depth"] for r in mine], y=[r["auc"] for r in mine], mode="lines+markers",
+                            error_y=dict(type="data", symmetric=False, thickness=1, width=3,
+                                         array=[r["auc_ci"][1] - r["auc"] for r in mine],
+                                         arrayminus=[r["auc"] - r["auc_ci"][0] for r in mine]),
+                            line=dict(color=SIGNAL_COLORS[signal], width=1.6), name=title, legendgroup=signal,
+                            showlegend=col == 1, row=1, col=col,
+                            customdata=[[*r["auc_ci"], r["accepted"], r["rejected"]] for r in mine],
+                            hovertemplate=f"{plots.label(drafter)} · {title}<br>depth %{{x}}: AUC %{{y:.2f}} "
+                                          "(%{customdata[0]:.2f}–%{customdata[1]:.2f}), %{customdata[2]} "
+                                          "accepted / %{customdata[3]} rejected<extra></extra>")
+        fig.add_hline(y=0.5, line=dict(color="#6b7280", dash="dot", width=1), row=1, col=col)
+    plots.layout(fig, f"What predicts a rejection: AUC by depth, {report['prompts']} prompts",
+                 "AUC (accepted above rejected)", [0.3, 1.0],
+                 key=["bars: 95% interval over prompts; dotted 0.5 and the grey band: no information"])
+    fig.update_yaxes(title_text=None, col=2)   # the panels share the first one's axis
+    fig.update_layout(height=360, legend=dict(y=-0.22))
+    fig.update_annotations(font=dict(size=12))
+    return fig
 
 
 def quartiles_pooled(rows: list[dict], signal: str) -> list[float]:

@@ -22,17 +22,19 @@ from playground.engines.step_diff import (TOLERANCES, Divergence, StepDiff, Tole
                                           diff_steps)
 from playground.errors import PlaygroundError
 from playground.model.variants import NONE, run_name
-from playground.ui import render, unchecked
+from playground.ui import explainer, render, unchecked
 from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_drafter, default_pair, drafter_choices,
                                     follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
                                     wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, refusal, stream_handler)
-from playground.ui.explainer import STORED_RESULTS, stored_speedups
+from playground.evaluation import rejection
+from playground.evaluation.machine import described
+from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored_speedups
 from playground.ui.presets import DRIFT_EXAMPLE
-from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, interleave, make_request,
-                                   stop_handler, stopped)
+from playground.ui.runs import LivePlots, RunLog, export
+from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, follow, make_request,
+                                   stop_handler)
 
 DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
 MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
@@ -281,22 +283,11 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             tolerance = step_tolerance(engine)
         except Exception as e:
             raise refusal(e) from None
-        logs = {name: RunLog(r) for name, r in requests.items()}
-        pacer, live = Pacer(), LivePlots()
+        logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
         yield update(logs, notes, names, baseline, tolerance, live, True, False)
         try:
-            for name, event in interleave(streams):
-                logs[name].events.append(event)
-                stopping = stops.take(session)
-                if stopping:   # every run that has begun ends here; one that has not stays empty
-                    for log in logs.values():
-                        if log.events and not log.finished:
-                            log.events[-1] = stopped(log.events[-1])
-                final = stopping or all(log.finished for log in logs.values())
-                if final or pacer.due("text"):
-                    yield update(logs, notes, names, baseline, tolerance, live, final or pacer.due("plots"), final)
-                if final:
-                    return
+            for frame in follow(streams, logs, lambda: stops.take(session)):
+                yield update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final)
         except Exception as e:
             yield update(logs, notes, names, baseline, tolerance, live, True, True)
             raise refusal(e) from None
@@ -340,6 +331,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         concurrency_limit=limits.concurrency)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     stored_benchmark()
+    stored_rejection_study()
 
 
 def column_update(slot: str, name: str | None, log: RunLog | None, note: str, summary: RunSummary | None,
@@ -363,6 +355,18 @@ def stored_benchmark() -> None:
     with gr.Accordion("Stored benchmark: the prompt suite by category (python -m playground bench)", open=False,
                       elem_id="stored-benchmark"):
         gr.Markdown(generate_note() + "\n\n" + STORED_BENCHMARK.read_text())
+
+
+def stored_rejection_study() -> None:
+    """What tells a rejected draft in advance, from the `bench rejection` report shipped with the app."""
+    if not STORED_REJECTION.exists():
+        return
+    report = json.loads(STORED_REJECTION.read_text())
+    with gr.Accordion("What predicts a rejection: the drift signals draft by draft (python -m playground bench "
+                      "rejection)", open=False, elem_id="stored-rejection"):
+        gr.Plot(rejection.figure(report), show_label=False, elem_id="rejection-plot")
+        gr.Markdown(f"{explainer.rejection(report)} Measured on {described(report['machine'])}; "
+                    "the method and the full table: docs/drift.md.")
 
 
 def generate_note() -> str:

@@ -82,7 +82,7 @@ def rejection(report: dict) -> str:
                    if r["signal"] == "probability"]
     gains = " and ".join(f"{signed(part['added_value']['gain'])} for {LABELS[name]}"
                          for name, part in report["drafters"].items())
-    return (f"And draft by draft (`python -m playground bench rejection`, {report['prompts']} prompts), the drafter's "
+    return (f"Draft by draft (`python -m playground bench rejection`, {report['prompts']} prompts), the drafter's "
             f"own probability tells which drafts the target rejects (AUC {min(probability):.2f} to "
             f"{max(probability):.2f} by depth), while sink attention, own-draft attention and fed-back RMS add nothing "
             f"to it (added to a model of probability and depth, they change its AUC by {gains}): here drift shows in "

@@ -19,8 +19,8 @@ from playground.ui.controls import (answer_header, beside_label, beside_name, de
                                     wire_presets)
 from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, failure_message, input_validator,
                                      named_inputs, refusal, stream_handler)
-from playground.ui.runs import LivePlots, Pacer, RunLog, export
-from playground.ui.streams import Limits, StopRequests, backend, interleave, make_request, stop_handler, stopped
+from playground.ui.runs import LivePlots, RunLog, export
+from playground.ui.streams import Limits, StopRequests, backend, follow, make_request, stop_handler
 
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
@@ -82,25 +82,12 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                        **{r.drafter: beside_events(engine, r, failed) for r in requests[1:]}}
         except Exception as e:  # bad input: nothing ran
             raise refusal(e) from None
-        logs, main = {r.drafter: RunLog(r) for r in requests}, requests[0].drafter
-        pacer, live = Pacer(), LivePlots()
+        logs, main, live = {r.drafter: RunLog(r) for r in requests}, requests[0].drafter, LivePlots()
         yield update(logs, main, note or render.PREFILL_NOTE, live, False, False)
         try:
-            for name, event in interleave(streams):
-                logs[name].events.append(event)
+            for frame in follow(streams, logs, lambda: stops.take(session)):
                 note = without_failed(logs, failed, note)
-                stopping = stops.take(session)
-                if stopping:   # every run that has begun ends here
-                    for log in logs.values():
-                        if log.events and not log.finished:
-                            log.events[-1] = stopped(log.events[-1])
-                final = stopping or all(log.finished for log in logs.values())
-                if final or pacer.due("text"):
-                    yield update(logs, main, note, live, final or pacer.due("plots"), final)
-                if final:
-                    return
-            # here only when the run beside failed after the answer had ended
-            yield update(logs, main, without_failed(logs, failed, note), live, True, True)
+                yield update(logs, main, note, live, frame.redraw, frame.final)
         except Exception as e:
             error = refusal(e)
             yield update(logs, main, note, live, True, True, error.message)

@@ -6,7 +6,7 @@ import logging
 import random
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, NamedTuple
 
 import gradio as gr
 
@@ -16,6 +16,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.ui.endpoints import RunSettings, choice, number, text, whole_number
+from playground.ui.runs import Pacer, RunLog
 
 log = logging.getLogger("playground.ui")
 
@@ -93,6 +94,33 @@ def interleave(streams: Mapping[str, Iterator[StepEvent]]) -> Iterator[tuple[str
                 del active[name]
             else:
                 yield name, event
+
+
+class Frame(NamedTuple):
+    """A moment the page is due an update: whether the plots are redrawn, and whether it is the last."""
+    redraw: bool
+    final: bool
+
+
+def follow(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog],
+           stop_pressed: Callable[[], bool], pacer: Pacer | None = None) -> Iterator[Frame]:
+    """The runs of one page event, step by step in turn: each event goes to its run's log, and a Frame
+    comes out whenever the page is due an update (paced), and always last. After Stop every run that
+    has begun ends as stopped, one that has not stays empty. A failing stream raises; the tab shows it."""
+    pacer = pacer or Pacer()
+    for name, event in interleave(streams):
+        logs[name].events.append(event)
+        stopping = stop_pressed()
+        if stopping:
+            for log in logs.values():
+                if log.events and not log.finished:
+                    log.events[-1] = stopped(log.events[-1])
+        final = stopping or all(log.finished for log in logs.values())
+        if final or pacer.due("text"):
+            yield Frame(redraw=final or pacer.due("plots"), final=final)
+        if final:
+            return
+    yield Frame(redraw=True, final=True)   # a stream ran out unfinished: a run beside the answer failed alone
 
 
 STOPPED = "stopped"   # the finish reason of a run its page stopped
