@@ -58,11 +58,22 @@ def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
         assert t["tree"] == {"top_k": 2, "depth": 4, "nodes": 8} and t["tokens"] == chain["tokens"]
         assert t["chain_tau"] == chain["mean_acceptance_length"] and t["verify_ms"] > 0
         assert t["speedup_vs_chain"] == pytest.approx(t["tokens_per_s"] / chain["tokens_per_s"])
+    # the drift signals over both categories: each drafter's per-step mean, with its interval
+    signals = {(row["signal"], row["depth"]): row for row in res["signals"]}
+    assert {s for s, _ in signals} == {"sink_attention", "self_attention", "hidden_norm"} and ("hidden_norm", 5) in signals
+    for (signal, depth), row in signals.items():
+        assert set(row["mean"]) == {"eagle3", "eagle3.1"}
+        for drafter, (lo, hi) in row["ci"].items():   # pooled over two categories: between their own means
+            by_category = [r[signal][depth - 1] for r in res["rows"] if r["method"] == drafter]
+            assert min(by_category) - 1e-12 <= row["mean"][drafter] <= max(by_category) + 1e-12
+            assert lo <= row["mean"][drafter] <= hi
+        assert row["differences"][0]["difference"] == pytest.approx(row["mean"]["eagle3.1"] - row["mean"]["eagle3"])
     ceiling = res["ceiling"]
     assert ceiling["bandwidth_gb_s"] > 0 and ceiling["measured_ms"]["1"] > 0 and ceiling["tokens_per_s"] > 0
     table = (out / "results.md").read_text()
     assert "| coding |" in table and "| perturbed template |" in table and "k sweep" in table
     assert "against a draft tree (2/4/8" in table and "| coding | EAGLE 3.1 |" in table
+    assert "Drift signals by depth (95% CI over prompts), all categories" in table
     assert table in proc.stdout
     assert "plotly" in (out / "charts.html").read_text()[:5_000_000]
 

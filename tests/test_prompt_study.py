@@ -64,6 +64,20 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
                         / sum(w[d] for w in weights if len(w) > d) for d in range(len(pooled[field]))]
             assert pooled[field] == pytest.approx(expected, rel=1e-9) and len(pooled[field]) == 5
 
+    # the three drift signals by depth, each drafter's mean the pooled row's, with intervals and the paired difference
+    pooled = {row["method"]: row for row in res["pooled"]}
+    signals = {(row["signal"], row["depth"]): row for row in res["signals"]}
+    assert {s for s, _ in signals} == {"sink_attention", "self_attention", "hidden_norm"}
+    assert ("self_attention", 1) not in signals and ("self_attention", 5) in signals   # no own drafts at depth 1
+    for (signal, depth), row in signals.items():
+        for drafter in ("eagle3", "eagle3.1"):
+            assert row["mean"][drafter] == pytest.approx(pooled[drafter][signal][depth - 1], rel=1e-9)
+            assert row["ci"][drafter][0] <= row["mean"][drafter] <= row["ci"][drafter][1]
+        (difference,) = row["differences"]
+        assert (difference["a"], difference["b"]) == ("eagle3", "eagle3.1")
+        assert difference["difference"] == pytest.approx(row["mean"]["eagle3.1"] - row["mean"]["eagle3"], abs=1e-12)
+        assert difference["ci"][0] <= difference["difference"] <= difference["ci"][1]
+    assert "Drift signals by depth (95% CI over prompts)" in (tmp_path / "report" / "results.md").read_text()
     ratio = res["ratios"][0]
     assert (ratio["a"], ratio["b"]) == ("eagle3.1", "eagle3") and ratio["ci"][0] <= ratio["tau_ratio"] <= ratio["ci"][1]
     assert [g["group"] for g in res["by_category"]] == ["–", "math"]

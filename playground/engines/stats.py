@@ -152,6 +152,14 @@ def tau_of(counts: Sequence[tuple[int, int]]) -> Statistic:
     return lambda idx: 1.0 + accepted[idx].sum(-1) / np.maximum(steps[idx].sum(-1), 1)
 
 
+def depth_mean_of(parts: Sequence[DepthSums], depth: int) -> Statistic:
+    """A value's pooled mean at `depth` (1 the first) over the prompts at the given indices of `parts`
+    (each prompt's DepthSums): every step weighs the same, as in Pooled."""
+    at = lambda values: np.array([v[depth - 1] if len(v) >= depth else 0 for v in values], dtype=float)
+    sums, counts = at([p.sums for p in parts]), at([p.counts for p in parts])
+    return lambda idx: sums[idx].sum(-1) / np.maximum(counts[idx].sum(-1), 1)
+
+
 def rate_of(tokens: Sequence[float], seconds: Sequence[float]) -> Statistic:
     """Tokens per second pooled over the prompts at the given indices."""
     tokens, seconds = np.asarray(tokens, dtype=float), np.asarray(seconds, dtype=float)

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from playground.engines.protocol import Engine
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import Pooled
+from playground.engines.stats import Pooled, bootstrap_interval
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
-from playground.evaluation import report, runner
+from playground.evaluation import drift_signals, report, runner
 from playground.evaluation.ceiling import Ceiling, measure as measure_ceiling
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.evaluation.machine import machine
@@ -132,6 +132,7 @@ def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling 
         "config": asdict(config),
         "machine": machine(),
         "rows": rows, "sweep": sweep, "trees": trees,
+        "signals": drift_signals.by_depth(ran, config.drafters, bootstrap_interval) if ran else [],
         "ceiling": ceiling.to_json() if ceiling is not None else None,
         "lossless": not mismatches, "mismatches": mismatches,
     }

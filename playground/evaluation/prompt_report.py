@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from playground import plots
 from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of, value_of
+from playground.evaluation import drift_signals
 from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_files import PromptFile, UserPrompt
 from playground.evaluation.prompt_study import StudyConfig
@@ -53,6 +54,7 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
         "pooled": [_pooled(m, ran, NONE if NONE in methods and m != NONE else None, interval, ratio)
                    for m in methods] if ran else [],
         "ratios": _ratios(ran, chains, config, ratio) if ran else [],
+        "signals": drift_signals.by_depth(ran, chains, interval) if ran else [],
         "by_length": sorted(_groups(ran, drafting, _length_bin, interval), key=lambda g: g["min_prompt_tokens"]),
         "by_category": _groups(ran, drafting, lambda r: r.category, interval) if any(r.category for r in ran) else [],
         "gains": _gains(ran, chains, text),
@@ -69,7 +71,7 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
            "mean_acceptance_length": pooled.mean_acceptance_length,
            "tau_ci": _listed(interval(tau_of([run.counts for run in runs]), len(runs))),
            "acceptance": list(pooled.acceptance), "sink_attention": list(pooled.sink_attention),
-           "hidden_norm": list(pooled.hidden_norm)}
+           "hidden_norm": list(pooled.hidden_norm), "self_attention": list(pooled.self_attention)}
     row["tokens_per_s"] = value_of(_rate(ran, method), len(ran))
     row["decode_tokens_per_s"] = value_of(_rate(ran, method, decode=True), len(ran))
     if baseline is not None:
@@ -184,6 +186,8 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append(("Paired tau ratios", ["ratio", "value", "95% CI"],
                     [[f"{label(r['a'])} / {label(r['b'])}", f"{r['tau_ratio']:.3f}", _interval(r["ci"])]
                      for r in res["ratios"]]))
+    if res.get("signals"):
+        out.append(drift_signals.table(res["signals"]))
     for key, title, first in (("by_length", "tau by prompt length (tokens)", "prompt tokens"),
                               ("by_category", "tau by category", "category")):
         if res[key]:

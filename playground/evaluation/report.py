@@ -7,6 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from playground.evaluation import drift_signals
 from playground.evaluation.machine import described
 from playground.evaluation.trees import chain_vs_tree_table
 from playground.model.variants import NONE
@@ -53,6 +54,12 @@ def markdown(res: dict) -> str:
         if r["method"] != NONE:
             lines.append(f"| {r['category']} | {label(r['method'])} | {_fmt(r['acceptance'])} | "
                          f"{_fmt(r['sink_attention'], '{:.3f}')} | {_fmt(r['hidden_norm'])} |")
+
+    if res.get("signals"):   # every category pooled
+        title, head, rows = drift_signals.table(res["signals"])
+        lines += ["", f"{title}, all categories:", "", "| " + " | ".join(head) + " |",
+                  "|---|---:|" + "---:|" * (len(head) - 2)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
 
     if res["sweep"]:
         lines += ["", f"k sweep, {label(c['sweep_drafter'])} on {', '.join(c['sweep_categories'])}:", "",

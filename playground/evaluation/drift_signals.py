@@ -1,0 +1,66 @@
+"""The three drift signals by draft depth over many prompts: each drafter's sink attention, attention on
+its own drafts and fed-back RMS, with 95% bootstrap intervals over prompts, and each later drafter's
+paired difference from the first (a resample draws the same prompts for both drafters, so what the
+prompts share cancels out). The prompt study and the suite report them alike."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from playground.engines.stats import Statistic, depth_mean_of, value_of
+from playground.evaluation.runner import PromptResult
+from playground.plots import label
+
+SIGNALS = {"sink_attention": "sink attention", "self_attention": "own-draft attention", "hidden_norm": "fed-back RMS"}
+Interval = Callable[[Statistic, int], "tuple[float, float] | None"]   # None: a report without intervals
+
+
+def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Interval) -> list[dict]:
+    """A row per signal and depth: {"signal", "depth", "mean": {drafter: value}, "ci": {drafter: [lo, hi]},
+    "differences": [{"a", "b", "difference", "ci"}]}. A drafter that measured a signal at no step of a
+    depth has no value there; a depth nobody measured (own drafts at depth 1) has no row."""
+    units, rows = len(ran), []
+    for signal in SIGNALS:
+        parts = {m: [getattr(r.runs[m], signal) for r in ran] for m in drafters}
+        depths = max((len(p.counts) for ps in parts.values() for p in ps), default=0)
+        for depth in range(1, depths + 1):
+            means = {m: depth_mean_of(ps, depth) for m, ps in parts.items()
+                     if any(len(p.counts) >= depth and p.counts[depth - 1] for p in ps)}
+            if not any(value_of(f, units) for f in means.values()):
+                continue
+            row = {"signal": signal, "depth": depth, "mean": {m: value_of(f, units) for m, f in means.items()},
+                   "ci": {m: _listed(interval(f, units)) for m, f in means.items()}, "differences": []}
+            first = drafters[0]
+            for other in (m for m in drafters[1:] if m in means and first in means):
+                difference = lambda idx, a=means[first], b=means[other]: b(idx) - a(idx)
+                row["differences"].append({"a": first, "b": other, "difference": value_of(difference, units),
+                                           "ci": _listed(interval(difference, units))})
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> tuple[str, list[str], list[list[str]]]:
+    """(title, header, rows) of the signals: a row per signal and depth, a column per drafter and pair."""
+    drafters = list(dict.fromkeys(m for row in rows for m in row["mean"]))
+    pairs = list(dict.fromkeys((d["a"], d["b"]) for row in rows for d in row["differences"]))
+    cells = []
+    for row in rows:
+        digits = 2 if row["signal"] == "hidden_norm" else 3
+        found = {(d["a"], d["b"]): d for d in row["differences"]}
+        cells.append([SIGNALS[row["signal"]], str(row["depth"]),
+                      *(_value(row["mean"][m], row["ci"][m], digits, False) if m in row["mean"] else "–"
+                        for m in drafters),
+                      *(_value(found[p]["difference"], found[p]["ci"], digits, True) if p in found else "–"
+                        for p in pairs)])
+    return ("Drift signals by depth (95% CI over prompts)",
+            ["signal", "depth", *map(label, drafters), *(f"{label(b)} − {label(a)}" for a, b in pairs)], cells)
+
+
+def _value(value: float, ci: list[float] | None, digits: int, signed: bool) -> str:
+    shown = lambda x: f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+    between = " to " if signed else "–"   # a dash between two signed numbers reads as a minus
+    return f"{shown(value)} (" + ("…" if ci is None else f"{shown(ci[0])}{between}{shown(ci[1])}") + ")"
+
+
+def _listed(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else list(interval)
