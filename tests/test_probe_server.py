@@ -20,9 +20,9 @@ from playground.engines.events import reconcile
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
-from tests.vllm_servers import EAGER
 from playground.engines.vllm.launch import healthy
 from playground.engines.vllm.probe import PREFIX
+from tests.vllm_servers import EAGER
 
 pytestmark = pytest.mark.slow   # a vLLM server starts: a minute or two
 

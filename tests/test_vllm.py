@@ -20,7 +20,6 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import first_difference, summarize
 from playground.evaluation.prompt_sets import LONG_CONTEXT, document_prompt, long_context
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
-from tests.vllm_servers import EAGER
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import healthy
 from playground.engines.vllm.metrics import read_counters
@@ -28,6 +27,7 @@ from playground.engines.vllm.watch import LIVE, NO_SPECULATION, Watch
 from playground.errors import PlaygroundError
 from playground.local_server import is_ephemeral, pick_port
 from playground.ui.servers_tab import EVERY_S
+from tests.vllm_servers import EAGER
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
 

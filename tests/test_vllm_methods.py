@@ -9,8 +9,8 @@ from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
-from tests.vllm_servers import EAGER
 from playground.ui.endpoints import COMPARE_OUTPUTS, SLOTS, column
+from tests.vllm_servers import EAGER
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
 
