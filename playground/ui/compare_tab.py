@@ -21,6 +21,8 @@ from playground.engines.reference import ReferenceEngine
 from playground.engines.step_diff import (TOLERANCES, Divergence, StepDiff, Tolerance, differences_by_depth,
                                           diff_steps)
 from playground.errors import PlaygroundError
+from playground.evaluation import rejection
+from playground.evaluation.machine import described
 from playground.model.variants import NONE, run_name
 from playground.ui import explainer, render, unchecked
 from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_drafter, default_pair, drafter_choices,
@@ -28,8 +30,6 @@ from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_d
                                     wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, refusal, stream_handler)
-from playground.evaluation import rejection
-from playground.evaluation.machine import described
 from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored_speedups
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, RunLog, export
@@ -365,8 +365,8 @@ def stored_rejection_study() -> None:
     with gr.Accordion("What predicts a rejection: the drift signals draft by draft (python -m playground bench "
                       "rejection)", open=False, elem_id="stored-rejection"):
         gr.Plot(rejection.figure(report), show_label=False, elem_id="rejection-plot")
-        gr.Markdown(f"{explainer.rejection(report)} Measured on {described(report['machine'])}; "
-                    "the method and the full table: docs/drift.md.")
+        gr.Markdown(f"{explainer.rejection(report)} {rejection.alone(report)} Measured on "
+                    f"{described(report['machine'])}; the method and the full table: docs/drift.md.")
 
 
 def generate_note() -> str:

