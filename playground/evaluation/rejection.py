@@ -285,9 +285,9 @@ def figure(report: dict) -> go.Figure:
                                           "(%{customdata[0]:.2f}–%{customdata[1]:.2f}), %{customdata[2]} "
                                           "accepted / %{customdata[3]} rejected<extra></extra>")
         fig.add_hline(y=0.5, line=dict(color="#6b7280", dash="dot", width=1), row=1, col=col)
-    plots.layout(fig, f"What predicts a rejection: AUC by depth, {report['prompts']} prompts",
+    plots.layout(fig, f"What predicts a rejection: AUC, {report['prompts']} prompts",
                  "AUC (accepted above rejected)", [min(0.3, *lows) - 0.02, 1.0],
-                 key=["bars: 95% interval over prompts; dotted 0.5 and the grey band: no information"])
+                 key=["bars: 95% interval · dotted 0.5, grey: no information"])
     for col in range(2, len(drafters) + 1):   # the panels share the first one's axis
         fig.update_yaxes(title_text=None, col=col)
     fig.update_layout(height=360, legend=dict(y=-0.22))
