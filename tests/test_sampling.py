@@ -132,5 +132,6 @@ def test_engine_sampling_matches_target_distribution(engine, tree):
 @pytest.mark.slow
 @TREE_OR_CHAIN
 def test_the_engine_sampling_check_detects_an_engine_that_accepts_every_draft(engine, tree):
-    statistic, critical = first_two_tokens_chi_square(AcceptsEveryDraft(engine.target), tree)
+    # 100 runs suffice here: the statistic is 39 (chain) and 78 (tree) against a critical value of 16.3
+    statistic, critical = first_two_tokens_chi_square(AcceptsEveryDraft(engine.target), tree, runs=100)
     assert statistic > critical
