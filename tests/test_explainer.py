@@ -47,3 +47,21 @@ def test_the_explainer_says_what_predicts_a_rejection_as_the_stored_report_measu
     text = explainer_markdown()
     assert f"AUC {min(probability):.2f} to {max(probability):.2f} by depth" in text
     assert all(signed(g["gain"]) in text for g in gains) and "$" not in text
+
+
+def test_the_explainer_says_how_the_drafters_differ_over_the_suite_in_all_three_signals_as_measured():
+    results = json.loads(STORED_RESULTS.read_text())
+    rows = {(r["signal"], r["depth"]): r for r in results["signals"]}
+    assert {signal for signal, _ in rows} == {"sink_attention", "self_attention", "hidden_norm"}
+    assert all(row["self_attention"] for row in results["rows"] if row["method"] != "none")   # the rows carry it
+    text = explainer_markdown()
+    for (signal, depth), row in rows.items():
+        (difference,) = row["differences"]
+        lo, hi = difference["ci"]
+        if signal != "hidden_norm" and not lo <= 0 <= hi:   # each difference the interval leaves no doubt on
+            assert f"{difference['difference']:+.3f}" in text, (signal, depth)
+    own = [rows[("self_attention", d)]["differences"][0]["ci"][0] for d in range(2, 6)]
+    if all(lo > 0 for lo in own):   # EAGLE 3.1 attends more to its own drafts at every depth: the page says so
+        assert "EAGLE 3.1 puts more of its attention on its own drafts at depths 2, 3, 4, 5" in text
+    rms = [rows[("hidden_norm", d)]["mean"] for d in range(1, 6)]
+    assert f"EAGLE 3's grows from {rms[0]['eagle3']:.1f} to {rms[-1]['eagle3']:.1f}" in text

@@ -50,6 +50,37 @@ def measured(probes: dict[str, DepthProbes], k: int, category: str = CATEGORY) -
             f"to {new.sink_last:.3f} and its fed-back RMS from {new.rms_first:.1f} to {new.rms_last:.1f}.")
 
 
+def suite_signals(results: dict) -> str:
+    """How EAGLE 3.1's attention and fed-back state differ from EAGLE 3's over the whole suite, depth by
+    depth, where the paired 95% interval leaves out no difference (results.json's `signals`)."""
+    rows = [r for r in results.get("signals", []) if r["differences"]
+            and (r["differences"][0]["a"], r["differences"][0]["b"]) == (EAGLE3, EAGLE31)]
+    if not rows:
+        return ""
+
+    def compared(signal: str, what: str) -> str:
+        parts = []
+        for way, holds in (("more", lambda ci: ci[0] > 0), ("less", lambda ci: ci[1] < 0),
+                           ("about as much", lambda ci: ci[0] <= 0 <= ci[1])):
+            found = [r for r in rows if r["signal"] == signal and holds(r["differences"][0]["ci"])]
+            if found:
+                changes = ", ".join(f"{r['differences'][0]['difference']:+.3f}" for r in found)
+                parts.append(f"{way}{'' if parts else what} at depth{'s' * (len(found) > 1)} "
+                             f"{', '.join(str(r['depth']) for r in found)}"
+                             + ("" if way == "about as much" else f" ({changes})"))
+        return ", ".join(parts)
+
+    rms = {r["depth"]: r["mean"] for r in rows if r["signal"] == "hidden_norm"}
+    state = (f"; its fed-back state stays at RMS {min(m[EAGLE31] for m in rms.values()):.1f} to "
+             f"{max(m[EAGLE31] for m in rms.values()):.1f} where EAGLE 3's grows from {rms[min(rms)][EAGLE3]:.1f} to "
+             f"{rms[max(rms)][EAGLE3]:.1f}") if rms else ""
+    prompts = results["config"]["per_category"] * len({row["category"] for row in results["rows"]})
+    return (f"Over the whole suite ({prompts} prompts, EAGLE 3.1 against EAGLE 3 where the paired 95% interval "
+            f"leaves out no difference), EAGLE 3.1 puts "
+            f"{compared('self_attention', ' of its attention on its own drafts')}; "
+            f"{compared('sink_attention', ' on the sink tokens')}{state}.")
+
+
 def stored_speedups(results: dict) -> str:
     """The range of speedups over no speculation the stored benchmark measured, by drafter, in a sentence."""
     by_method: dict[str, list[float]] = {}
@@ -102,4 +133,5 @@ def explainer_markdown(results_path: Path = STORED_RESULTS, rejection_path: Path
     if not results_path.exists():
         return text.substitute(measured="Run `python -m playground bench` to measure it on this machine.", **parts)
     results = json.loads(results_path.read_text())
-    return text.substitute(measured=measured(stored_probes(results), results["config"]["k"]), **parts)
+    return text.substitute(measured=measured(stored_probes(results), results["config"]["k"]) + " "
+                           + suite_signals(results), **parts)
