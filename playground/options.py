@@ -53,6 +53,20 @@ def add_tree_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-nodes", type=int, default=TreeShape.nodes, help="drafts the target verifies per step")
 
 
+def add_draft_stop_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-stop", default=None, metavar="RULE",
+                   help="end a chain at the first draft that meets RULE, e.g. 'probability<0.3' or "
+                        "'self_attention>0.4' (comma: any of several; signals: probability, sink_attention, "
+                        "self_attention, hidden_norm); k is then the longest chain (the embedded engine)")
+
+
+def draft_stop(args: argparse.Namespace):
+    """The request's DraftStop, or None."""
+    from playground.engines.draft_stop import DraftStop
+
+    return DraftStop.parse(args.draft_stop) if args.draft_stop else None
+
+
 def tree_shape(args: argparse.Namespace):
     """The request's TreeShape, or None for chains."""
     from playground.engines.tree import TreeShape

@@ -76,6 +76,11 @@ def test_a_missing_checkpoint_falls_back_to_a_random_drafter_and_says_so(tmp_pat
     (["--prompt", "hi", "--max-tokens", "0"], "max tokens must be"),
     (["--prompt", "hi", "--drafter", "/no/such/drafter"], "unknown drafter"),
     (["--prompt", "word " * 9000], "the context holds 8192"),
+    (["--prompt", "hi", "--draft-stop", "probability"], "a draft stop rule reads SIGNAL<VALUE"),
+    (["--prompt", "hi", "--draft-stop", "entropy>2"], "unknown signal 'entropy'"),
+    (["--prompt", "hi", "--draft-stop", "probability<0.3", "--tree"], "a draft stop rule ends chains"),
+    (["--prompt", "hi", "--draft-stop", "probability<0.3", "--backend", "vllm", "--vllm-url", "http://127.0.0.1:9"],
+     "a draft stop rule runs in the embedded engine only"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, message):
     proc = cli("generate", *args)
@@ -100,6 +105,7 @@ COMMANDS = {
     "bench vllm": bench.bench_vllm,
     "bench trees": bench.bench_trees,
     "bench rejection --prompts 2": bench.bench_rejection,
+    "bench draft-stop --prompts 2": bench.bench_draft_stop,
     "bench --k 3 profile": bench.bench_profile,
     "bench kernels --rounds 1": bench.bench_kernels,
     "bench memory --runs 2": bench.bench_memory,

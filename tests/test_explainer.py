@@ -3,7 +3,8 @@
 import json
 
 from playground.ui import first_screen
-from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, explainer_markdown, signed, stored_probes
+from playground.ui.explainer import (STORED_DRAFT_STOP, STORED_REJECTION, STORED_RESULTS, explainer_markdown, signed,
+                                     stored_probes)
 
 
 def test_the_explainers_drift_statement_matches_the_stored_benchmark():
@@ -47,6 +48,21 @@ def test_the_explainer_says_what_predicts_a_rejection_as_the_stored_report_measu
     text = explainer_markdown()
     assert f"AUC {min(probability):.2f} to {max(probability):.2f} by depth" in text
     assert all(signed(g["gain"]) in text for g in gains) and "$" not in text
+
+
+def test_the_explainer_says_what_stopping_a_chain_early_gained_as_the_stored_report_measured():
+    result = json.loads(STORED_DRAFT_STOP.read_text())
+    rows = {r["method"]: r for r in result["evaluation"] if r["set"] == "chat sample" and r["drafter"] == "eagle3.1"}
+    (ruled,) = [r for r in rows.values() if (r["rule"] or "").startswith("probability<")]
+    best = max((rows[f"k={k}"] for k in (1, 2, 5, 10)), key=lambda r: r["speedup_vs_k5"])
+    text = explainer_markdown()
+    assert f"below {ruled['rule'].partition('<')[2]} (chosen on held-out prompts" in text
+    assert f"EAGLE 3.1 at {ruled['speedup_vs_k5']:.2f}x fixed k=5's tokens/s on the chat sample" in text
+    if best["speedup_vs_k5"] > ruled["speedup_vs_k5"]:   # as measured here: k=1 beats the rule
+        assert f"fixed {best['method']} runs faster still ({best['speedup_vs_k5']:.2f}x)" in text
+    else:
+        assert "faster than every fixed k" in text
+    assert all(r["answers_differ"] == 0 for r in result["evaluation"]) and result["choice"]   # chosen, lossless
 
 
 def test_the_explainer_says_how_the_drafters_differ_over_the_suite_in_all_three_signals_as_measured():

@@ -2,6 +2,7 @@
 
 import pytest
 
+from playground.engines.draft_stop import DraftStop
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
@@ -82,3 +83,28 @@ def test_the_lossless_check_detects_an_engine_that_keeps_a_rejected_draft(engine
     events = list(broken.generate(request))
     assert any(e.accepted < e.drafted for e in events), "the scenario: a rejected draft"
     assert list(summarize(events).token_ids) != transformers_greedy(engine, request)[0]
+
+
+@pytest.mark.parametrize("rule", ["probability<0.6", "probability<0.3,self_attention>0.25"])
+def test_greedy_lossless_with_a_draft_stop_rule(engine, rule):
+    stop = DraftStop.parse(rule)
+    for prompt in PROMPTS[:3]:
+        request = GenerationRequest(prompt=prompt, max_tokens=48, drafter="eagle3.1", k=8, draft_stop=stop)
+        events = list(engine.generate(request))
+        assert list(summarize(events).token_ids) == transformers_greedy(engine, request)[0], prompt
+        assert len({e.drafted for e in events[1:-1]}) >= 3, "the rule cut chains to several lengths"
+        for e in events[1:]:   # no draft kept meets the rule
+            assert not any(stop.stops(probability=p, sink_attention=s, self_attention=o, hidden_norm=h)
+                           for p, s, o, h in zip(e.draft_probs, e.sink_attention, e.self_attention, e.hidden_norm))
+
+
+def test_a_draft_stop_rule_that_never_holds_drafts_what_fixed_k_drafts(engine):
+    fixed = GenerationRequest(prompt=PROMPTS[1], max_tokens=32, drafter="eagle3", k=4)
+    never = GenerationRequest(prompt=PROMPTS[1], max_tokens=32, drafter="eagle3", k=4,
+                              draft_stop=DraftStop.parse("probability<0"))
+    for a, b in zip(engine.generate(fixed), engine.generate(never), strict=True):
+        assert (a.token_ids, a.draft_ids, a.drafted) == (b.token_ids, b.draft_ids, b.drafted)
+        assert a.draft_probs == pytest.approx(b.draft_probs, abs=1e-4)
+        assert a.sink_attention == pytest.approx(b.sink_attention, abs=1e-4)
+        assert a.self_attention == pytest.approx(b.self_attention, abs=1e-4)
+        assert a.hidden_norm == pytest.approx(b.hidden_norm, rel=1e-4)

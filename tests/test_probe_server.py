@@ -63,7 +63,11 @@ def test_every_probe_route_needs_the_api_key(server):
     status = httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()
     assert status["version"] == "0.3.0" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
                                                                    "attention": "yes"}
-    assert httpx.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}", headers=keyed).status_code == 404
+    missing = httpx.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}", headers=keyed)
+    assert missing.status_code == 404   # in the shape of vLLM's ErrorResponse
+    error = missing.json()["error"]
+    assert error.items() >= {"type": "Not Found", "code": 404, "param": None}.items()
+    assert "is recorded" in error["message"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ import itertools
 import pytest
 import torch
 
+from playground.engines.draft_stop import DraftStop
 from playground.engines.reference import ReferenceEngine
 from playground.engines.sampling import SamplingParams, probabilities, sample, verify_sampling
 from playground.engines.tree import TreeShape
@@ -65,6 +66,33 @@ def test_the_check_detects_a_lossy_rule():
     assert chi_square(counts, p[1]) > CHI2_999[5]
 
 
+def one_position_under_a_stop_rule(p: torch.Tensor, q: torch.Tensor, rule: DraftStop, n: int,
+                                   restricted: bool = True) -> torch.Tensor:
+    """Counts of the token emitted at one position: a draft drawn from q, dropped where the rule holds (the
+    target then samples the position), else verified against q restricted to what the rule keeps (as the
+    engine does) or, `restricted` False, against q itself."""
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(len(p))
+    for _ in range(n):
+        x = sample(q, gen)
+        if rule.stops(probability=float(q[x]), sink_attention=0.0, self_attention=0.0, hidden_norm=0.0):
+            token = sample(p, gen)
+        else:
+            accepted, after = verify_sampling([x], (rule.restricted(q) if restricted else q)[None],
+                                              torch.stack([p, p]), gen)
+            token = x if accepted else after
+        counts[token] += 1
+    return counts
+
+
+def test_a_probability_stop_rule_keeps_the_targets_distribution_and_the_check_sees_it_done_wrong():
+    p = torch.tensor([0.3, 0.3, 0.2, 0.1, 0.05, 0.05])
+    q = torch.tensor([0.6, 0.15, 0.1, 0.08, 0.05, 0.02])
+    rule = DraftStop.parse("probability<0.12")
+    assert chi_square(one_position_under_a_stop_rule(p, q, rule, 8000), p) < CHI2_999[5]
+    assert chi_square(one_position_under_a_stop_rule(p, q, rule, 8000, restricted=False), p) > CHI2_999[5]
+
+
 def test_top_p_keeps_the_nucleus_like_transformers():
     logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0])
     probs = probabilities(logits, SamplingParams(temperature=1.0, top_p=0.8))
@@ -86,7 +114,8 @@ class AcceptsEveryDraft(ReferenceEngine):
         return line, sample(probabilities(out.logits[0, line[-1] + 1 if line else 0], params), generator)
 
 
-def first_two_tokens_chi_square(engine, tree: TreeShape | None, runs: int = 150) -> tuple[float, float]:
+def first_two_tokens_chi_square(engine, tree: TreeShape | None, runs: int = 150,
+                                stop: DraftStop | None = None) -> tuple[float, float]:
     """Seeded runs of one prompt: the chi-square of the answers' first two tokens (the prefill's and
     the first verify step's) against the target's own joint distribution, and the 99.9% critical
     value to hold it to. The prompt and temperature are chosen so that the target spreads its mass
@@ -94,12 +123,14 @@ def first_two_tokens_chi_square(engine, tree: TreeShape | None, runs: int = 150)
     from playground.engines.request import GenerationRequest
 
     prompt, params = "Name a color.", SamplingParams(temperature=0.8, top_p=0.95)
-    pairs = []
+    pairs, chain_lengths = [], set()
     for seed in range(runs):
         request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=3, temperature=params.temperature,
-                                    top_p=params.top_p, max_tokens=16, seed=seed, tree=tree)
+                                    top_p=params.top_p, max_tokens=16, seed=seed, tree=tree, draft_stop=stop)
         prefill, first_step = itertools.islice(engine.generate(request), 2)
-        assert first_step.drafted == 3 if tree is None else len(first_step.tree_ids) == 6
+        if stop is None:
+            assert first_step.drafted == 3 if tree is None else len(first_step.tree_ids) == 6
+        chain_lengths.add(first_step.drafted)
         pairs.append((prefill.token_ids[0], first_step.token_ids[0]))
     ids = engine.prompt_ids(GenerationRequest(prompt=prompt))
     target = engine.target.reference()
@@ -115,6 +146,8 @@ def first_two_tokens_chi_square(engine, tree: TreeShape | None, runs: int = 150)
     buckets = torch.tensor([pr for pr, _ in likely] + [1 - sum(pr for pr, _ in likely)])
     index = {pair: i for i, (_, pair) in enumerate(likely)}
     counts = torch.bincount(torch.tensor([index.get(pair, len(likely)) for pair in pairs]), minlength=len(buckets))
+    if stop is not None:   # the rule must have cut chains at several lengths, or it tests nothing
+        assert len(chain_lengths) >= 3, chain_lengths
     return chi_square(counts.float(), buckets), CHI2_999[len(buckets) - 1]
 
 
@@ -126,6 +159,13 @@ TREE_OR_CHAIN = pytest.mark.parametrize("tree", [None, TreeShape(3, 3, 6)], ids=
 def test_engine_sampling_matches_target_distribution(engine, tree):
     """Real target and drafter: the answer's first two tokens follow the target's distribution."""
     statistic, critical = first_two_tokens_chi_square(engine, tree)
+    assert statistic < critical
+
+
+@pytest.mark.slow
+def test_engine_sampling_with_a_draft_stop_rule_matches_target_distribution(engine):
+    """Chains cut short by the drafter's own probability still sample from the target's distribution."""
+    statistic, critical = first_two_tokens_chi_square(engine, None, stop=DraftStop.parse("probability<0.5"))
     assert statistic < critical
 
 

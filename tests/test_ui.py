@@ -132,7 +132,7 @@ def api_parameters(client, endpoint: str) -> list[str]:
 def test_run_and_inspect_take_their_values_in_a_fixed_order(client):
     assert api_parameters(client, "/run") == ["prompt", "system", "template", "drafter", "k", "temperature", "top_p",
                                               "max_tokens", "backend_name", "draft", "tree_top_k", "tree_depth",
-                                              "tree_nodes", "seed", "beside"]
+                                              "tree_nodes", "seed", "beside", "draft_stop"]
     assert api_parameters(client, "/inspect") == ["i"]
     run = named(client.predict("Name a colour.", "Answer in one word.", "model", "eagle3", 3, 0.5, 0.9, 6,
                                "reference", "tree", 3, 2, 5, api_name="/run"))
@@ -145,7 +145,7 @@ def test_compare_takes_its_values_in_a_fixed_order(client):
     assert api_parameters(client, "/compare") == ["prompt", "system", "template", "k", "temperature", "top_p",
                                                   "max_tokens", "with_none", "backend_name", "draft", "tree_top_k",
                                                   "tree_depth", "tree_nodes", "compare", "drafter", "seed",
-                                                  "first", "second", "baseline"]
+                                                  "first", "second", "baseline", "draft_stop"]
     drafters = named(client.predict("Name a colour.", "Answer in one word.", "model", 3, 0.5, 0.9, 6, False,
                                     "reference", "tree", 3, 2, 5, "drafters", "eagle3", api_name="/compare"),
                      COMPARE_OUTPUTS)
@@ -158,6 +158,16 @@ def test_compare_takes_its_values_in_a_fixed_order(client):
                                          api_name="/compare"), COMPARE_OUTPUTS)
     assert [chain_vs_tree[column(slot, "heading")] for slot in SLOTS] == [
         "#### EAGLE 3 · chain k=3", "#### EAGLE 3 · tree 3/2/5", "#### no speculation"]
+    settings = ("Name a colour.", "Answer in one word.", "model", 3, 0.5, 0.9, 6, True, "reference", "chain", 3, 2, 5,
+                "chain-vs-stop", "eagle3", 0, "", "", "")
+    against_rule = named(client.predict(*settings, "probability<0.5", api_name="/compare"), COMPARE_OUTPUTS)
+    assert [against_rule[column(slot, "heading")] for slot in SLOTS] == [
+        "#### EAGLE 3 · chain k=3", "#### EAGLE 3 · chain k<=3 until probability<0.5", "#### no speculation"]
+    assert [r["draft_stop"] for r in exported_requests(against_rule).values()] == [None, "probability<0.5", None]
+    with pytest.raises(Exception, match="fixed k vs a stop rule needs a rule"):
+        client.predict(*settings, " ", api_name="/compare")
+    with pytest.raises(Exception, match="unknown signal 'entropy'"):
+        client.predict(*settings, "entropy>1", api_name="/compare")
 
 
 def test_compare_runs_the_two_drafters_it_names_in_its_order(client):

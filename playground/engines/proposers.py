@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from playground.engines.draft_stop import DraftStop
 from playground.engines.sampling import SamplingParams, probabilities
 from playground.engines.tree import ROOT, DraftTree, TreeShape
 from playground.model.drafter import Eagle3Drafter
@@ -48,8 +49,10 @@ class Proposer(Protocol):
     def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
         """Committed positions: target features [m, F] and, for each, the token that follows it."""
 
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
-        """A chain of k drafts, each drawn from the drafter's distribution under `params`."""
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator,
+                stop: DraftStop | None = None) -> Proposal:
+        """A chain of k drafts, each drawn from the drafter's distribution under `params`; with `stop`, it
+        ends before the first draft that meets the rule."""
 
     def propose_tree(self, shape: TreeShape) -> tuple[DraftTree, Proposal]:
         """A greedy draft tree of that shape, and the probes by depth (a Proposal without ids)."""
@@ -61,7 +64,8 @@ class NoProposer:
     def observe(self, features: torch.Tensor, next_ids: list[int]) -> None:
         pass
 
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator,
+                stop: DraftStop | None = None) -> Proposal:
         return Proposal()
 
     def propose_tree(self, shape: TreeShape) -> tuple[DraftTree, Proposal]:
@@ -103,21 +107,28 @@ class EagleProposer:
         self.pending_ids.extend(next_ids)
 
     @torch.inference_mode()
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Proposal:
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator,
+                stop: DraftStop | None = None) -> Proposal:
         hidden, ids, committed, end = self._take_pending()
-        if params.greedy and self.chains_in_one_call:
+        if params.greedy and self.chains_in_one_call and stop is None:
             return self._greedy_chain(hidden, ids, committed, end, k)
         proposal = Proposal()
         positions = torch.arange(committed, end)
         q_rows = []
         for depth in range(k):
-            proposal.hidden_norm.append(float(hidden[0, -1].float().pow(2).mean().sqrt()))
+            rms = float(hidden[0, -1].float().pow(2).mean().sqrt())
             embeds = self.embed_tokens(ids)[None].to(self.drafter.dtype)
             out = self._step(hidden, embeds, positions, end, int(positions[0]))
             if depth == 0:
                 self.cache.truncate(end)
             logits = self.drafter.draft_logits(out.normed[0, -1]).float()  # [draft_vocab]
             draft_id, prob, q = self._choose(logits, params, generator)
+            if stop is not None:
+                if stop.stops(probability=prob, sink_attention=out.sink, self_attention=out.own, hidden_norm=rms):
+                    break
+                if q is not None:   # sampled: a kept draft is verified against what it was drawn from
+                    q = stop.restricted(q)
+            proposal.hidden_norm.append(rms)
             proposal.ids.append(draft_id)
             proposal.probs.append(prob)
             _record(proposal, out)

@@ -128,7 +128,7 @@ class ReferenceEngine:
                     verified = self._verify_tree(draft_tree, probes, last, cache, proposer, params, generator)
             else:
                 with record_function("draft"):
-                    proposal = proposer.propose(k_step, params, generator) if k_step else Proposal()
+                    proposal = proposer.propose(k_step, params, generator, request.draft_stop) if k_step else Proposal()
                 t_verify = time.perf_counter()
                 with record_function("verify"):
                     verified = self._verify_chain(proposal, last, cache, proposer, params, generator)

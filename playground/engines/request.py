@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from playground.engines import chat
 from playground.engines.chat import DEFAULT_TEMPLATE, TEMPLATES
+from playground.engines.draft_stop import DraftStop
 from playground.engines.sampling import SamplingParams
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
@@ -30,6 +31,17 @@ class GenerationRequest:
     seed: int = 0
     history: tuple[dict, ...] = field(default=())  # earlier turns, {"role", "content"}
     tree: TreeShape | None = None      # draft trees instead of chains (the reference engine; k is unused)
+    draft_stop: DraftStop | None = None   # ends a chain early (the reference engine; k is then the longest)
+
+    def to_json(self) -> dict:
+        """The request as the exports write it: every field, the stop rule as its text."""
+        return {**asdict(self), "draft_stop": str(self.draft_stop) if self.draft_stop else None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "GenerationRequest":
+        tree = TreeShape(**data["tree"]) if data.get("tree") else None
+        stop = DraftStop.parse(data["draft_stop"]) if data.get("draft_stop") else None
+        return cls(**{**data, "history": tuple(data["history"]), "tree": tree, "draft_stop": stop})
 
     @property
     def messages(self) -> list[dict]:
@@ -45,7 +57,9 @@ class GenerationRequest:
         """How it drafts, in a few words: "chain k=5", "tree 2/4/8", or "–" without a drafter."""
         if self.drafter == NONE:
             return "–"
-        return str(self.tree) if self.tree else f"chain k={self.k}"
+        if self.tree:
+            return str(self.tree)
+        return f"chain k<={self.k} until {self.draft_stop}" if self.draft_stop else f"chain k={self.k}"
 
     @property
     def sampling(self) -> SamplingParams:
@@ -65,6 +79,8 @@ class GenerationRequest:
         check_max_tokens(self.max_tokens, max_tokens_limit)
         if self.tree is not None:
             self.tree.validate()
+            if self.draft_stop is not None:
+                raise PlaygroundError("a draft stop rule ends chains: choose chains, or no rule", "draft_stop")
         return self
 
 

@@ -254,6 +254,7 @@ class RunTotals:
     draft_ms: float                       # summed over the verify steps
     verify_ms: float
     self_attention: DepthSums = DepthSums()   # on the drafter's own earlier drafts of the step
+    drafted: int = 0                      # drafts verified, over the drafting steps
 
     @classmethod
     def of(cls, events: list[StepEvent]) -> RunTotals:
@@ -268,7 +269,8 @@ class RunTotals:
                    sink_attention=DepthSums.of(e.sink_attention for e in drafting),
                    hidden_norm=DepthSums.of(e.hidden_norm for e in drafting),
                    draft_ms=sum(e.draft_ms for e in verifying), verify_ms=sum(e.verify_ms for e in verifying),
-                   self_attention=DepthSums.of(e.self_attention for e in drafting))
+                   self_attention=DepthSums.of(e.self_attention for e in drafting),
+                   drafted=sum(e.drafted for e in drafting))
 
     @property
     def counts(self) -> tuple[int, int]:

@@ -29,12 +29,12 @@ def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Int
             if not means:
                 continue
             row = {"signal": signal, "depth": depth, "mean": {m: value_of(f, units) for m, f in means.items()},
-                   "ci": {m: _listed(interval(f, units)) for m, f in means.items()}, "differences": []}
+                   "ci": {m: listed(interval(f, units)) for m, f in means.items()}, "differences": []}
             for other in (m for m in drafters[1:] if m in means and first in means):
                 difference = lambda idx, a=means[first], b=means[other]: b(idx) - a(idx)
                 change = row["mean"][other] - row["mean"][first]
                 row["differences"].append({"a": first, "b": other, "difference": change,
-                                           "ci": _listed(interval(difference, units))})
+                                           "ci": listed(interval(difference, units))})
             rows.append(row)
     return rows
 
@@ -62,5 +62,6 @@ def _value(value: float, ci: list[float] | None, digits: int, signed: bool) -> s
     return f"{shown(value)} (" + ("…" if ci is None else f"{shown(ci[0])}{between}{shown(ci[1])}") + ")"
 
 
-def _listed(interval: tuple[float, float] | None) -> list[float] | None:
+def listed(interval: tuple[float, float] | None) -> list[float] | None:
+    """An interval as a report's JSON holds it (None: a report without intervals)."""
     return None if interval is None else list(interval)

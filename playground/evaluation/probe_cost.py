@@ -38,7 +38,9 @@ from functools import partial
 from pathlib import Path
 
 import httpx
+import numpy as np
 
+from playground.engines import stats
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.backend import LaunchSpec, launch_config
@@ -203,8 +205,21 @@ def _flood(url: str, model: str, prompts: list[list[int]], config: ProbeCostConf
             rates[lane].append(tokens / seconds)
             if lane in calls:
                 calls[lane].append(sum(made))
-    return [{"flood": lane, "tokens_per_s": statistics.median(values), "rounds": [round(v, 1) for v in values],
-             **({"calls": calls[lane]} if lane in calls else {})} for lane, values in rates.items()]
+    rows = [{"flood": lane, "tokens_per_s": statistics.median(values), "rounds": [round(v, 1) for v in values],
+             **({"calls": calls[lane]} if lane in calls else {}), **_change(rates, lane, FLOODS[0], "quiet")}
+            for lane, values in rates.items()]
+    rows[5].update(_change(rates, FLOODS[5], FLOODS[6], "models"))
+    return rows
+
+
+def _change(rates: dict[str, list[float]], lane: str, against: str, name: str) -> dict:
+    """The lane's mean tokens/s over the other lane's, less 1, with a 95% bootstrap interval over rounds
+    paired (a round runs every lane on the same prompts, one lane after the other)."""
+    if lane == against or len(rates[lane]) < 2:
+        return {}
+    mean = lambda values: (lambda idx: np.asarray(values)[idx].mean(-1))
+    value, (low, high) = stats.paired_ratio(mean(rates[lane]), mean(rates[against]), len(rates[lane]))
+    return {f"change_vs_{name}": round(value - 1, 4), f"change_vs_{name}_ci": [round(low - 1, 4), round(high - 1, 4)]}
 
 
 def _hammer(url: str, lane: str, done: threading.Event, made: list[int | str]) -> None:
@@ -343,9 +358,13 @@ def markdown(rows: list[dict]) -> str:
     floods = [r for r in rows if "flood" in r]
     if floods:
         quiet = floods[0]["tokens_per_s"]
+        change = lambda r, name: (f"{r[f'change_vs_{name}']:+.1%} ({r[f'change_vs_{name}_ci'][0]:+.1%} to "
+                                  f"{r[f'change_vs_{name}_ci'][1]:+.1%})" if f"change_vs_{name}" in r else "")
         lines += ["", f"| 4 unrecorded streams, {FLOOD_CLIENTS} clients calling | output tokens/s (median) | "
-                      "vs quiet | rounds | calls made per round |", "|---|---|---|---|---|"]
+                      "vs quiet (median) | vs quiet, paired mean (95% CI over rounds) | vs 500 calls of /v1/models, "
+                      "paired mean | rounds | calls made per round |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['flood']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / quiet - 1:+.1%} | "
+                  f"{change(r, 'quiet')} | {change(r, 'models')} | "
                   f"{', '.join(map(str, r['rounds']))} | {', '.join(map(str, r.get('calls', [])))} |" for r in floods]
     for r in (r for r in rows if "load" in r):
         lines += ["", f"{r['load']} requests at once, {r['prompt_tokens']} prompt tokens each; probe limits "

@@ -69,7 +69,7 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
     pooled = Pooled.of(runs)
     row = {"method": method, "prompts": len(runs), "tokens": pooled.tokens, "seconds": pooled.seconds,
            "mean_acceptance_length": pooled.mean_acceptance_length,
-           "tau_ci": _listed(interval(tau_of([run.counts for run in runs]), len(runs))),
+           "tau_ci": drift_signals.listed(interval(tau_of([run.counts for run in runs]), len(runs))),
            "acceptance": list(pooled.acceptance), "sink_attention": list(pooled.sink_attention),
            "hidden_norm": list(pooled.hidden_norm), "self_attention": list(pooled.self_attention)}
     row["tokens_per_s"] = value_of(_rate(ran, method), len(ran))
@@ -77,8 +77,8 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
     if baseline is not None:
         value, ci = ratio(_rate(ran, method), _rate(ran, baseline), len(ran))
         decode, decode_ci = ratio(_rate(ran, method, decode=True), _rate(ran, baseline, decode=True), len(ran))
-        row |= {"speedup_vs_none": value, "speedup_ci": _listed(ci), "decode_speedup_vs_none": decode,
-                "decode_speedup_ci": _listed(decode_ci)}
+        row |= {"speedup_vs_none": value, "speedup_ci": drift_signals.listed(ci), "decode_speedup_vs_none": decode,
+                "decode_speedup_ci": drift_signals.listed(decode_ci)}
     return row
 
 
@@ -95,10 +95,6 @@ def _counts(ran: list[PromptResult], method: str) -> list[tuple[int, int]]:
     return [r.runs[method].counts for r in ran]
 
 
-def _listed(interval: tuple[float, float] | None) -> list[float] | None:
-    return None if interval is None else list(interval)
-
-
 def _ratios(ran: list[PromptResult], chains: list[str], config: StudyConfig, ratio) -> list[dict]:
     """Each later drafter's tau over the first one's; each drafter's tree over its chain."""
     pairs = [(other, chains[0]) for other in chains[1:]]
@@ -106,7 +102,7 @@ def _ratios(ran: list[PromptResult], chains: list[str], config: StudyConfig, rat
     rows = []
     for a, b in pairs:
         value, ci = ratio(tau_of(_counts(ran, a)), tau_of(_counts(ran, b)), len(ran))
-        rows.append({"a": a, "b": b, "tau_ratio": value, "ci": _listed(ci)})
+        rows.append({"a": a, "b": b, "tau_ratio": value, "ci": drift_signals.listed(ci)})
     return rows
 
 
@@ -127,8 +123,9 @@ def _groups(ran: list[PromptResult], methods: list[str], key, interval) -> list[
         taus = {m: pooled_tau(_counts(members, m)) for m in methods}
         rows.append({"group": name, "prompts": len(members),
                      "min_prompt_tokens": members[0].prompt_tokens, "max_prompt_tokens": members[-1].prompt_tokens,
-                     "tau": taus, "tau_ci": {m: _listed(interval(tau_of(_counts(members, m)), len(members)))
-                                             for m in methods}})
+                     "tau": taus,
+                     "tau_ci": {m: drift_signals.listed(interval(tau_of(_counts(members, m)), len(members)))
+                                for m in methods}})
     return rows
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
+from playground.engines.draft_stop import DraftStop
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunTotals, VerifiedDraft, first_difference, verified_drafts
@@ -41,9 +42,10 @@ class Method:
     drafter: str
     k: int
     tree: TreeShape | None = None
+    draft_stop: DraftStop | None = None
 
     def request(self, prompt: Prompt, max_tokens: int) -> GenerationRequest:
-        return replace(prompt.request(self.drafter, self.k, max_tokens), tree=self.tree)
+        return replace(prompt.request(self.drafter, self.k, max_tokens), tree=self.tree, draft_stop=self.draft_stop)
 
 
 @dataclass(frozen=True)

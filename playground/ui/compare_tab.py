@@ -4,7 +4,6 @@ a baseline without speculation, with overlaid plots and a summary table."""
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, replace
 from functools import partial
@@ -30,14 +29,16 @@ from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_d
                                     wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, refusal, stream_handler)
-from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored_speedups
+from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored, stored_speedups
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, RunLog, export
 from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, follow, make_request,
                                    stop_handler)
 
-DRAFTERS, CHAIN_VS_TREE = "drafters", "chain-vs-tree"
-MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE)]
+DRAFTERS, CHAIN_VS_TREE, CHAIN_VS_STOP = "drafters", "chain-vs-tree", "chain-vs-stop"
+MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE),
+         ("fixed k vs a stop rule, one drafter", CHAIN_VS_STOP)]
+ONE_DRAFTER = (CHAIN_VS_TREE, CHAIN_VS_STOP)
 STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
 TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tau", "draft ms/step", "verify ms/step",
                  "steps", "tokens", "acceptance by depth"]
@@ -45,10 +46,11 @@ TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tau",
 
 def noise_note() -> str:
     """How far one run's speeds can be trusted, and what the stored benchmark measured over many."""
-    stored = stored_speedups(json.loads(STORED_RESULTS.read_text())) if STORED_RESULTS.exists() else ""
+    results = stored(STORED_RESULTS)
+    speedups = stored_speedups(results) if results else ""
     return ("The speeds above are one run on a shared CPU, and noisy: the runs take turns step by step, and a slow "
             "first token lowers a whole run's rate (python -m playground bench measures over many prompts). "
-            + stored).strip()
+            + speedups).strip()
 
 
 NOISE_NOTE = noise_note()
@@ -56,14 +58,22 @@ NOISE_NOTE = noise_note()
 
 def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSettings | None]:
     """Each column's run; None leaves the column empty."""
-    if settings.compare not in (DRAFTERS, CHAIN_VS_TREE):
-        raise PlaygroundError(f"compare must be {DRAFTERS!r} or {CHAIN_VS_TREE!r}, got {settings.compare!r}", "compare")
-    if settings.compare == CHAIN_VS_TREE:
+    modes = dict((mode, label) for label, mode in MODES)
+    if settings.compare not in modes:
+        raise PlaygroundError(f"compare must be one of {', '.join(map(repr, modes))}, got {settings.compare!r}",
+                              "compare")
+    if settings.compare in ONE_DRAFTER:
         drafter = settings.drafter
         if drafter == NONE or drafter not in available:
-            raise PlaygroundError(f"chain vs tree needs a drafter this backend runs ({', '.join(plots.label(n) for n in available if n != NONE)}), "
-                                  f"got {drafter!r}", "drafter")
-        pair, columns = [settings.lane(drafter, "chain"), settings.lane(drafter, "tree")], ()
+            raise PlaygroundError(f"{modes[settings.compare].partition(',')[0]} needs a drafter this backend runs "
+                                  f"({', '.join(plots.label(n) for n in available if n != NONE)}), got {drafter!r}",
+                                  "drafter")
+        if settings.compare == CHAIN_VS_STOP and not str(settings.draft_stop or "").strip():
+            raise PlaygroundError("fixed k vs a stop rule needs a rule: write one under Settings, e.g. "
+                                  "probability<0.3", "draft_stop")
+        second = settings.lane(drafter, "tree", stop=False) if settings.compare == CHAIN_VS_TREE else \
+            settings.lane(drafter, "chain")
+        pair, columns = [settings.lane(drafter, "chain", stop=False), second], ()
     else:
         defaults = default_pair(available)
         columns = (settings.first or defaults[0], settings.second or defaults[1])
@@ -74,7 +84,7 @@ def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSett
             raise PlaygroundError(f"the first and second runs are both {columns[0]!r}: pick two", "second")
         pair = [settings.lane(name, settings.draft) if name else None for name in columns]
     baseline = baseline_name(settings, available, columns) if settings.with_none else ""
-    return pair + [settings.lane(baseline, "chain") if baseline else None]
+    return pair + [settings.lane(baseline, "chain", stop=False) if baseline else None]
 
 
 def run_choices(engine: Engine, slot: str) -> list[tuple[str, str]]:
@@ -106,7 +116,7 @@ def one_seed(settings: CompareSettings) -> CompareSettings:
 
 def lane_name(mode: str, request: GenerationRequest, baseline: bool) -> str:
     """What keys a run's log, plots and exports: the drafter, and how it drafted when that differs."""
-    if mode != CHAIN_VS_TREE or baseline:
+    if mode not in ONE_DRAFTER or baseline:
         return request.drafter
     return run_name(request.drafter, request.drafting)
 
@@ -229,7 +239,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             c[slot] = unchecked.Dropdown(run_choices(first_engine, slot), value="", min_width=120,
                                          label="baseline (without speculation)" if slot == "baseline" else slot,
                                          elem_id=f"cmp-{slot}")
-        c["drafter"] = unchecked.Dropdown(drafter_choices(first_engine), label="drafter (chain vs tree)",
+        c["drafter"] = unchecked.Dropdown(drafter_choices(first_engine), label="drafter (one drafter, two ways)",
                                           value=default_drafter(first_engine.drafter_names), visible=False,
                                           min_width=120, elem_id="cmp-drafter")
     with gr.Row():
@@ -240,8 +250,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     for slot in ("first", "second", "baseline"):
         follow_backend(c, backends, slot, keep_or(lambda names: ""), partial(run_choices, slot=slot))
     follow_backend(c, backends, "drafter", keep_or(default_drafter))
-    c["compare"].change(lambda mode: (gr.update(visible=mode == CHAIN_VS_TREE),
-                                      *[gr.update(visible=mode != CHAIN_VS_TREE)] * 2),
+    c["compare"].change(lambda mode: (gr.update(visible=mode in ONE_DRAFTER),
+                                      *[gr.update(visible=mode not in ONE_DRAFTER)] * 2),
                         c["compare"], [c["drafter"], c["first"], c["second"]], api_name=False, queue=False)
     answer_header("cmp")
     view = {}
@@ -324,7 +334,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     # the settings the README's figures for the example were measured with
     example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,
                "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS,
-               "first": "", "second": "", "baseline": ""}   # EAGLE 3 and EAGLE 3.1, whatever was picked before
+               "first": "", "second": "", "baseline": "", "draft_stop": ""}   # EAGLE 3 and 3.1, whatever was picked
     guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
                  api_name=False).then(
         handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=False, concurrency_id="engine",
@@ -359,9 +369,9 @@ def stored_benchmark() -> None:
 
 def stored_rejection_study() -> None:
     """What tells a rejected draft in advance, from the `bench rejection` report shipped with the app."""
-    if not STORED_REJECTION.exists():
+    report = stored(STORED_REJECTION)
+    if report is None:
         return
-    report = json.loads(STORED_REJECTION.read_text())
     with gr.Accordion("What predicts a rejection: the drift signals draft by draft (python -m playground bench "
                       "rejection)", open=False, elem_id="stored-rejection"):
         gr.Plot(rejection.figure(report), show_label=False, elem_id="rejection-plot")
@@ -371,7 +381,7 @@ def stored_rejection_study() -> None:
 
 def generate_note() -> str:
     """What the stored table's two kinds of speedup measure."""
-    rows = json.loads(STORED_RESULTS.read_text())["rows"] if STORED_RESULTS.exists() else []
+    rows = (stored(STORED_RESULTS) or {}).get("rows", [])
     own = [row["vs_generate"] for row in rows if row["method"] == NONE and row.get("vs_generate")]
     engine = f" (without speculation it runs {min(own):.1f}x to {max(own):.1f}x as fast)" if own else ""
     return ("*vs none* is the gain from speculation alone: the same engine without a drafter. *vs generate* is "

@@ -42,6 +42,7 @@ class RunSettings:
     tree_nodes: float
     seed: float = -1      # streams.NEW_SEED: a new seed every run
     beside: bool = True   # also run the drafter paired with this one (controls.beside_name), for the plots
+    draft_stop: str = ""  # a chain ends at the first draft meeting this rule (engines/draft_stop.py); empty: none
 
 
 @dataclass(frozen=True)
@@ -60,18 +61,21 @@ class CompareSettings:
     tree_top_k: float
     tree_depth: float
     tree_nodes: float
-    compare: str          # compare_tab.DRAFTERS or compare_tab.CHAIN_VS_TREE
-    drafter: str          # the drafter of chain vs tree
+    compare: str          # compare_tab.DRAFTERS, CHAIN_VS_TREE or CHAIN_VS_STOP
+    drafter: str          # the drafter of chain vs tree, and of fixed k vs a stop rule
     seed: float = -1      # one seed for every column
     first: str = ""       # the two runs compared (by name; empty: EAGLE 3 and EAGLE 3.1 where the backend runs
     second: str = ""      # them, else its first two drafters)
     baseline: str = ""    # the run without speculation (empty: `none` where the backend runs it)
+    draft_stop: str = ""  # the stop rule of every drafting column (of the second, comparing fixed k against it)
 
-    def lane(self, drafter: str, draft: str) -> RunSettings:
-        """One column: the run /run would make of these settings with this drafter, drafting this way."""
+    def lane(self, drafter: str, draft: str, stop: bool = True) -> RunSettings:
+        """One column: the run /run would make of these settings with this drafter, drafting this way
+        (`stop` False: k drafts every step, whatever the stop rule)."""
         shared = {f.name: getattr(self, f.name) for f in fields(RunSettings)
-                  if f.name not in ("drafter", "draft", "beside")}
-        return RunSettings(**shared, drafter=drafter, draft=draft, beside=False)
+                  if f.name not in ("drafter", "draft", "beside", "draft_stop")}
+        return RunSettings(**shared, drafter=drafter, draft=draft, beside=False,
+                           draft_stop=self.draft_stop if stop else "")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,14 @@ from playground.ui import first_screen
 
 STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 STORED_REJECTION = STORED_RESULTS.parents[1] / "rejection" / "results.json"
+STORED_DRAFT_STOP = STORED_RESULTS.parents[1] / "draft-stop" / "results.json"
+
+
+@functools.lru_cache(maxsize=4)
+def stored(path: Path) -> dict | None:
+    """A report shipped with the app (the benchmark's, the rejection study's), read once per process; None
+    where it is absent. Its readers do not change it."""
+    return json.loads(path.read_text()) if path.exists() else None
 CATEGORY = "chat"
 
 
@@ -120,18 +129,38 @@ def rejection(report: dict) -> str:
             "the averages by depth, not as a warning on one draft.")
 
 
+def draft_stop(result: dict) -> str:
+    """What a chain that stops at a probability rule gained, from `python -m playground bench draft-stop`'s
+    report: EAGLE 3.1 on the chat sample, against fixed k=5 and the fastest fixed k."""
+    rows = [r for r in result["evaluation"] if r["set"] == "chat sample" and r["drafter"] == EAGLE31]
+    ruled = next((r for r in rows if (r["rule"] or "").startswith("probability<")), None)
+    fixed = [r for r in rows if r["rule"] is None and r["method"] == f"k={r['k']}"]
+    if ruled is None or not fixed:
+        return ""
+    best = max(fixed, key=lambda r: r["speedup_vs_k5"])
+    beside = (f"fixed {best['method']} runs faster still ({best['speedup_vs_k5']:.2f}x)"
+              if best["speedup_vs_k5"] > ruled["speedup_vs_k5"] else
+              f"faster than every fixed k (the fastest, {best['method']}, {best['speedup_vs_k5']:.2f}x)")
+    return (f"Acting on it, a chain that stops before a draft of probability below "
+            f"{ruled['rule'].partition('<')[2]} (chosen on held-out prompts: `python -m playground bench draft-stop`) "
+            f"runs {LABELS[EAGLE31]} at {ruled['speedup_vs_k5']:.2f}x fixed k=5's tokens/s on the chat sample; "
+            f"{beside} ({described(result['machine'])}).")
+
+
 def signed(value: float) -> str:
     text = f"{value:+.3f}"
     return "0.000" if text in ("+0.000", "-0.000") else text
 
 
-def explainer_markdown(results_path: Path = STORED_RESULTS, rejection_path: Path = STORED_REJECTION) -> str:
+def explainer_markdown(results_path: Path = STORED_RESULTS, rejection_path: Path = STORED_REJECTION,
+                       draft_stop_path: Path = STORED_DRAFT_STOP) -> str:
     text = Template(Path(__file__).with_name("explainer.md").read_text())
-    stored = first_screen.load()
-    parts = {"own_drafts": own_drafts({name: run.summary for name, run in stored[0].items()}) if stored else "",
-             "rejection": rejection(json.loads(rejection_path.read_text())) if rejection_path.exists() else ""}
-    if not results_path.exists():
+    first = first_screen.load()
+    acting = draft_stop(stored(draft_stop_path)) if stored(draft_stop_path) else ""
+    parts = {"own_drafts": own_drafts({name: run.summary for name, run in first[0].items()}) if first else "",
+             "rejection": f"{rejection(stored(rejection_path))} {acting}".strip() if stored(rejection_path) else ""}
+    results = stored(results_path)
+    if results is None:
         return text.substitute(measured="Run `python -m playground bench` to measure it on this machine.", **parts)
-    results = json.loads(results_path.read_text())
     return text.substitute(measured=measured(stored_probes(results), results["config"]["k"]) + " "
                            + suite_signals(results), **parts)

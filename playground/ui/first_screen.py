@@ -9,12 +9,10 @@ from __future__ import annotations
 import functools
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from playground.engines.events import StepEvent
 from playground.engines.request import GenerationRequest
-from playground.engines.tree import TreeShape
 from playground.model.variants import EAGLE3, EAGLE31
 from playground.ui.controls import DEFAULT_MAX_TOKENS, DEFAULT_K, FIRST_PRESET
 from playground.ui.presets import PRESETS
@@ -45,11 +43,6 @@ def record(path: Path = STORED_RUN) -> dict:
     return stored
 
 
-def _request(data: dict) -> GenerationRequest:
-    tree = TreeShape(**data["tree"]) if data.get("tree") else None
-    return GenerationRequest(**{**data, "history": tuple(data["history"]), "tree": tree})
-
-
 @functools.lru_cache(maxsize=2)
 def _stored(path: Path) -> dict:
     """The stored file, read once per process (the Playground and the explainer both start from it);
@@ -63,9 +56,9 @@ def load(path: Path = STORED_RUN) -> tuple[dict[str, RunLog], str] | None:
     if not path.exists():
         return None
     stored = _stored(path)
-    runs = {name: RunLog(_request(run["request"]), [StepEvent.from_json(e) for e in run["steps"]])
+    runs = {name: RunLog(GenerationRequest.from_json(run["request"]), [StepEvent.from_json(e) for e in run["steps"]])
             for name, run in stored["runs"].items()}
-    if tuple(runs) != DRAFTERS or any(asdict(run.request) != asdict(example_request(name)) for name, run in runs.items()):
+    if tuple(runs) != DRAFTERS or any(run.request != example_request(name) for name, run in runs.items()):
         return None
     return runs, f"recorded on {stored['host']}, {stored['recorded']}"
 

@@ -8,7 +8,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -51,7 +51,7 @@ class RunLog:
 
     def to_json(self) -> dict:
         summary = self.summary
-        return {"request": asdict(self.request), "steps": [e.to_json() for e in self.steps],
+        return {"request": self.request.to_json(), "steps": [e.to_json() for e in self.steps],
                 "summary": summary.to_json() if summary else None}
 
 

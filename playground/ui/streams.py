@@ -10,6 +10,7 @@ from typing import Callable, Iterator, Mapping, NamedTuple
 
 import gradio as gr
 
+from playground.engines.draft_stop import DraftStop
 from playground.engines.events import StepEvent
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
@@ -62,8 +63,14 @@ def make_request(limits: Limits, settings: RunSettings, engine: Engine) -> Gener
                                 temperature=number(settings.temperature, "temperature"),
                                 top_p=number(settings.top_p, "top_p"), max_tokens=wholes["max_tokens"],
                                 seed=random.randint(0, MAX_SEED) if seed == NEW_SEED else seed,
-                                tree=shape if draft == "tree" else None)
+                                tree=shape if draft == "tree" else None, draft_stop=draft_stop(settings.draft_stop))
     return request.validate(limits.max_tokens)
+
+
+def draft_stop(value: object) -> DraftStop | None:
+    """The stop rule control's value: None when empty."""
+    rule = text(value, "draft_stop").strip()
+    return DraftStop.parse(rule) if rule else None
 
 
 def draft_mode(value: object) -> str:

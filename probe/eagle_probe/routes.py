@@ -16,9 +16,11 @@ data-parallel engine (`call_utility_all_async`, vllm/v1/engine/core_client.py ~1
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
 
 from eagle_probe import PLUGIN, VLLM_VERSION, __version__
 from eagle_probe.attention import across_ranks
@@ -41,25 +43,32 @@ class ProbeRoutes:
         router = APIRouter(prefix=PREFIX)
 
         @router.get("/records/{key}")
-        async def records(key: str, request: Request, final: bool = False) -> dict:
+        async def records(key: str, request: Request, final: bool = False):
             """The records of request `key` made since the last fetch; `final=true` (after its stream
             ended) also drops the request from the probe."""
             found = None
             if len(key) <= MAX_KEY_CHARS:
                 found = await _state(request).fetches.fetch(key, final)
-            if found is None:
-                raise HTTPException(404, f"no request {key!r} is recorded: it did not set vllm_xargs "
-                                         f"{{\"{PLUGIN}\": key}}, has not started, or was fetched to its end")
+            if found is None:   # answered here, not raised: the commonest answer to a flood, at half the cost
+                return JSONResponse(not_found(key), status_code=404)
             return found
 
         @router.get("/status")
-        async def status(request: Request) -> dict:
+        async def status(request: Request) -> Response:
             return await _state(request).status()
 
         app.include_router(router)
 
     async def init_state(self, engine_client, state, args) -> None:
         state.eagle_probe = Probe(engine_client) if engine_client is not None else None
+
+
+def not_found(key: str) -> dict:
+    """A 404's body, in the shape vLLM gives every HTTP error (ErrorResponse,
+    vllm/entrypoints/serve/exception_handling/handlers/http.py ~24-31)."""
+    message = (f"no request {key!r} is recorded: it did not set vllm_xargs {{\"{PLUGIN}\": key}}, has not started, "
+               "or was fetched to its end")
+    return {"error": {"message": message, "type": "Not Found", "param": None, "code": 404}}
 
 
 def _state(request: Request) -> "Probe":
@@ -75,7 +84,7 @@ class Probe:
     def __init__(self, engine):
         self.engine = engine
         self.fetches = Fetches(self)
-        self._status: tuple[float, dict] | None = None
+        self._status: tuple[float, bytes] | None = None
         self._status_lock = asyncio.Lock()
 
     async def ask(self, method: str, *args) -> list[list]:
@@ -91,7 +100,9 @@ class Probe:
                                      f"runs where vLLM's methods it hooks are {VLLM_VERSION}'s): "
                                      f"{type(e).__name__}: {e}") from None
 
-    async def status(self) -> dict:
+    async def status(self) -> Response:
+        """The status copy, encoded once per refresh (a flood of /status then costs about what vLLM's /v1/models
+        does); a new Response each time, since middleware may add headers to the one it is given."""
         async with self._status_lock:
             if self._status is None or time.monotonic() - self._status[0] >= STATUS_EVERY_S:
                 engines = await self.ask("eagle_probe_status")
@@ -99,8 +110,8 @@ class Probe:
                 first = dict(workers[0])
                 first["recording"] = sum(ranks[0]["recording"] for ranks in engines)
                 first.update(engines=len(engines), workers=workers, api_key="guarded as /v1")
-                self._status = (time.monotonic(), first)
-            return self._status[1]
+                self._status = (time.monotonic(), json.dumps(first).encode())
+            return Response(self._status[1], media_type="application/json")
 
 
 class Fetches:

@@ -43,9 +43,13 @@ FINISH = {"stop": "eos", "length": "length"}
 
 
 def chains_only(request: GenerationRequest) -> None:
+    """What vLLM drafts: chains of a fixed k."""
     if request.tree is not None:
         raise PlaygroundError("draft trees run in the embedded engine only: vLLM drafts chains "
                               "(use --backend reference)")
+    if request.draft_stop is not None:
+        raise PlaygroundError("a draft stop rule runs in the embedded engine only: vLLM drafts k every step "
+                              "(use --backend reference)", "draft_stop")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,178 @@
+"""`python -m playground bench draft-stop`: chains that end at a rule (engines/draft_stop.py) against
+fixed k, on the embedded engine, greedy.
+
+    python -m playground bench draft-stop [--drafters ...] [--draft-stop RULE] [--prompts 8] [--documents 2]
+
+First each rule's threshold is chosen, per drafter and signal, on held-out chat and code prompts
+(prompt_sets' HELDOUT_CHAT and HELDOUT_CODE, less any prompt of the chat sample): every candidate of
+CANDIDATES with chains of up to LONGEST drafts, the one of highest tokens/s kept. Then on prompts the
+choice never saw, the shipped chat sample and the suite's long documents, fixed k=5, 1, 2 and 10 and
+the chosen rules answer every prompt back to back (the machine's drift falls on all alike).
+
+A row gives tau (over the steps that drafted, as everywhere) and the tokens per verify step (over
+every step: a rule that drops a depth's first draft leaves a step that drafts nothing yet runs the
+target once, which tau leaves out), tokens/s (engine time) against k=5 paired over prompts with a 95%
+interval, the drafts the target refused per step (drafted, not accepted), and the draft and verify ms
+per step. A greedy chain of fixed k drafts in one call (kernels/eagle_step.cpp's eagle_chain) where a
+chain under a rule drafts one call per depth, to look at each draft: the row "k=5, a call per depth"
+(a rule that never holds) measures that difference alone. Every method's answer is checked against
+k=5's, token for token. `--draft-stop RULE` measures that rule and skips the choice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from playground.engines.draft_stop import DraftStop
+from playground.engines.reference import ReferenceEngine
+from playground.engines.stats import Pooled, RunTotals, paired_ratio, rate_of
+from playground.evaluation import runner
+from playground.evaluation.heldout import kind_prompts
+from playground.evaluation.machine import described, machine
+from playground.evaluation.prompt_files import read_prompt_file
+from playground.evaluation.prompt_sets import EVAL_KINDS, suite
+from playground.evaluation.rejection import SAMPLE
+from playground.evaluation.runner import Method, PromptResult
+from playground.model.variants import EAGLE3, EAGLE31
+
+LONGEST = 10
+FIXED = (5, 1, 2, LONGEST)   # k=5 first: every ratio's base; k=1 and 2: the fastest of the suite's sweep on 2 cores
+CANDIDATES = {"probability": ("probability<0.1", "probability<0.3", "probability<0.5", "probability<0.7",
+                              "probability<0.9"),
+              "self_attention": ("self_attention>0.1", "self_attention>0.2", "self_attention>0.3")}
+NEVER = DraftStop.parse("probability<0")
+DOCUMENTS = ("long context 1k", "long context 2k", "long context 4k")
+
+
+@dataclass(frozen=True)
+class DraftStopConfig:
+    drafters: tuple[str, ...] = (EAGLE3, EAGLE31)
+    rules: tuple[str, ...] = ()   # given: measured without a choice
+    prompts: int = 8              # held-out prompts per kind for the choice, and of the chat sample
+    documents: int = 2            # per long-document category (0: none)
+    max_tokens: int = 128
+
+
+def fixed(k: int, drafter: str) -> Method:
+    return Method(f"k={k}", drafter, k)
+
+
+def per_depth(k: int, drafter: str) -> Method:
+    """Fixed k, drafted one call per depth as a chain under a rule is (NEVER holds)."""
+    return Method(f"k={k}, a call per depth", drafter, k, draft_stop=NEVER)
+
+
+def ruled(rule: str, drafter: str) -> Method:
+    return Method(f"k<={LONGEST} until {rule}", drafter, LONGEST, draft_stop=DraftStop.parse(rule))
+
+
+def choice_prompts(config: DraftStopConfig) -> list:
+    sample = {p.prompt for p in read_prompt_file(SAMPLE).prompts}
+    return [p for kind in (EVAL_KINDS["chat"], EVAL_KINDS["code"]) for p in kind_prompts(kind, config.prompts)
+            if p.request("none", 1, 1).prompt not in sample]
+
+
+def evaluation_sets(config: DraftStopConfig, tokenizer) -> dict[str, list]:
+    sets = {"chat sample": read_prompt_file(SAMPLE).prompts[:config.prompts]}
+    if config.documents:
+        sets["long documents"] = suite(tokenizer, DOCUMENTS, config.documents)
+    return sets
+
+
+def choose(engine, drafter: str, config: DraftStopConfig, progress: Path | None = None
+           ) -> tuple[list[dict], list[str]]:
+    """Every candidate on the held-out prompts (k=5 beside them): rows, and the fastest rule per signal."""
+    methods = [fixed(5, drafter)] + [ruled(rule, drafter) for rules in CANDIDATES.values() for rule in rules]
+    results = _measured(engine, choice_prompts(config), methods, config, progress, f"choice {drafter}")
+    rows = [_row("held-out chat and code", drafter, m, results, methods[0]) for m in methods]
+    chosen = [max((r for r in rows if r["rule"] in rules), key=lambda r: r["tokens_per_s"])["rule"]
+              for rules in CANDIDATES.values()]
+    return rows, chosen
+
+
+def evaluate(engine, drafter: str, rules: Sequence[str], config: DraftStopConfig, progress: Path | None = None
+             ) -> list[dict]:
+    methods = [fixed(k, drafter) for k in FIXED] + [per_depth(5, drafter)] + [ruled(rule, drafter) for rule in rules]
+    rows = []
+    for name, prompts in evaluation_sets(config, engine.tokenizer).items():
+        results = _measured(engine, prompts, methods, config, progress, f"{name} {drafter}")
+        rows += [_row(name, drafter, m, results, methods[0]) for m in methods]
+    return rows
+
+
+def _measured(engine, prompts: list, methods: list[Method], config: DraftStopConfig, progress: Path | None,
+              stage: str) -> list[PromptResult]:
+    """The prompts through every method, saved after each prompt under `progress` (a folder) where given."""
+    path = progress / f"progress-{stage.replace(' ', '-')}.pkl" if progress else None
+    results = runner.run(engine, prompts, methods, config.max_tokens, path, [asdict(config), stage,
+                         [m.name for m in methods]], stage)
+    return [r for r in results if not r.skipped]
+
+
+def _row(prompt_set: str, drafter: str, method: Method, results: list[PromptResult], base: Method) -> dict:
+    runs: list[RunTotals] = [r.runs[method.name] for r in results]
+    bases = [r.runs[base.name] for r in results]
+    pooled = Pooled.of(runs)
+    speedup, speedup_ci = paired_ratio(rate_of([r.tokens for r in runs], [r.seconds for r in runs]),
+                                       rate_of([r.tokens for r in bases], [r.seconds for r in bases]), len(runs))
+    per_step = lambda totals: rate_of([r.decode_tokens for r in totals], [r.verify_steps for r in totals])
+    step_ratio, step_ratio_ci = paired_ratio(per_step(runs), per_step(bases), len(runs))
+    steps = max(1, pooled.steps)
+    rule = method.draft_stop if method.draft_stop != NEVER else None
+    return {"set": prompt_set, "drafter": drafter, "method": method.name, "k": method.k,
+            "rule": str(rule) if rule else None, "prompts": len(runs), "tau": pooled.mean_acceptance_length,
+            "tokens_per_step": sum(r.decode_tokens for r in runs) / steps, "tokens_per_step_vs_k5": step_ratio,
+            "tokens_per_step_vs_k5_ci": list(step_ratio_ci), "tokens_per_s": pooled.tokens_per_s,
+            "speedup_vs_k5": speedup, "speedup_vs_k5_ci": list(speedup_ci),
+            "drafted_per_step": sum(r.drafted for r in runs) / steps,
+            "refused_per_step": sum(r.drafted - r.accepted for r in runs) / steps,
+            "draft_ms": pooled.draft_ms, "verify_ms": pooled.verify_ms,
+            "answers_differ": sum(1 for r in results if any(m == method.name for m, _ in r.mismatches))}
+
+
+def measure(engine, config: DraftStopConfig = DraftStopConfig(), progress: Path | None = None) -> dict:
+    """{"choice": rows on the held-out prompts (none where rules were given), "chosen": {drafter: rules},
+    "evaluation": rows on the chat sample and the long documents}. With `progress` (a folder), each stage
+    is saved prompt by prompt, and the same call goes on after an interruption."""
+    choice, chosen, evaluation = [], {}, []
+    for drafter in config.drafters:
+        if config.rules:
+            chosen[drafter] = list(config.rules)
+        else:
+            rows, chosen[drafter] = choose(engine, drafter, config, progress)
+            choice += rows
+        evaluation += evaluate(engine, drafter, chosen[drafter], config, progress)
+    return {"choice": choice, "chosen": chosen, "evaluation": evaluation, "config": asdict(config)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| prompts | drafter | method | tau | tokens/step | tok/s | vs k=5 (95% CI over prompts) | drafted/step | "
+             "refused/step | draft ms/step | verify ms/step | answers differing |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['set']} ({r['prompts']}) | {r['drafter']} | {r['method']} | {r['tau']:.2f} | "
+              f"{r['tokens_per_step']:.2f} | {r['tokens_per_s']:.1f} | {r['speedup_vs_k5']:.2f}x "
+              f"({r['speedup_vs_k5_ci'][0]:.2f}-{r['speedup_vs_k5_ci'][1]:.2f}) | {r['drafted_per_step']:.2f} | "
+              f"{r['refused_per_step']:.2f} | {r['draft_ms']:.1f} | {r['verify_ms']:.1f} | {r['answers_differ']} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(result: dict) -> str:
+    host = f"{described(result['machine'])}\n\n" if "machine" in result else ""
+    choice = (f"### The thresholds, chosen on held-out prompts\n\n{table(result['choice'])}\n\nchosen: " +
+              "; ".join(f"{d}: {', '.join(rules)}" for d, rules in result["chosen"].items()) + "\n\n"
+              if result["choice"] else "")
+    return f"{host}{choice}### Against fixed k, on prompts the choice never saw\n\n{table(result['evaluation'])}\n"
+
+
+def run(config: DraftStopConfig, out: Path) -> tuple[dict, list[Path]]:
+    """Measure on the embedded engine; write results.json and results.md to `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = {**measure(ReferenceEngine.load(), config, out), "machine": machine()}
+    paths = [out / "results.md", out / "results.json"]
+    paths[0].write_text(markdown(result))
+    paths[1].write_text(json.dumps(result, indent=1))
+    return result, paths

@@ -1,0 +1,44 @@
+"""`bench draft-stop`: thresholds chosen on held-out prompts, then rules against fixed k on prompts the
+choice never saw, every answer the same as fixed k's."""
+
+from playground.engines.draft_stop import DraftStop
+from playground.evaluation import draft_stops
+from playground.evaluation.draft_stops import CANDIDATES, DraftStopConfig
+from playground.evaluation.prompt_files import read_prompt_file
+from playground.evaluation.rejection import SAMPLE
+
+
+def test_thresholds_are_chosen_on_prompts_the_evaluation_never_sees(engine):
+    config = DraftStopConfig(prompts=24)
+    assert set(draft_stops.evaluation_sets(config, engine.tokenizer)) == {"chat sample", "long documents"}
+    chosen_on = {p.request("none", 1, 1).prompt for p in draft_stops.choice_prompts(config)}
+    evaluated = {p.prompt for prompts in draft_stops.evaluation_sets(config, engine.tokenizer).values()
+                 for p in prompts}
+    assert len(chosen_on) >= 40 and not chosen_on & evaluated
+    assert not chosen_on & {p.prompt for p in read_prompt_file(SAMPLE).prompts}   # the whole sample
+
+
+def test_a_measured_choice_keeps_the_fastest_candidate_and_every_answer_equals_fixed_ks(engine):
+    config = DraftStopConfig(drafters=("eagle3.1",), prompts=1, documents=0, max_tokens=24)
+    result = draft_stops.measure(engine, config)
+    choice = result["choice"]
+    assert [r["method"] for r in choice][0] == "k=5" and len(choice) == 1 + sum(map(len, CANDIDATES.values()))
+    for rules, chosen in zip(CANDIDATES.values(), result["chosen"]["eagle3.1"]):
+        fastest = max((r for r in choice if r["rule"] in rules), key=lambda r: r["tokens_per_s"])
+        assert chosen == fastest["rule"]
+    rows = result["evaluation"]
+    assert {r["set"] for r in rows} == {"chat sample"}
+    assert [r["method"] for r in rows] == ["k=5", "k=1", "k=2", "k=10", "k=5, a call per depth",
+                                           *(f"k<=10 until {rule}" for rule in result["chosen"]["eagle3.1"])]
+    for r in choice + rows:
+        assert r["answers_differ"] == 0, r
+        assert 0 <= r["refused_per_step"] <= r["drafted_per_step"] <= r["k"]
+    by_method = {r["method"]: r for r in rows}
+    assert by_method["k=5"]["speedup_vs_k5"] == 1 and by_method["k=5"]["speedup_vs_k5_ci"] == [1, 1]
+    steps_of = lambda r: (r["tokens_per_step"], r["drafted_per_step"], r["refused_per_step"], r["tau"])
+    assert steps_of(by_method["k=5, a call per depth"]) == steps_of(by_method["k=5"])   # the same drafts, greedy
+    assert by_method["k=5, a call per depth"]["rule"] is None
+    assert by_method["k=10"]["drafted_per_step"] > by_method["k=5"]["drafted_per_step"]
+    strict = DraftStop.parse(result["chosen"]["eagle3.1"][0])
+    assert by_method[f"k<=10 until {strict}"]["drafted_per_step"] < 10
+    assert "Against fixed k" in draft_stops.markdown(result)
