@@ -148,15 +148,20 @@ def measure(engine, config: DraftStopConfig = DraftStopConfig(), progress: Path 
     return {"choice": choice, "chosen": chosen, "evaluation": evaluation, "config": asdict(config)}
 
 
+COLUMNS = (("prompts", lambda r: f"{r['set']} ({r['prompts']})"), ("drafter", lambda r: r["drafter"]),
+           ("method", lambda r: r["method"]), ("tau", lambda r: f"{r['tau']:.2f}"),
+           ("tokens/step", lambda r: f"{r['tokens_per_step']:.2f}"), ("tok/s", lambda r: f"{r['tokens_per_s']:.1f}"),
+           ("vs k=5 (95% CI over prompts)", lambda r: f"{r['speedup_vs_k5']:.2f}x ({r['speedup_vs_k5_ci'][0]:.2f}-"
+                                                     f"{r['speedup_vs_k5_ci'][1]:.2f})"),
+           ("drafted/step", lambda r: f"{r['drafted_per_step']:.2f}"),
+           ("refused/step", lambda r: f"{r['refused_per_step']:.2f}"),
+           ("draft ms/step", lambda r: f"{r['draft_ms']:.1f}"),
+           ("verify ms/step", lambda r: f"{r['verify_ms']:.1f}"), ("answers differing", lambda r: r["answers_differ"]))
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| prompts | drafter | method | tau | tokens/step | tok/s | vs k=5 (95% CI over prompts) | drafted/step | "
-             "refused/step | draft ms/step | verify ms/step | answers differing |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['set']} ({r['prompts']}) | {r['drafter']} | {r['method']} | {r['tau']:.2f} | "
-              f"{r['tokens_per_step']:.2f} | {r['tokens_per_s']:.1f} | {r['speedup_vs_k5']:.2f}x "
-              f"({r['speedup_vs_k5_ci'][0]:.2f}-{r['speedup_vs_k5_ci'][1]:.2f}) | {r['drafted_per_step']:.2f} | "
-              f"{r['refused_per_step']:.2f} | {r['draft_ms']:.1f} | {r['verify_ms']:.1f} | {r['answers_differ']} |"
-              for r in rows]
+    lines = ["| " + " | ".join(name for name, _ in COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(COLUMNS) - 3)]
+    lines += ["| " + " | ".join(str(cell(r)) for _, cell in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
 

@@ -146,7 +146,7 @@ def settings_panel(limits: Limits, backends: Mapping[str, Engine], prefix: str) 
                                         elem_id=eid("tree-depth"))
             c["tree_nodes"] = unchecked.Slider(*LIMITS["nodes"], value=TreeShape.nodes, step=1, label="tree nodes",
                                         elem_id=eid("tree-nodes"))
-        c["draft_stop"] = gr.Textbox(label="stop a chain early at (embedded engine)", lines=1, max_lines=1,
+        c["draft_stop"] = gr.Textbox("", label="stop a chain early at (embedded engine)", lines=1, max_lines=1,
                                      placeholder="e.g. probability<0.3 or self_attention>0.3; empty: k drafts "
                                                  "every step", elem_id=eid("draft-stop"))
     c["draft"].change(lambda draft: (gr.update(visible=draft == "tree"), gr.update(interactive=draft == "chain")),
