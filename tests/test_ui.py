@@ -268,9 +268,9 @@ def joined(url: str, fn_index: int, data: list) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("api_name, valid", [
-    ("/run", ["Hi", "", "model", "eagle3.1", 2, 0.0, 1.0, 1, "reference", "chain", 2, 2, 4, -1, True]),
+    ("/run", ["Hi", "", "model", "eagle3.1", 2, 0.0, 1.0, 1, "reference", "chain", 2, 2, 4, -1, True, ""]),
     ("/compare", ["Hi", "", "model", 2, 0.0, 1.0, 1, False, "reference", "chain", 2, 2, 4, "drafters", "eagle3.1",
-                  -1, "", "", ""]),
+                  -1, "", "", "", ""]),
     ("/study", [None, "Hi", "reference", ["eagle3"], 2, "chain", 1, 0]),
 ])
 def test_any_value_in_any_field_gets_an_answer_or_one_line_message(client, app_url, api_name, valid):

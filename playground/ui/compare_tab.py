@@ -59,7 +59,7 @@ NOISE_NOTE = noise_note()
 def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSettings | None]:
     """Each column's run; None leaves the column empty."""
     modes = dict((mode, label) for label, mode in MODES)
-    if settings.compare not in modes:
+    if not isinstance(settings.compare, str) or settings.compare not in modes:
         raise PlaygroundError(f"compare must be one of {', '.join(map(repr, modes))}, got {settings.compare!r}",
                               "compare")
     if settings.compare in ONE_DRAFTER:
