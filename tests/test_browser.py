@@ -369,6 +369,8 @@ CONTRAST_JS = """() => {
 
 def test_stop_ends_a_run_like_a_finished_one(page):
     run_playground(page, "Tell me a long story about a lighthouse keeper.", 400)
+    # mid-run: past the prefill's one token, so that the inspector has a verify step's drafts to show
+    page.wait_for_function("() => document.querySelectorAll('#answer .live .tok').length >= 8", timeout=60_000)
     page.locator("#stop").click()
     expect(page.locator("#answer .live .finish")).to_have_text("— stopped", timeout=10_000)
     shown = page.locator("#answer .live .tok").count()
