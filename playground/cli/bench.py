@@ -115,10 +115,10 @@ def add_parsers(sub) -> None:
                                                                        "(default: assets/benchmark/rejection)")
     r.set_defaults(func=bench_rejection)
 
-    d = suites.add_parser("draft-stop", help="chains that end at a rule (--draft-stop) against fixed k=5 and "
-                                             "k=10: thresholds chosen on held-out prompts, measured on the chat "
+    d = suites.add_parser("draft-stop", help="chains that end at a rule (--draft-stop) against fixed k=5, 1, 2 and "
+                                             "10: thresholds chosen on held-out prompts, measured on the chat "
                                              "sample and the long documents")
-    _run_options(d, _unset)   # --k is not read: fixed k=5, 2 and 10 and the rules run
+    _run_options(d, _unset)   # --k is not read: fixed k=5, 1, 2 and 10 and the rules run
     d.add_argument("--draft-stop", dest="rules", action="append", default=[], metavar="RULE",
                    help="measure this rule (repeat for more) instead of choosing thresholds")
     d.add_argument("--prompts", type=int, default=DraftStopConfig.prompts,

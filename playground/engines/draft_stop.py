@@ -36,6 +36,10 @@ class Rule:
     below: bool          # stop when the signal is below the threshold (else above it)
     threshold: float
 
+    def holds(self, value):
+        """Whether the rule holds at `value` (a float, or a tensor elementwise)."""
+        return value < self.threshold if self.below else value > self.threshold
+
     def __str__(self) -> str:
         return f"{self.signal}{'<' if self.below else '>'}{self.threshold!r}"
 
@@ -68,15 +72,14 @@ class DraftStop:
 
     def stops(self, **measured: float) -> bool:
         """Whether a draft with these measurements (by SIGNALS name) ends the chain."""
-        return any((measured[r.signal] < r.threshold) if r.below else (measured[r.signal] > r.threshold)
-                   for r in self.rules)
+        return any(r.holds(measured[r.signal]) for r in self.rules)
 
     def restricted(self, q: torch.Tensor) -> torch.Tensor:
         """The draft distribution `q` [V] restricted to the tokens the probability rules keep, renormalised:
         what a kept draft was drawn from (the chain did not stop at it, so no other rule held there)."""
         keep = torch.ones_like(q, dtype=torch.bool)
         for r in (r for r in self.rules if r.signal == "probability"):
-            keep &= ~((q < r.threshold) if r.below else (q > r.threshold))
+            keep &= ~r.holds(q)
         kept = q * keep
         return kept / kept.sum()
 
