@@ -393,6 +393,16 @@ def column_text(page: Page, slot: str) -> str:
     return box.input_value()
 
 
+def test_fixed_k_against_a_stop_rule_asks_for_the_rule_at_its_box(page):
+    page.get_by_role("tab", name="Comparison").click()
+    page.locator("#cmp-mode").get_by_text("fixed k vs a stop rule").click()
+    expect(page.locator("#cmp-draft-stop")).to_be_visible()   # Settings open: the mode needs the box
+    page.locator("#compare-run").click()
+    expect(page.locator("#cmp-draft-stop").get_by_text("needs a rule")).to_be_visible(timeout=10_000)
+    assert error_states(page) == 0
+    page.locator("#cmp-mode").get_by_text("two drafters").click()   # the page is shared: as the next test finds it
+
+
 def test_comparison_tab_streams_both_columns(page, tmp_path):
     page.get_by_role("tab", name="Comparison").click()
     page.locator("#cmp-prompt textarea").fill("Write a haiku about the sea.")

@@ -250,9 +250,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     for slot in ("first", "second", "baseline"):
         follow_backend(c, backends, slot, keep_or(lambda names: ""), partial(run_choices, slot=slot))
     follow_backend(c, backends, "drafter", keep_or(default_drafter))
+    # the stop rule's box is in Settings: open them where the mode needs a rule, so that the box and any
+    # message at it can be seen (a closed panel shows neither)
     c["compare"].change(lambda mode: (gr.update(visible=mode in ONE_DRAFTER),
-                                      *[gr.update(visible=mode not in ONE_DRAFTER)] * 2),
-                        c["compare"], [c["drafter"], c["first"], c["second"]], api_name=False, queue=False)
+                                      *[gr.update(visible=mode not in ONE_DRAFTER)] * 2,
+                                      gr.update(open=True) if mode == CHAIN_VS_STOP else gr.skip()),
+                        c["compare"], [c["drafter"], c["first"], c["second"], c["settings_panel"]], api_name=False,
+                        queue=False)
     answer_header("cmp")
     view = {}
     with gr.Row(equal_height=False):

@@ -116,10 +116,11 @@ def preset_dropdown(prefix: str) -> gr.Dropdown:
 
 
 def settings_panel(limits: Limits, backends: Mapping[str, Engine], prefix: str) -> dict:
-    """The generation settings a first run does not need, in a closed panel (elem ids: `prefix-name`)."""
+    """The generation settings a first run does not need, in a closed panel (elem ids: `prefix-name`; the
+    panel itself is `c["settings_panel"]`)."""
     c = {}
     eid = lambda name: f"{prefix}-{name}"
-    with gr.Accordion("Settings", open=False, elem_id=eid("settings")):
+    with gr.Accordion("Settings", open=False, elem_id=eid("settings")) as c["settings_panel"]:
         with gr.Row():
             c["template"] = unchecked.Dropdown(TEMPLATE_CHOICES, value="model", label="Prompt format", elem_id=eid("template"))
             c["backend_name"] = unchecked.Dropdown(list(backends), value=next(iter(backends)), label="Backend",
