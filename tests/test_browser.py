@@ -1,32 +1,27 @@
 """A real browser (Playwright driving Debian's headless Chromium) against the running app."""
 
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, TimeoutError as PlaywrightTimeout, expect, sync_playwright
+from playwright.sync_api import Page, TimeoutError as PlaywrightTimeout, expect
+
+from tests.browser import VIEWPORTS, chromium, column_text, error_states, open_page, screenshot, set_number, set_setting
 
 pytestmark = pytest.mark.slow   # Chromium against the running app
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # the target answers this with an HTML page: <html>, <body>, <script>alert('This is an alert');</script>
 MARKUP_PROMPT = "Write a minimal HTML page with a <script> tag that shows an alert."
 
 
-VIEWPORTS = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, "height": 844}}
 WCAG_AA = 4.5   # the contrast ratio normal text needs
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is not installed: scripts/test.sh installs it with apt-get (package chromium)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 # Records, as the answer streams, where its first token appeared and whether the answer was still
@@ -54,13 +49,6 @@ WATCH_THE_STREAM = """() => {
 }"""
 
 
-def open_page(browser, app_url: str, device: str) -> Page:
-    page = browser.new_page(viewport=VIEWPORTS[device], is_mobile=device == "phone", has_touch=device == "phone")
-    page.goto(app_url)
-    expect(page.locator("#run")).to_be_visible(timeout=60_000)
-    return page
-
-
 @pytest.fixture(scope="module")
 def page(browser, app_url):
     """A first visitor's desktop page, shared by the tests of this module in order."""
@@ -76,25 +64,6 @@ def phone(browser, app_url):
     page.close()
 
 
-def set_number(page: Page, slider_id: str, value: int) -> None:
-    """Type into a slider's number box, opening the settings panel it sits in when it is closed.
-    A panel that has just opened may draw its controls once more, with their values as they were:
-    what was typed is checked, and typed again if it was dropped."""
-    box = page.locator(f"#{slider_id} input[type=number]")
-    if not box.is_visible():
-        prefix = slider_id.split("-")[0]
-        page.locator(f"#{prefix}-settings .label-wrap").click()
-        expect(box).to_be_visible()
-    before = box.input_value()
-    for _ in range(3):
-        box.fill(str(value))
-        box.press("Enter")
-        page.wait_for_timeout(300)
-        if box.input_value() != before or str(value) == before:
-            return
-    raise AssertionError(f"#{slider_id} kept {before} after {value} was typed three times")
-
-
 def run_playground(page: Page, prompt: str, max_tokens: int) -> float:
     """Click Run; return seconds from the click to the first streamed token (of this run: the answer
     the last run left must change first, so consecutive runs need different answers)."""
@@ -107,13 +76,6 @@ def run_playground(page: Page, prompt: str, max_tokens: int) -> float:
     page.wait_for_function(f"before => {{ const now = ({tokens})(); return now !== '' && now !== before; }}",
                            arg=before, timeout=60_000)
     return time.perf_counter() - start
-
-
-def screenshot(page: Page, tmp_path: Path, name: str) -> None:
-    """Full-page PNG into tmp_path, or into $PLAYGROUND_SCREENSHOTS (the README's images come from there)."""
-    shot = Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)) / name
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.stat().st_size > 10_000
 
 
 def test_playground_colours_tokens_plots_and_inspector(page):
@@ -331,13 +293,6 @@ def test_model_text_stays_text(page):
     assert not dialogs
 
 
-def error_states(page: Page) -> int:
-    """Outputs shown in Gradio's error state (its status tracker's red mark), plotly's SVG aside. An event run
-    with show_progress="hidden" keeps the mark in the page, transparent."""
-    return page.evaluate("() => [...document.querySelectorAll('.error')]"
-                         ".filter(e => !(e instanceof SVGElement) && e.checkVisibility({opacityProperty: true})).length")
-
-
 def messages(page: Page) -> list[str]:
     """What the page tells the user about a run it refused: messages at controls, and toasts."""
     return page.locator("div.validation-error, .toast-body").all_inner_texts()
@@ -385,14 +340,6 @@ def test_stop_ends_a_run_like_a_finished_one(page):
     expect(page.locator("#answer .live .finish")).not_to_have_text("— stopped")
 
 
-def column_text(page: Page, slot: str) -> str:
-    """A Comparison column's answer as plain text, from its panel (opened if closed)."""
-    box = page.locator(f"#text-{slot} textarea")
-    if not box.count():
-        page.locator(f"#plain-{slot} .label-wrap").click()
-    return box.input_value()
-
-
 def test_fixed_k_against_a_stop_rule_asks_for_the_rule_at_its_box(page):
     page.get_by_role("tab", name="Comparison").click()
     page.locator("#cmp-mode").get_by_text("fixed k vs a stop rule").click()
@@ -401,6 +348,29 @@ def test_fixed_k_against_a_stop_rule_asks_for_the_rule_at_its_box(page):
     expect(page.locator("#cmp-draft-stop").get_by_text("needs a rule")).to_be_visible(timeout=10_000)
     assert error_states(page) == 0
     page.locator("#cmp-mode").get_by_text("two drafters").click()   # the page is shared: as the next test finds it
+
+
+def test_a_message_at_a_control_in_closed_settings_opens_them_once(page):
+    """The validator's message for a control inside the closed Settings panel opens the panel to it; a visitor
+    who closes the panel again finds it closed until the next press of Run."""
+    page.get_by_role("tab", name="Playground").click()
+    settings, rule = page.locator("#pg-settings > .label-wrap"), page.locator("#pg-draft-stop input")
+    set_setting(page, "pg-draft-stop", "bogus<1")
+    settings.click()
+    expect(rule).to_be_hidden()
+    page.locator("#run").click()
+    message = page.locator("#pg-draft-stop div.validation-error")
+    expect(message).to_contain_text("unknown signal 'bogus'", timeout=10_000)
+    expect(message).to_be_visible()
+    assert error_states(page) == 0
+    settings.click()
+    page.wait_for_timeout(1000)
+    expect(rule).to_be_hidden()
+    page.locator("#run").click()
+    expect(message).to_be_visible(timeout=10_000)
+    set_setting(page, "pg-draft-stop", "")   # the page is shared: as the next test finds it
+    settings.click()
+    expect(rule).to_be_hidden()
 
 
 def test_comparison_tab_streams_both_columns(page, tmp_path):

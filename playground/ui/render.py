@@ -170,9 +170,20 @@ PAGE_JS = """() => {
         const shown = document.querySelector('#inspector .inspector-head')?.dataset.step;
         document.querySelectorAll('#answer .step').forEach((s) => s.classList.toggle('chosen', s.dataset.step === shown));
     };
+    // a message the validator puts at a control in a closed panel is opened to, once per press of a button:
+    // closing the panel again leaves it closed
+    let shownAfterPress = new WeakSet();
+    const openToMessages = () => document.querySelectorAll('div.validation-error').forEach((message) => {
+        const panel = message.closest('.gr-accordion');
+        if (!message.textContent.trim() || !panel || message.checkVisibility() || shownAfterPress.has(message)) return;
+        shownAfterPress.add(message);
+        panel.querySelector(':scope > .label-wrap')?.click();
+        setTimeout(() => message.scrollIntoView({block: 'center', behavior: 'smooth'}), 100);
+    });
     let streaming = false;
     new MutationObserver(() => {
         outline();
+        openToMessages();
         const cursor = document.querySelector('.answer .cursor');
         streaming = streaming && !!cursor;
         if (!cursor) return;
@@ -182,6 +193,7 @@ PAGE_JS = """() => {
         streaming = true;
     }).observe(document.body, {childList: true, subtree: true});
     document.addEventListener('click', (e) => {
+        if (e.target.closest('button') && !e.target.closest('.label-wrap')) shownAfterPress = new WeakSet();
         if (e.target.closest('[role=tab]')) {
             setTimeout(() => window.dispatchEvent(new Event('resize')), 60);
             return;

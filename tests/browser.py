@@ -1,0 +1,77 @@
+"""Playwright driving Debian's headless Chromium, and what the browser tests read from the page."""
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+VIEWPORTS = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, "height": 844}}
+
+
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is not installed: scripts/test.sh installs it with apt-get (package chromium)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def open_page(browser, app_url: str, device: str) -> Page:
+    page = browser.new_page(viewport=VIEWPORTS[device], is_mobile=device == "phone", has_touch=device == "phone")
+    page.goto(app_url)
+    expect(page.locator("#run")).to_be_visible(timeout=60_000)
+    return page
+
+
+def set_setting(page: Page, control_id: str, value: str, box: str = "input") -> None:
+    """Type into a settings control's `box`, opening the settings panel it sits in when it is closed.
+    A panel that has just opened may draw its controls once more, with their values as they were:
+    what was typed is checked, and typed again if it was dropped."""
+    field = page.locator(f"#{control_id} {box}")
+    if not field.is_visible():
+        prefix = control_id.split("-")[0]
+        page.locator(f"#{prefix}-settings > .label-wrap").click()
+        expect(field).to_be_visible()
+    before = field.input_value()
+    for _ in range(3):
+        field.fill(value)
+        field.press("Enter")
+        page.wait_for_timeout(300)
+        if field.input_value() != before or value == before:   # a number box may take its slider's limit instead
+            return
+    raise AssertionError(f"#{control_id} kept {field.input_value()!r} after {value!r} was typed three times")
+
+
+def set_number(page: Page, slider_id: str, value: int) -> None:
+    set_setting(page, slider_id, str(value), "input[type=number]")
+
+
+def screenshot(page: Page, tmp_path: Path, name: str) -> None:
+    """Full-page PNG into tmp_path, or into $PLAYGROUND_SCREENSHOTS (the README's images come from there)."""
+    shot = Path(os.environ.get("PLAYGROUND_SCREENSHOTS", tmp_path)) / name
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+
+
+def error_states(page: Page) -> int:
+    """Outputs shown in Gradio's error state (its status tracker's red mark), plotly's SVG aside. An event run
+    with show_progress="hidden" keeps the mark in the page, transparent."""
+    return page.evaluate("() => [...document.querySelectorAll('.error')]"
+                         ".filter(e => !(e instanceof SVGElement) && e.checkVisibility({opacityProperty: true})).length")
+
+
+def column_text(page: Page, slot: str) -> str:
+    """A Comparison column's answer as plain text, from its panel (opened if closed)."""
+    box = page.locator(f"#text-{slot} textarea")
+    if not box.count():
+        page.locator(f"#plain-{slot} .label-wrap").click()
+    return box.input_value()
