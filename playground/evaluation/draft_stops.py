@@ -21,7 +21,6 @@ k=5's, token for token. `--draft-stop RULE` measures that rule and skips the cho
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -36,6 +35,7 @@ from playground.evaluation.prompt_files import read_prompt_file
 from playground.evaluation.prompt_sets import EVAL_KINDS, suite
 from playground.evaluation.rejection import SAMPLE
 from playground.evaluation.runner import Method, PromptResult
+from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31
 
 LONGEST = 10
@@ -160,9 +160,7 @@ COLUMNS = (("prompts", lambda r: f"{r['set']} ({r['prompts']})"), ("drafter", la
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(name for name, _ in COLUMNS) + " |", "|---|---|---|" + "---:|" * (len(COLUMNS) - 3)]
-    lines += ["| " + " | ".join(str(cell(r)) for _, cell in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table([name for name, _ in COLUMNS], ([cell(r) for _, cell in COLUMNS] for r in rows))
 
 
 def markdown(result: dict) -> str:
@@ -177,7 +175,4 @@ def run(config: DraftStopConfig, out: Path) -> tuple[dict, list[Path]]:
     """Measure on the embedded engine; write results.json and results.md to `out`."""
     out.mkdir(parents=True, exist_ok=True)
     result = {**measure(ReferenceEngine.load(), config, out), "machine": machine()}
-    paths = [out / "results.md", out / "results.json"]
-    paths[0].write_text(markdown(result))
-    paths[1].write_text(json.dumps(result, indent=1))
-    return result, paths
+    return result, write_results(out, result, markdown(result))

@@ -40,6 +40,7 @@ from playground.evaluation.prompt_sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT
                                                HELDOUT_SYSTEMS, KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
                                                documents_prompt, report_prompt)
 from playground.evaluation.runner import Method
+from playground.evaluation.tables import markdown_table
 from playground.model.variants import NONE, run_name
 
 
@@ -131,16 +132,13 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
 
 
 def format_rows(rows: list[EvalRow]) -> str:
-    lines = ["| kind | drafter | prompts | min prompt tokens | tau | tau 95% CI | acceptance by depth "
-             "| sink attention by depth | fed-back RMS by depth | draftable |",
-             "|---|---|---:|---:|---:|---|---|---|---|---:|"]
+    head = ["kind", "drafter", "prompts", "min prompt tokens", "tau", "tau 95% CI", "acceptance by depth",
+            "sink attention by depth", "fed-back RMS by depth", "draftable"]
     fmt = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
-    for r in rows:
-        p = r.pooled
-        lines.append(f"| {r.kind} | {r.label} | {p.runs} | {p.min_prompt_tokens} | {p.mean_acceptance_length:.2f} | "
-                     f"{'{:.2f}-{:.2f}'.format(*r.tau_interval())} | {fmt(p.acceptance)} | "
-                     f"{fmt(p.sink_attention, '{:.3f}')} | {fmt(p.hidden_norm)} | {r.draftable:.3f} |")
-    return "\n".join(lines)
+    return markdown_table(head, ([r.kind, r.label, r.pooled.runs, r.pooled.min_prompt_tokens,
+                                  f"{r.pooled.mean_acceptance_length:.2f}", "{:.2f}-{:.2f}".format(*r.tau_interval()),
+                                  fmt(r.pooled.acceptance), fmt(r.pooled.sink_attention, "{:.3f}"),
+                                  fmt(r.pooled.hidden_norm), f"{r.draftable:.3f}"] for r in rows))
 
 
 def tau_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float]]:
@@ -166,9 +164,9 @@ def format_ratios(rows: list[EvalRow]) -> str:
     ratios = tau_ratios(rows)
     if not ratios:
         return ""
-    lines = ["| kind | tau ratio | value | 95% CI |", "|---|---|---:|---|"]
-    lines += [f"| {kind} | {a} / {b} | {value:.2f} | {lo:.2f}-{hi:.2f} |" for kind, a, b, value, (lo, hi) in ratios]
-    return "\n".join(lines)
+    return markdown_table(["kind", "tau ratio", "value", "95% CI"],
+                          ([kind, f"{a} / {b}", f"{value:.2f}", f"{lo:.2f}-{hi:.2f}"]
+                           for kind, a, b, value, (lo, hi) in ratios))
 
 
 def write_figures(rows: list[EvalRow], path: Path) -> None:

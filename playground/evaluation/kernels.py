@@ -20,6 +20,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.evaluation import ceiling, llama_cpp
 from playground.evaluation.prompt_sets import CHAT, CODING
+from playground.evaluation.tables import markdown_table
 from playground.model import kernels
 from playground.model.variants import EAGLE3, NONE
 
@@ -105,25 +106,20 @@ def table(result: Result) -> str:
     plain = {row.system: row.tokens_per_s for row in rows if row.drafter == NONE}
     pytorch = {row.drafter: row.tokens_per_s for row in rows if row.system == "pytorch"}
     llama = {row.drafter: row.tokens_per_s for row in rows if row.system == "llama.cpp"}
-    lines = ["| system | method | decode tok/s | tau | draft ms/step | verify ms/step | vs none, same system | "
-             "vs PyTorch's kernels | vs llama.cpp none | vs llama.cpp eagle3 |", "|---|---|" + "---:|" * 8]
-
-    def ratio(value: float, base: float | None) -> str:
-        return f"{value / base:.2f}x" if base else "-"
-
-    for row in rows:
-        lines.append(f"| {row.system} | {row.drafter} | {row.tokens_per_s:.1f} | {row.tau:.2f} | "
-                     f"{_ms(row.draft_ms)} | {_ms(row.verify_ms)} | "
-                     f"{ratio(row.tokens_per_s, plain.get(row.system))} | "
-                     f"{ratio(row.tokens_per_s, pytorch.get(row.drafter))} | "
-                     f"{ratio(row.tokens_per_s, llama.get(NONE))} | {ratio(row.tokens_per_s, llama.get(EAGLE3))} |")
+    ratio = lambda value, base: f"{value / base:.2f}x" if base else "-"
+    head = ["system", "method", "decode tok/s", "tau", "draft ms/step", "verify ms/step", "vs none, same system",
+            "vs PyTorch's kernels", "vs llama.cpp none", "vs llama.cpp eagle3"]
+    lines = [markdown_table(head, ([row.system, row.drafter, f"{row.tokens_per_s:.1f}", f"{row.tau:.2f}",
+                                    _ms(row.draft_ms), _ms(row.verify_ms), ratio(row.tokens_per_s, plain.get(row.system)),
+                                    ratio(row.tokens_per_s, pytorch.get(row.drafter)),
+                                    ratio(row.tokens_per_s, llama.get(NONE)), ratio(row.tokens_per_s, llama.get(EAGLE3))]
+                                   for row in rows))]
     roof = result.roof
-    lines += ["", "| target forward | " + " | ".join(f"{t} token{'s' * (t > 1)}" for t in roof.floor_ms) + " |",
-              "|---|" + "---:|" * len(roof.floor_ms)]
-    for name, measured in result.forward_ms.items():
-        lines.append(f"| {name} kernels, ms | " + " | ".join(f"{measured[t]:.1f}" for t in roof.floor_ms) + " |")
-    lines.append(f"| roofline floor, ms ({roof.bandwidth_gb_s:.1f} GB/s, {roof.matmul_gflop_s:.0f} GFLOP/s) | "
-                 + " | ".join(f"{roof.floor_ms[t]:.1f}" for t in roof.floor_ms) + " |")
+    forward = [[f"{name} kernels, ms", *(f"{measured[t]:.1f}" for t in roof.floor_ms)]
+               for name, measured in result.forward_ms.items()]
+    forward.append([f"roofline floor, ms ({roof.bandwidth_gb_s:.1f} GB/s, {roof.matmul_gflop_s:.0f} GFLOP/s)",
+                    *(f"{roof.floor_ms[t]:.1f}" for t in roof.floor_ms)])
+    lines += ["", markdown_table(["target forward", *(f"{t} token{'s' * (t > 1)}" for t in roof.floor_ms)], forward)]
     lines += ["", f"our engines emitted the same tokens in every run: {'yes' if result.same_tokens else 'NO'}"]
     if result.llama_same[1]:
         lines.append(f"llama.cpp's tokens equal ours in {result.llama_same[0]} of {result.llama_same[1]} runs")

@@ -49,6 +49,7 @@ from playground.engines.vllm.probe import FIELD, PREFIX
 from playground.evaluation.memory import rss_mib
 from playground.evaluation.prompt_sets import suite
 from playground.evaluation.vllm_load import EVERYDAY
+from playground.evaluation.tables import markdown_table
 from playground.local_server import ServerProcess, pick_port
 from playground.model.variants import EAGLE31
 
@@ -344,15 +345,14 @@ class _PeakRSS:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| concurrency | server | output tokens/s (median) | rounds |", "|---|---|---|---|"]
-    lines += [f"| {r['concurrency']} | {r['lane']} | {r['tokens_per_s']:.1f} | {', '.join(map(str, r['rounds']))} |"
-              for r in rows if "concurrency" in r]
-    lines += ["", "| prompt tokens | server | decode ms per verify step (median) | rounds | the probe's own ms per "
-                  "recorded step (median) |", "|---|---|---|---|---|"]
-    for r in (r for r in rows if "context" in r):
-        probe_ms = f"{r['probe_ms']:.1f}" if "probe_ms" in r else ""
-        lines.append(f"| {r['context']} | {r['lane']} | {r['ms_per_step']:.1f} | {', '.join(map(str, r['rounds']))} | "
-                     f"{probe_ms} |")
+    rounds = lambda r, key="rounds": ", ".join(map(str, r.get(key, [])))
+    lines = [markdown_table(["concurrency", "server", "output tokens/s (median)", "rounds"],
+                            ([r["concurrency"], r["lane"], f"{r['tokens_per_s']:.1f}", rounds(r)]
+                             for r in rows if "concurrency" in r))]
+    lines += ["", markdown_table(["prompt tokens", "server", "decode ms per verify step (median)", "rounds",
+                                  "the probe's own ms per recorded step (median)"],
+                                 ([r["context"], r["lane"], f"{r['ms_per_step']:.1f}", rounds(r),
+                                   f"{r['probe_ms']:.1f}" if "probe_ms" in r else ""] for r in rows if "context" in r))]
     trip = next(r["status_round_trip_ms"] for r in rows if "status_round_trip_ms" in r)
     lines += ["", f"probe status route round trip, idle server: {trip:.2f} ms"]
     floods = [r for r in rows if "flood" in r]
@@ -360,21 +360,22 @@ def markdown(rows: list[dict]) -> str:
         quiet = floods[0]["tokens_per_s"]
         change = lambda r, name: (f"{r[f'change_vs_{name}']:+.1%} ({r[f'change_vs_{name}_ci'][0]:+.1%} to "
                                   f"{r[f'change_vs_{name}_ci'][1]:+.1%})" if f"change_vs_{name}" in r else "")
-        lines += ["", f"| 4 unrecorded streams, {FLOOD_CLIENTS} clients calling | output tokens/s (median) | "
-                      "vs quiet (median) | vs quiet, paired mean (95% CI over rounds) | vs 500 calls of /v1/models, "
-                      "paired mean | rounds | calls made per round |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['flood']} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / quiet - 1:+.1%} | "
-                  f"{change(r, 'quiet')} | {change(r, 'models')} | "
-                  f"{', '.join(map(str, r['rounds']))} | {', '.join(map(str, r.get('calls', [])))} |" for r in floods]
+        lines += ["", markdown_table([f"4 unrecorded streams, {FLOOD_CLIENTS} clients calling",
+                                      "output tokens/s (median)", "vs quiet (median)",
+                                      "vs quiet, paired mean (95% CI over rounds)",
+                                      "vs 500 calls of /v1/models, paired mean", "rounds", "calls made per round"],
+                                     ([r["flood"], f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / quiet - 1:+.1%}",
+                                       change(r, "quiet"), change(r, "models"), rounds(r), rounds(r, "calls")]
+                                      for r in floods))]
+    lanes = ("not recording", "recording")
     for r in (r for r in rows if "load" in r):
         lines += ["", f"{r['load']} requests at once, {r['prompt_tokens']} prompt tokens each; probe limits "
                       f"{json.dumps(r['limits'])}", "",
-                  "| requests | served | worker RSS at start, MiB | peak, MiB | probe key copies at most, MiB | "
-                  "recorded at once at most |", "|---|---|---|---|---|---|"]
-        lines += [f"| {lane} | {r[lane]['served']} | {r[lane]['start_rss_mib']} | {r[lane]['peak_rss_mib']} | "
-                  f"{r[lane]['probe_key_copy_mib']} | {r[lane]['probe_recording_at_once']} |"
-                  for lane in ("not recording", "recording")]
-        failures = [f for lane in ("not recording", "recording") for f in r[lane]["status_failures"]]
+                  markdown_table(["requests", "served", "worker RSS at start, MiB", "peak, MiB",
+                                  "probe key copies at most, MiB", "recorded at once at most"],
+                                 ([lane, r[lane]["served"], r[lane]["start_rss_mib"], r[lane]["peak_rss_mib"],
+                                   r[lane]["probe_key_copy_mib"], r[lane]["probe_recording_at_once"]] for lane in lanes))]
+        failures = [f for lane in lanes for f in r[lane]["status_failures"]]
         lines += [f"\nthe probe's status failed {len(failures)} times meanwhile: {failures[0]}"] if failures else []
         lines += ["", f"requests recorded: {r['requests_recorded']}, of them under the key that half of the requests "
                       f"sent: {r['shared_key_requests_recorded']}; server healthy after: {r['healthy_after']}"]

@@ -14,6 +14,7 @@ from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.evaluation.prompt_sets import CODING
+from playground.evaluation.tables import markdown_table
 
 REGIONS = ("draft", "verify", "event")
 
@@ -26,11 +27,10 @@ def profile_run(engine: ReferenceEngine, request: GenerationRequest, top: int = 
     averages = {a.key: a for a in prof.key_averages()}
     wall_ms = s.elapsed_s * 1e3 - s.time_to_first_token_s * 1e3
     lines = [f"{request.drafter}, k={request.k}: {s.tokens} tokens in {s.steps} verify steps, tau "
-             f"{s.mean_acceptance_length:.2f}, decode {wall_ms / max(1, s.steps):.1f} ms per step (profiled)", "",
-             "| region | ms per step | share of decode |", "|---|---:|---:|"]
-    for region in REGIONS:
-        ms = averages[region].cpu_time_total / 1e3 if region in averages else 0.0
-        lines.append(f"| {region} | {ms / max(1, s.steps):.2f} | {ms / wall_ms:.0%} |")
+             f"{s.mean_acceptance_length:.2f}, decode {wall_ms / max(1, s.steps):.1f} ms per step (profiled)", ""]
+    ms = {region: averages[region].cpu_time_total / 1e3 if region in averages else 0.0 for region in REGIONS}
+    lines.append(markdown_table(["region", "ms per step", "share of decode"],
+                                ([r, f"{t / max(1, s.steps):.2f}", f"{t / wall_ms:.0%}"] for r, t in ms.items())))
     lines += ["", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)]
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_files import PromptFile, UserPrompt
 from playground.evaluation.prompt_study import StudyConfig
 from playground.evaluation.runner import PromptResult
+from playground.evaluation.tables import markdown_table
 from playground.model.variants import NONE
 from playground.plots import label
 
@@ -222,8 +223,7 @@ def summary_line(res: dict) -> str:
 def markdown(res: dict) -> str:
     lines = [summary_line(res)]
     for title, head, rows in tables(res):
-        lines += ["", f"{title}:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+        lines += ["", f"{title}:", "", markdown_table(head, rows)]
     return "\n".join(lines)
 
 

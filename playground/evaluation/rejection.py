@@ -20,7 +20,6 @@ on (prompts in five folds), and the paired difference of their AUCs.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -38,6 +37,7 @@ from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_files import read_prompt_file
 from playground.evaluation.prompt_sets import EVAL_KINDS
 from playground.evaluation.runner import Method, PromptResult
+from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
 
 SIGNALS = {"probability": "draft probability", **drift_signals.SIGNALS}
@@ -227,33 +227,32 @@ def markdown(report: dict) -> str:
              f"{config['k']}, greedy, up to {config['max_tokens']} tokens; {described(report['machine'])}", "",
              "AUC: the chance that an accepted draft's value is higher than a rejected draft's at the same depth "
              "(95% bootstrap interval over prompts); 0.5 says nothing, below 0.5 higher values go with rejection.",
-             "", "| drafter | depth | verified (accepted / rejected) | " + " | ".join(SIGNALS.values())
-             + " | no information (verdicts shuffled) |", "|---|---:|---|" + "---:|" * (len(SIGNALS) + 1)]
+             ""]
+    by_depth = []
     for drafter, part in report["drafters"].items():
         for depth in range(1, config["k"] + 1):
             rows = {r["signal"]: r for r in part["by_depth"] if r["depth"] == depth}
             if not rows:
                 continue
-            first = next(iter(rows.values()))
-            cells = [f"{rows[s]['auc']:.2f} ({_ci(rows[s]['auc_ci'])})" if s in rows else "–" for s in SIGNALS]
-            control = rows.get("probability")
-            shuffled = _ci(control["null_band"]) if control else "–"
-            lines.append(f"| {DRAFTER_LABELS.get(drafter, drafter)} | {depth} | {first['accepted']} / "
-                         f"{first['rejected']} | " + " | ".join(cells) + f" | {shuffled} |")
-    lines += ["", "Acceptance rate by quartile of each signal within its depth (lowest quartile first), all depths:",
-              "", "| drafter | " + " | ".join(SIGNALS.values()) + " |", "|---|" + "---|" * len(SIGNALS)]
-    for drafter, part in report["drafters"].items():
-        cells = [" ".join(f"{v:.2f}" for v in quartiles_pooled(part["by_depth"], name)) or "–" for name in SIGNALS]
-        lines.append(f"| {DRAFTER_LABELS.get(drafter, drafter)} | " + " | ".join(cells) + " |")
+            first, control = next(iter(rows.values())), rows.get("probability")
+            by_depth.append([DRAFTER_LABELS.get(drafter, drafter), depth, f"{first['accepted']} / {first['rejected']}",
+                             *(f"{rows[s]['auc']:.2f} ({_ci(rows[s]['auc_ci'])})" if s in rows else "–"
+                               for s in SIGNALS), _ci(control["null_band"]) if control else "–"])
+    lines.append(markdown_table(["drafter", "depth", "verified (accepted / rejected)", *SIGNALS.values(),
+                                 "no information (verdicts shuffled)"], by_depth))
+    lines += ["", "Acceptance rate by quartile of each signal within its depth (lowest quartile first), all depths:", "",
+              markdown_table(["drafter", *SIGNALS.values()],
+                             ([DRAFTER_LABELS.get(drafter, drafter),
+                               *(" ".join(f"{v:.2f}" for v in quartiles_pooled(part["by_depth"], name)) or "–"
+                                 for name in SIGNALS)] for drafter, part in report["drafters"].items()))]
+    added = [(DRAFTER_LABELS.get(drafter, drafter), part["added_value"]) for drafter, part in report["drafters"].items()]
     lines += ["", "Does attention add to the probability? Logistic models scored on prompts they were not fitted on "
               "(AUC over all verified drafts, depth in both models):", "",
-              "| drafter | probability and depth | + sink, own-draft attention and RMS | gain |", "|---|---:|---:|---:|"]
-    for drafter, part in report["drafters"].items():
-        a = part["added_value"]
-        lines.append(f"| {DRAFTER_LABELS.get(drafter, drafter)} | {a['probability_auc']:.3f} "
-                     f"({_ci(a['probability_auc_ci'])}) | {a['with_attention_auc']:.3f} "
-                     f"({_ci(a['with_attention_auc_ci'])}) | {a['gain']:+.3f} ({a['gain_ci'][0]:+.3f} to "
-                     f"{a['gain_ci'][1]:+.3f}) |")
+              markdown_table(["drafter", "probability and depth", "+ sink, own-draft attention and RMS", "gain"],
+                             ([name, f"{a['probability_auc']:.3f} ({_ci(a['probability_auc_ci'])})",
+                               f"{a['with_attention_auc']:.3f} ({_ci(a['with_attention_auc_ci'])})",
+                               f"{a['gain']:+.3f} ({a['gain_ci'][0]:+.3f} to {a['gain_ci'][1]:+.3f})"]
+                              for name, a in added))]
     return "\n".join(lines) + "\n"
 
 
@@ -320,7 +319,4 @@ def run(config: RejectionConfig, out: Path) -> tuple[dict, list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     results = collect(config, out / "progress.pkl")
     report = {**analyse(results, config), "machine": machine()}
-    paths = [out / "results.md", out / "results.json"]
-    paths[0].write_text(markdown(report))
-    paths[1].write_text(json.dumps(report, indent=1))
-    return report, paths
+    return report, write_results(out, report, markdown(report))

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from playground.evaluation import drift_signals
 from playground.evaluation.machine import described
+from playground.evaluation.tables import markdown_table, write_results
 from playground.evaluation.trees import chain_vs_tree_table
 from playground.model.variants import NONE
 from playground.plots import color, html_page, label
@@ -30,10 +31,7 @@ def markdown(res: dict) -> str:
         head += [f"{label(d)} tau", f"{label(d)} tok/s", f"{label(d)} vs none", f"{label(d)} vs generate"]
     if len(drafters) == 2:
         head.append(f"tau {label(drafters[1])} / {label(drafters[0])}")
-    lines = [f"k={c['k']}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}; "
-             f"{described(res['machine'])}",
-             "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    by = {(r["category"], r["method"]): r for r in res["rows"]}
+    by, rows = {(r["category"], r["method"]): r for r in res["rows"]}, []
     for category in dict.fromkeys(r["category"] for r in res["rows"]):
         none = by[(category, NONE)]
         gen = none["generate_tokens_per_s"]
@@ -46,42 +44,41 @@ def markdown(res: dict) -> str:
         if len(drafters) == 2:
             a, b = by[(category, drafters[0])], by[(category, drafters[1])]
             cells.append(f"{b['mean_acceptance_length'] / a['mean_acceptance_length']:.2f}")
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = [f"k={c['k']}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}; "
+             f"{described(res['machine'])}", "", markdown_table(head, rows)]
 
     lines += ["", "Acceptance by depth (unconditional), drafter sink attention and fed-back RMS by depth:", "",
-              "| category | drafter | acceptance | sink attention | fed-back RMS |", "|---|---|---|---|---|"]
-    for r in res["rows"]:
-        if r["method"] != NONE:
-            lines.append(f"| {r['category']} | {label(r['method'])} | {_fmt(r['acceptance'])} | "
-                         f"{_fmt(r['sink_attention'], '{:.3f}')} | {_fmt(r['hidden_norm'])} |")
+              markdown_table(["category", "drafter", "acceptance", "sink attention", "fed-back RMS"],
+                             ([r["category"], label(r["method"]), _fmt(r["acceptance"]),
+                               _fmt(r["sink_attention"], "{:.3f}"), _fmt(r["hidden_norm"])]
+                              for r in res["rows"] if r["method"] != NONE))]
 
     if res.get("signals"):   # every category pooled
         title, head, rows = drift_signals.table(res["signals"])
-        lines += ["", f"{title}, all categories:", "", "| " + " | ".join(head) + " |",
-                  "|---|---:|" + "---:|" * (len(head) - 2)]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines += ["", f"{title}, all categories:", "", markdown_table(head, rows)]
 
     if res["sweep"]:
         lines += ["", f"k sweep, {label(c['sweep_drafter'])} on {', '.join(c['sweep_categories'])}:", "",
-                  "| k | tau | tok/s | vs none | vs generate | draft ms/step | verify ms/step | other ms/step |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for s in res["sweep"]:
-            lines.append(f"| {s['k']} | {s['mean_acceptance_length']:.2f} | {s['tokens_per_s']:.1f} | "
-                         f"{_x(s['speedup_vs_none'])} | {_x(s['vs_generate'])} | {s['draft_ms']:.1f} | "
-                         f"{s['verify_ms']:.1f} | {s['other_ms']:.1f} |")
+                  markdown_table(["k", "tau", "tok/s", "vs none", "vs generate", "draft ms/step", "verify ms/step",
+                                  "other ms/step"],
+                                 ([s["k"], f"{s['mean_acceptance_length']:.2f}", f"{s['tokens_per_s']:.1f}",
+                                   _x(s["speedup_vs_none"]), _x(s["vs_generate"]), f"{s['draft_ms']:.1f}",
+                                   f"{s['verify_ms']:.1f}", f"{s['other_ms']:.1f}"] for s in res["sweep"]))]
 
     if res.get("trees"):
         lines += ["", f"Chain (k={c['k']}) against a draft tree ({c['tree']['top_k']}/{c['tree']['depth']}/"
                       f"{c['tree']['nodes']}: top-k/depth/nodes) for each drafter; the target verifies k+1 tokens "
                       f"a step for the chain, nodes+1 for the tree:", "", chain_vs_tree_table(res["trees"])]
 
-    lines += ["", "Time per verify step (ms), pooled over all categories:", "",
-              "| method | draft | verify | other (sampling, bookkeeping, events) |", "|---|---:|---:|---:|"]
-    for method in (NONE, *drafters):
+    def per_step(method: str, key: str) -> str:
         rows = [r for r in res["rows"] if r["method"] == method]
-        n = sum(r["steps"] for r in rows)
-        avg = lambda key: sum(r[key] * r["steps"] for r in rows) / max(1, n)
-        lines.append(f"| {label(method)} | {avg('draft_ms'):.1f} | {avg('verify_ms'):.1f} | {avg('other_ms'):.1f} |")
+        return f"{sum(r[key] * r['steps'] for r in rows) / max(1, sum(r['steps'] for r in rows)):.1f}"
+
+    lines += ["", "Time per verify step (ms), pooled over all categories:", "",
+              markdown_table(["method", "draft", "verify", "other (sampling, bookkeeping, events)"],
+                             ([label(m), *(per_step(m, key) for key in ("draft_ms", "verify_ms", "other_ms"))]
+                              for m in (NONE, *drafters)))]
 
     if res["ceiling"]:
         ce = res["ceiling"]
@@ -90,11 +87,10 @@ def markdown(res: dict) -> str:
                       + ", ".join(f"{t} token(s) {ms:.1f} ms" for t, ms in ce["floor_ms"].items())
                       + "; measured " + ", ".join(f"{t} token(s) {ms:.1f} ms" for t, ms in ce["measured_ms"].items())
                       + f". Plain decoding ceiling {ce['tokens_per_s']:.1f} tok/s.", ""]
-        lines += ["| category | drafter | tok/s | tau x ceiling | fraction |", "|---|---|---:|---:|---:|"]
-        for r in res["rows"]:
-            bound = r["mean_acceptance_length"] * ce["tokens_per_s"]
-            lines.append(f"| {r['category']} | {label(r['method'])} | {r['tokens_per_s']:.1f} | {bound:.1f} | "
-                         f"{r['tokens_per_s'] / bound:.2f} |")
+        bound = lambda r: r["mean_acceptance_length"] * ce["tokens_per_s"]
+        lines.append(markdown_table(["category", "drafter", "tok/s", "tau x ceiling", "fraction"],
+                                    ([r["category"], label(r["method"]), f"{r['tokens_per_s']:.1f}", f"{bound(r):.1f}",
+                                      f"{r['tokens_per_s'] / bound(r):.2f}"] for r in res["rows"])))
 
     if res.get("concurrency"):
         from playground.evaluation.vllm_load import markdown as load_markdown
@@ -144,9 +140,6 @@ def charts(res: dict) -> list[go.Figure]:
 
 
 def write(res: dict, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.md", out / "results.json", out / "charts.html"]
-    paths[0].write_text(markdown(res))
-    paths[1].write_text(json.dumps(res, indent=1))
+    paths = [*write_results(out, res, markdown(res)), out / "charts.html"]
     html_page(charts(res), "EAGLE playground benchmark", paths[2])
     return paths

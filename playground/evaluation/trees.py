@@ -11,7 +11,6 @@ and in the prompt suite's report.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_sets import EVAL_KINDS
 from playground.evaluation.runner import Method
+from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31, SEPARATOR
 
 SHAPES = (TreeShape(2, 4, 8), TreeShape(3, 5, 12), TreeShape(4, 5, 16), TreeShape(4, 6, 24), TreeShape(6, 6, 32),
@@ -57,15 +57,13 @@ def chain_vs_tree_row(category: str, drafter: str, method: str, tree: TreeShape 
 def chain_vs_tree_table(rows: list[dict]) -> str:
     """The markdown table of chain_vs_tree_row rows: each method beside its drafter's chain (a run
     named "<drafter> · <how>" shows as its how)."""
-    lines = ["| category | drafter | method (tree: top-k/depth/nodes) | chain tau | tau | chain tok/s | tok/s | "
-             "vs chain | chain draft ms/step | draft ms/step | chain verify ms/step | verify ms/step |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['category']} | {r['drafter']} | {r['method'].partition(SEPARATOR)[2] or r['method']} | "
-              f"{r['chain_tau']:.2f} | {r['mean_acceptance_length']:.2f} | "
-              f"{r['chain_tokens_per_s']:.1f} | {r['tokens_per_s']:.1f} | {r['speedup_vs_chain']:.2f}x | "
-              f"{r['chain_draft_ms']:.1f} | {r['draft_ms']:.1f} | {r['chain_verify_ms']:.1f} | {r['verify_ms']:.1f} |"
-              for r in rows]
-    return "\n".join(lines)
+    head = ["category", "drafter", "method (tree: top-k/depth/nodes)", "chain tau", "tau", "chain tok/s", "tok/s",
+            "vs chain", "chain draft ms/step", "draft ms/step", "chain verify ms/step", "verify ms/step"]
+    return markdown_table(head, ([r["category"], r["drafter"], r["method"].partition(SEPARATOR)[2] or r["method"],
+                                  f"{r['chain_tau']:.2f}", f"{r['mean_acceptance_length']:.2f}",
+                                  f"{r['chain_tokens_per_s']:.1f}", f"{r['tokens_per_s']:.1f}",
+                                  f"{r['speedup_vs_chain']:.2f}x", f"{r['chain_draft_ms']:.1f}", f"{r['draft_ms']:.1f}",
+                                  f"{r['chain_verify_ms']:.1f}", f"{r['verify_ms']:.1f}"] for r in rows))
 
 
 def label(shape: TreeShape | None, k: int) -> str:
@@ -107,8 +105,4 @@ def markdown(result: dict) -> str:
 def run(config: TreeBenchConfig, out: Path) -> tuple[dict, list[Path]]:
     """Measure on the embedded engine; write results.json and results.md to `out`."""
     result = {**measure(ReferenceEngine.load(), config), "machine": machine()}
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.md", out / "results.json"]
-    paths[0].write_text(markdown(result))
-    paths[1].write_text(json.dumps(result, indent=1))
-    return result, paths
+    return result, write_results(out, result, markdown(result))

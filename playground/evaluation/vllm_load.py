@@ -22,6 +22,7 @@ from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import VLLMEngine
 from playground.evaluation.prompt_sets import CHAT, CODING, MATH, WRITING
+from playground.evaluation.tables import markdown_table
 
 EVERYDAY = [p for four in zip(CHAT, CODING, MATH, WRITING) for p in four]   # 16: one of each kind in turn
 
@@ -85,8 +86,7 @@ def throughput(engine: VLLMEngine, config: LoadConfig = LoadConfig()) -> list[di
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| concurrency | drafter | tokens | seconds | output tok/s | per-user tok/s | tau |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['concurrency']} | {r['drafter']} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
-              f"{r['per_user_tokens_per_s']:.1f} | {r['tau']:.2f} |" for r in rows]
-    return "\n".join(lines) + "\n"
+    head = ["concurrency", "drafter", "tokens", "seconds", "output tok/s", "per-user tok/s", "tau"]
+    return markdown_table(head, ([r["concurrency"], r["drafter"], r["tokens"], f"{r['seconds']:.1f}",
+                                  f"{r['tokens_per_s']:.1f}", f"{r['per_user_tokens_per_s']:.1f}", f"{r['tau']:.2f}"]
+                                 for r in rows)) + "\n"

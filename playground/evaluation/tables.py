@@ -1,0 +1,27 @@
+"""What every report writes the same way: its markdown tables, and results.md beside results.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Iterable, Sequence
+
+NUMBER = re.compile(r"[-+]?[\d.,]+\S*( \(.*\))?|–")   # 12.5, 1.41x, 3.8%, 0.91 (0.85-0.97), – (none)
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A markdown table of `rows` under `head`: a column of numbers is right-aligned, a "|" in a cell escaped."""
+    cells = [[str(cell).replace("|", "\\|") for cell in row] for row in rows]
+    align = ["---:" if cells and all(NUMBER.fullmatch(row[i]) for row in cells) else "---" for i in range(len(head))]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|",
+                      *("| " + " | ".join(row) + " |" for row in cells)])
+
+
+def write_results(out: Path, result: dict, markdown: str) -> list[Path]:
+    """results.md and results.json in `out` (made if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.md", out / "results.json"]
+    paths[0].write_text(markdown)
+    paths[1].write_text(json.dumps(result, indent=1))
+    return paths
