@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
     for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
-    backends = {"reference": engine}
+    backends = {}
     if args.backend == "vllm":
         from playground.engines.vllm.backend import StartingBackend, parse_urls, planned_names, vllm_backend
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         backends["vllm"] = StartingBackend(
             lambda status: vllm_backend(engine, args.vllm_url, spec, status=status, api_key=args.vllm_api_key)[0],
             names)
+    backends["reference"] = engine   # after vllm: the page runs on the backend it was started with unless told
     launch(create_ui(backends, limits, watched), args.host, args.port, limits)
 
 

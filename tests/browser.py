@@ -13,6 +13,35 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 VIEWPORTS = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 
+# Words (runs of non-space) of visible table cells that are wider than their cell's content box: a
+# word the table broke across lines or cut off. A table that scrolls sideways keeps its cells wide.
+BROKEN_CELLS_JS = """() => {
+    const ctx = document.createElement('canvas').getContext('2d'), broken = [];
+    for (const cell of document.querySelectorAll('td, th')) {
+        if (!cell.checkVisibility() || !cell.innerText.trim()) continue;
+        const style = getComputedStyle(cell);
+        ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+        const room = cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+        for (const word of cell.innerText.split(/\\s+/).filter(Boolean)) {
+            const width = ctx.measureText(word).width;
+            if (width > room + 1) broken.push(`${word} (${Math.round(width)} px in ${Math.round(room)})`);
+        }
+    }
+    for (const table of document.querySelectorAll('table')) {   // wider than the page: it must scroll
+        if (!table.checkVisibility() || table.getBoundingClientRect().right <= document.documentElement.clientWidth + 1)
+            continue;
+        let box = table;
+        while (box && !['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) box = box.parentElement;
+        if (!box) broken.push(`a table runs off the page: ${table.innerText.slice(0, 40)}`);
+    }
+    return broken;
+}"""
+# Plots narrower or wider than the block they sit in (a plot drawn while its tab was hidden)
+MISFIT_PLOTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.checkVisibility())
+    .map(p => [p.closest('[id]').id, Math.round(p.querySelector('.main-svg').getBoundingClientRect().width),
+               Math.round(p.getBoundingClientRect().width)]).filter(([, svg, box]) => Math.abs(svg - box) > 2)"""
+
+
 @contextmanager
 def chromium() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
@@ -75,3 +104,9 @@ def column_text(page: Page, slot: str) -> str:
     if not box.count():
         page.locator(f"#plain-{slot} .label-wrap").click()
     return box.input_value()
+
+
+def fitted(page: Page) -> None:
+    """Waits until every visible plot fits its block: one drawn while its tab was hidden is redrawn on the tab's
+    resize, a moment after the tab is shown."""
+    page.wait_for_function(f"() => ({MISFIT_PLOTS_JS})().length === 0", timeout=5_000)

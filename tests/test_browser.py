@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, TimeoutError as PlaywrightTimeout, expect
 
-from tests.browser import VIEWPORTS, chromium, column_text, error_states, open_page, screenshot, set_number, set_setting
+from tests.browser import (BROKEN_CELLS_JS, MISFIT_PLOTS_JS, VIEWPORTS, chromium, column_text, error_states,
+                           open_page, screenshot, set_number, set_setting)
 
 pytestmark = pytest.mark.slow   # Chromium against the running app
 
@@ -152,35 +153,6 @@ def test_a_first_visitor_runs_the_prefilled_prompt_and_sees_it_stream_in_the_fir
     if device == "phone":   # the page follows the answer as it grows
         assert seen["cursors"] and max(seen["cursors"]) <= height, f"the streaming answer's end at {seen['cursors']}"
     page.close()
-
-
-# Words (runs of non-space) of visible table cells that are wider than their cell's content box: a
-# word the table broke across lines or cut off. A table that scrolls sideways keeps its cells wide.
-BROKEN_CELLS_JS = """() => {
-    const ctx = document.createElement('canvas').getContext('2d'), broken = [];
-    for (const cell of document.querySelectorAll('td, th')) {
-        if (!cell.checkVisibility() || !cell.innerText.trim()) continue;
-        const style = getComputedStyle(cell);
-        ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
-        const room = cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
-        for (const word of cell.innerText.split(/\\s+/).filter(Boolean)) {
-            const width = ctx.measureText(word).width;
-            if (width > room + 1) broken.push(`${word} (${Math.round(width)} px in ${Math.round(room)})`);
-        }
-    }
-    for (const table of document.querySelectorAll('table')) {   // wider than the page: it must scroll
-        if (!table.checkVisibility() || table.getBoundingClientRect().right <= document.documentElement.clientWidth + 1)
-            continue;
-        let box = table;
-        while (box && !['auto', 'scroll'].includes(getComputedStyle(box).overflowX)) box = box.parentElement;
-        if (!box) broken.push(`a table runs off the page: ${table.innerText.slice(0, 40)}`);
-    }
-    return broken;
-}"""
-# Plots narrower or wider than the block they sit in (a plot drawn while its tab was hidden)
-MISFIT_PLOTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.checkVisibility())
-    .map(p => [p.closest('[id]').id, Math.round(p.querySelector('.main-svg').getBoundingClientRect().width),
-               Math.round(p.getBoundingClientRect().width)]).filter(([, svg, box]) => Math.abs(svg - box) > 2)"""
 
 
 def assert_tab_is_clean(page: Page, tab: str) -> None:

@@ -4,6 +4,7 @@ sample counts and the Comparison tab's table and note, from StepEvents built by 
 import csv
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,15 @@ def test_comparison_table_formats_and_columns():
     assert eagle[TABLE_HEADERS.index("verify ms/step")] == "10.0"
     assert re.fullmatch(r"\d+\.\d", eagle[TABLE_HEADERS.index("decode tokens/s")])
     assert isinstance(eagle[TABLE_HEADERS.index("steps")], int)
+
+
+def test_steps_an_engine_did_not_time_show_no_time():
+    """A vLLM server times neither draft nor verify (both stay 0): the table and the inspector say nothing, not 0 ms."""
+    untimed = [replace(e, draft_ms=0.0, verify_ms=0.0, backend="vllm") for e in steps(4)]
+    row = summary_table({"eagle3.1": summarize(untimed)})[0]
+    assert row[TABLE_HEADERS.index("draft ms/step")] == row[TABLE_HEADERS.index("verify ms/step")] == "–"
+    assert "ms" not in re.search(r'<div class="inspector-head".*?</div>', render.inspector_html(untimed[2])).group()
+    assert "verify 10.0 ms" in render.inspector_html(steps(4)[2])
 
 
 @pytest.mark.parametrize("temperature, other, expected", [

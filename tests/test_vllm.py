@@ -294,40 +294,91 @@ def test_a_prompt_file_runs_on_the_vllm_servers_several_at_once(vllm, engine, tm
     assert pooled["eagle3"]["hidden_norm"][-1] > 3 * pooled["eagle3.1"]["hidden_norm"][-1]
 
 
-def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine):
-    vllm, launched, _, _ = servers
+@pytest.fixture(scope="module")
+def vllm_app(vllm):
+    """The page on the vLLM backend of the module's servers."""
     urls = [f"--vllm-url={s.drafter}={s.url}" for s in vllm.servers.values()]
     app = AppServer("--backend", "vllm", *urls, "--vllm-k", str(K), "--max-tokens", "512")
-    try:
-        client = api_client(app.url)
-        request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=K, max_tokens=32)
-        expected = summarize(list(engine.generate(request))).text
-        out = client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 32, "vllm", api_name="/run")
-        assert out[1] == expected
-        assert "drafts, rejected ones included" in out[0], "the drafter's view comes from the server's probe"
-        assert 'class="tok rej"' in out[0]   # the rejected drafts the probe reported
-        # the Your servers tab watches the app's own servers, whatever a visitor types
-        shown, status, *_ = client.predict("evil=http://169.254.169.254", 60, api_name="/watch")
-        assert shown == "\n".join(f"{s.drafter}={s.url}" for s in vllm.servers.values())
-        assert status.count(">live<") == 2 and status.count(">no speculation<") == 1
+    yield app
+    app.stop()
 
-        # kill the no-speculation server while it streams a long answer
-        victim = launched.processes["none"].process
-        job = client.submit("Tell me a long story about a lighthouse keeper.", "", "model", "none", K, 0, 1, 500,
-                            "vllm", api_name="/run")
-        for _ in itertools.islice(job, 3):
-            pass
-        victim.kill()   # the API server process dies; its engine process is reaped by launched.stop()
-        with pytest.raises(Exception, match="vLLM server"):
-            job.result()
-        time.sleep(EVERY_S / 2)   # a reading younger than that is shared, not taken again
-        status = client.predict("", 60, api_name="/watch")[1]
-        assert status.count(">live<") == 2 and ">unreachable<" in status and "<td>none</td>" in status
-        # the app still serves other requests, on both backends
-        assert client.predict(PROMPTS[0], "", "model", "eagle3", K, 0, 1, 16, "vllm", api_name="/run")[1]
-        assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
-    finally:
-        app.stop()
+
+def test_the_page_shows_the_probes_view_of_a_long_document_and_watches_the_servers_serve_it(vllm_app, tmp_path):
+    """In Chromium, as a visitor: Watch on the Your servers tab, then the Comparison tab's long-document example
+    on the servers (the backend the app was started with), with the attention and RMS the probe reports; back on
+    Your servers, the window holds that traffic (the README's images of both)."""
+    from playwright.sync_api import expect
+
+    from tests.browser import (BROKEN_CELLS_JS, chromium, column_text, error_states, fitted, open_page, screenshot,
+                               set_number)
+
+    with chromium() as browser:
+        page = open_page(browser, vllm_app.url, "desktop")
+        page.get_by_role("tab", name="Your servers").click()
+        page.locator("#watch-start").click()
+        status = page.locator("#watch-status")
+        expect(status).to_contain_text("watching", timeout=30_000)
+        expect(status).to_contain_text("no speculation")
+        expect(page.locator("#watch-tau")).to_contain_text("the window starts with the next")
+
+        page.get_by_role("tab", name="Comparison").click()
+        set_number(page, "cmp-max-tokens", 48)
+        expect(page.locator("#cmp-backend input")).to_have_value("vllm")
+        page.locator("#cmp-settings > .label-wrap").click()   # closed again: the page as a visitor finds it
+        page.locator("#cmp-preset").click()
+        page.get_by_role("option", name="Long document Q&A").click()   # an example runs when picked
+        for slot in ("first", "second", "none"):
+            expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=240_000)
+        texts = [column_text(page, slot) for slot in ("first", "second", "none")]
+        assert texts[0] and texts[0] == texts[1] == texts[2]
+        expect(page.locator("#compare-attention .js-plotly-plot")).to_be_visible(timeout=20_000)
+        expect(page.locator("#compare-norm .js-plotly-plot")).to_be_visible()
+        assert page.locator("#answer-second .tok.rej").count() > 0, "the rejected drafts the probe reported"
+        fitted(page)
+        assert error_states(page) == 0 and page.evaluate(BROKEN_CELLS_JS) == []
+        screenshot(page, tmp_path, "vllm-drift.png")
+
+        page.get_by_role("tab", name="Your servers").click()
+        tau_of = "name => [...document.querySelectorAll('#watch-status tr')].find(r => r.cells[0]?.textContent === name)"
+        page.wait_for_function(f"() => /^\\d\\.\\d\\d$/.test(({tau_of})('eagle3.1')?.cells[2].textContent)",
+                               timeout=4 * EVERY_S * 1000)   # the comparison's drafts, in the window
+        expect(page.locator("#watch-acceptance .js-plotly-plot .bars").first).to_be_visible(timeout=20_000)
+        fitted(page)
+        assert error_states(page) == 0 and page.evaluate(BROKEN_CELLS_JS) == []
+        screenshot(page, tmp_path, "your-servers.png")
+        page.locator("#watch-stop").click()
+        expect(status).to_contain_text("stopped")
+
+
+def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine, vllm_app):
+    vllm, launched, _, _ = servers
+    client = api_client(vllm_app.url)
+    request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=K, max_tokens=32)
+    expected = summarize(list(engine.generate(request))).text
+    out = client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 32, "vllm", api_name="/run")
+    assert out[1] == expected
+    assert "drafts, rejected ones included" in out[0], "the drafter's view comes from the server's probe"
+    assert 'class="tok rej"' in out[0]   # the rejected drafts the probe reported
+    # the Your servers tab watches the app's own servers, whatever a visitor types
+    shown, status, *_ = client.predict("evil=http://169.254.169.254", 60, api_name="/watch")
+    assert shown == "\n".join(f"{s.drafter}={s.url}" for s in vllm.servers.values())
+    assert status.count(">live<") == 2 and status.count(">no speculation<") == 1
+
+    # kill the no-speculation server while it streams a long answer
+    victim = launched.processes["none"].process
+    job = client.submit("Tell me a long story about a lighthouse keeper.", "", "model", "none", K, 0, 1, 500,
+                        "vllm", api_name="/run")
+    for _ in itertools.islice(job, 3):
+        pass
+    victim.kill()   # the API server process dies; its engine process is reaped by launched.stop()
+    with pytest.raises(Exception, match="vLLM server"):
+        job.result()
+    time.sleep(EVERY_S / 2)   # a reading younger than that is shared, not taken again
+    status = client.predict("", 60, api_name="/watch")[1]
+    assert status.count(">live<") == 2 and ">unreachable<" in status and "<td>none</td>" in status
+    # the app still serves other requests, on both backends
+    assert client.predict(PROMPTS[0], "", "model", "eagle3", K, 0, 1, 16, "vllm", api_name="/run")[1]
+    assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
 
 
 @pytest.fixture(scope="module")

@@ -196,7 +196,9 @@ def test_the_page_watches_the_servers_a_visitor_names(app_url, metrics_server, d
     client = api_client(app_url)
     servers = f"canary={metrics_server.url}\ngone=http://127.0.0.1:{dead_port}"
     metrics_server.text = metrics_page(drafts=10, accepted_by_position=(8, 4, 1), generated=40)
-    client.predict(servers, 60, api_name="/watch")
+    _, _, *first = client.predict(servers, 60, api_name="/watch")
+    for plot in map(lambda p: json.loads(p["plot"]), first):   # one reading is no window: each plot says so
+        assert plot["data"] == [] and "the window starts with the next" in plot["layout"]["annotations"][0]["text"]
     time.sleep(EVERY_S / 2)   # readings younger than that are shared, not taken again
     metrics_server.text = metrics_page(drafts=20, accepted_by_position=(15, 9, 3), generated=90)
     shown, status, *plots = client.predict(servers, 60, api_name="/watch")   # the same page: its second reading

@@ -123,14 +123,16 @@ def lane_name(mode: str, request: GenerationRequest, baseline: bool) -> str:
 
 def summary_table(summaries: Mapping[str, RunSummary], baseline: str | None = NONE) -> list[list]:
     """A row per run under TABLE_HEADERS: rates as text in fixed decimals, counts as integers; the
-    times per verify step are means (the prefill excluded); speedups are over the run `baseline`."""
+    times per verify step are means (the prefill excluded), "–" where the engine times no step (a vLLM
+    server); speedups are over the run `baseline`."""
     base = summaries.get(baseline) if baseline else None
     rows = []
     for name, s in summaries.items():
         speedup = f"{s.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s > 0 else "–"
         rows.append([plots.label(name), f"{s.tokens_per_s:.1f}", f"{s.decode_tokens_per_s:.1f}", speedup,
-                     f"{s.mean_acceptance_length:.2f}", f"{s.draft_ms_per_step:.1f}" if s.drafting_steps else "–",
-                     f"{s.verify_ms_per_step:.1f}", s.steps, s.tokens,
+                     f"{s.mean_acceptance_length:.2f}",
+                     f"{s.draft_ms_per_step:.1f}" if s.drafting_steps and s.verify_ms_per_step > 0 else "–",
+                     f"{s.verify_ms_per_step:.1f}" if s.verify_ms_per_step > 0 else "–", s.steps, s.tokens,
                      " ".join(f"{a:.2f}" for a in s.per_position_acceptance) or "–"])
     return rows
 

@@ -191,12 +191,13 @@ def status_html(views: list[WindowView], watching: bool, error: str = "") -> str
         f"<tr><td>{escape(v.name)}</td><td><span class='watch-state' "
         f"style='color:{STATE_COLORS.get(v.state, '#b91c1c')}'>"
         f"{escape(v.state)}</span></td><td>{figure_text(v.tau)}</td><td>{figure_text(v.generation_per_s, 1)}</td>"
-        f"<td>{figure_text(v.running, 0)} / {figure_text(v.waiting, 0)}</td><td>{v.seconds:.0f} s</td>"
-        f"<td class='watch-note'>{escape(v.note)}</td></tr>" for v in views)
+        f"<td>{figure_text(v.running, 0)} / {figure_text(v.waiting, 0)}</td><td>{v.seconds:.0f} s</td></tr>"
+        + (f"<tr><td></td><td colspan='5' class='watch-note'>{escape(v.note)}</td></tr>" if v.note else "")
+        for v in views)
     line = "watching" if watching else "stopped"
-    return (f"<div class='watch-line'>{line} · {time.strftime('%H:%M:%S')}</div><table class='watch-table'>"
-            "<tr><th>server</th><th>state</th><th>tau</th><th>output tok/s</th><th>running / waiting</th>"
-            f"<th>window</th><th></th></tr>{rows}</table>")
+    return (f"<div class='watch-line'>{line} · {time.strftime('%H:%M:%S')}</div><div class='table-scroll'>"
+            "<table class='watch-table'><tr><th>server</th><th>state</th><th>tau</th><th>output tok/s</th>"
+            f"<th>running / waiting</th><th>window</th></tr>{rows}</table></div>")
 
 
 def server_colors(names: list[str]) -> dict[str, str]:
@@ -208,17 +209,17 @@ def server_colors(names: list[str]) -> dict[str, str]:
 
 def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tuple[go.Figure, ...]:
     """The five plots of a page's readings: acceptance by position over the last window, and the
-    rest over time, a cross where a server was not live."""
+    rest over time, a cross where a server was not live. One reading is no window yet: each plot says so."""
+    if len(history) < 2:
+        return tuple(placeholder(f"first reading taken: the window starts with the next, in {EVERY_S:g} s")
+                     for _ in PLOTS)
     latest = history[-1][1]
     colors = server_colors([v.name for v in latest])
-    acceptance = go.Figure()
-    for v in latest:
-        if v.acceptance:
-            acceptance.add_bar(x=list(range(1, len(v.acceptance) + 1)), y=list(v.acceptance), name=v.name,
-                               marker_color=colors[v.name],
-                               hovertemplate=f"{escape(v.name)}<br>position %{{x}}: %{{y:.3f}}<extra></extra>")
-    layout(acceptance, f"Acceptance by draft position · last {window:g} s", "accepted / drafts", [0, 1],
-           x_title="draft position")
+    if not any(v.acceptance for v in latest):
+        acceptance = placeholder(f"no drafts in the last {window:g} s: acceptance is drawn once the servers "
+                                 "answer requests")
+    else:
+        acceptance = acceptance_figure(latest, colors, window)
     over_time = {
         "tau": ("Tau (1 + accepted / drafts)", "tokens per step", [("tau", "solid")]),
         "draft_rates": ("Draft tokens per second: accepted (solid), drafted (dotted)", "tokens/s",
@@ -248,6 +249,18 @@ def figures(history: deque[tuple[float, list[WindowView]]], window: float) -> tu
     return tuple(shown)
 
 
+def acceptance_figure(latest: list[WindowView], colors: dict[str, str], window: float) -> go.Figure:
+    acceptance = go.Figure()
+    for v in latest:
+        if v.acceptance:
+            acceptance.add_bar(x=list(range(1, len(v.acceptance) + 1)), y=list(v.acceptance), name=v.name,
+                               marker_color=colors[v.name],
+                               hovertemplate=f"{escape(v.name)}<br>position %{{x}}: %{{y:.3f}}<extra></extra>")
+    layout(acceptance, f"Acceptance by draft position · last {window:g} s", "accepted / drafts", [0, 1],
+           x_title="draft position")
+    return acceptance
+
+
 def _marked(view: WindowView) -> bool:
     """Not live at this reading: unreachable, bad metrics, or the first reading after a restart."""
     return view.state not in (LIVE, NO_SPECULATION, RESTARTED) or (view.state == RESTARTED and view.seconds == 0)
@@ -255,7 +268,8 @@ def _marked(view: WindowView) -> bool:
 
 CSS = (".watch-table { font-size: 13px; border-collapse: collapse; } .watch-table td, .watch-table th "
        "{ padding: 2px 8px; text-align: left; } .watch-state { font-weight: 600; } "
-       ".watch-note { font-size: 12px; } .watch-line { font-size: 13px; margin-bottom: 4px; } "
+       ".watch-table td.watch-note { font-size: 12px; white-space: normal !important; } "
+       ".watch-line { font-size: 13px; margin-bottom: 4px; } "
        ".watch-error { color: #b91c1c; } "
        # the app's own servers, listed for reading where the page takes no other URL: text, not a field
        "#watch-servers textarea:disabled { background: none; border: none; box-shadow: none; resize: none; "
