@@ -1,6 +1,7 @@
 """Playwright driving Debian's headless Chromium, and what the browser tests read from the page."""
 
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,14 +62,21 @@ def open_page(browser, app_url: str, device: str) -> Page:
     return page
 
 
+def open_settings(page: Page, prefix: str) -> None:
+    """Open the tab's settings panel (`prefix`: pg, cmp) unless it is open."""
+    label = page.locator(f"#{prefix}-settings > .label-wrap")
+    if "open" not in (label.get_attribute("class") or "").split():
+        label.click()
+    expect(label).to_have_class(re.compile(r"\bopen\b"))
+
+
 def set_setting(page: Page, control_id: str, value: str, box: str = "input") -> None:
     """Type into a settings control's `box`, opening the settings panel it sits in when it is closed.
     A panel that has just opened may draw its controls once more, with their values as they were:
     what was typed is checked, and typed again if it was dropped."""
     field = page.locator(f"#{control_id} {box}")
     if not field.is_visible():
-        prefix = control_id.split("-")[0]
-        page.locator(f"#{prefix}-settings > .label-wrap").click()
+        open_settings(page, control_id.split("-")[0])
         expect(field).to_be_visible()
     before = field.input_value()
     for _ in range(3):

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import Page, TimeoutError as PlaywrightTimeout, expect
 
 from tests.browser import (BROKEN_CELLS_JS, MISFIT_PLOTS_JS, VIEWPORTS, chromium, column_text, error_states,
-                           open_page, screenshot, set_number, set_setting)
+                           open_page, open_settings, screenshot, set_number, set_setting)
 
 pytestmark = pytest.mark.slow   # Chromium against the running app
 
@@ -393,6 +393,7 @@ def test_stop_ends_every_column_of_a_comparison(page):
 
 def test_the_draft_tree_is_drawn_and_can_be_hovered(page, tmp_path):
     page.get_by_role("tab", name="Playground").click()
+    open_settings(page, "pg")
     page.locator("#pg-draft").get_by_label("tree", exact=True).check()
     run_playground(page, "Explain how a rainbow forms.", 48)
     expect(page.locator("#answer .live .finish")).to_be_visible(timeout=120_000)

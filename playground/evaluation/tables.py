@@ -7,13 +7,20 @@ import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
-NUMBER = re.compile(r"[-+]?[\d.,]+\S*( \(.*\))?|–")   # 12.5, 1.41x, 3.8%, 0.91 (0.85-0.97), – (none)
+NUMBER = re.compile(r"[-+]?[\d.,]+\S*( \(.*\))?")   # 12.5, 1.41x, 3.8%, 0.91 (0.85-0.97)
+NO_VALUE = ("", "-", "–")
 
 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A markdown table of `rows` under `head`: a column of numbers is right-aligned, a "|" in a cell escaped."""
+    """A markdown table of `rows` under `head`: a column of numbers (and cells with no value) is right-aligned,
+    a "|" in a cell escaped."""
     cells = [[str(cell).replace("|", "\\|") for cell in row] for row in rows]
-    align = ["---:" if cells and all(NUMBER.fullmatch(row[i]) for row in cells) else "---" for i in range(len(head))]
+
+    def numbers(i: int) -> bool:
+        values = [row[i] for row in cells if row[i] not in NO_VALUE]
+        return bool(values) and all(NUMBER.fullmatch(value) for value in values)
+
+    align = ["---:" if numbers(i) else "---" for i in range(len(head))]
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|",
                       *("| " + " | ".join(row) + " |" for row in cells)])
 

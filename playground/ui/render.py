@@ -175,15 +175,24 @@ PAGE_JS = """() => {
         const shown = document.querySelector('#inspector .inspector-head')?.dataset.step;
         document.querySelectorAll('#answer .step').forEach((s) => s.classList.toggle('chosen', s.dataset.step === shown));
     };
-    // a message the validator puts at a control in a closed panel is opened to, once per press of a button:
-    // closing the panel again leaves it closed
+    // a message the validator puts at a control in a closed panel opens the panel to it, once per press of a
+    // button (closing the panel again keeps it closed). It is read again a moment later: a message a press has
+    // made stale stays on the page until the press's own answer arrives, and must not open anything.
     let shownAfterPress = new WeakSet();
-    const openToMessages = () => document.querySelectorAll('div.validation-error').forEach((message) => {
+    const hiddenIn = (message) => {
         const panel = message.closest('.gr-accordion');
-        if (!message.textContent.trim() || !panel || message.checkVisibility() || shownAfterPress.has(message)) return;
+        const closed = panel && panel.checkVisibility() && !panel.querySelector(':scope > .label-wrap.open');
+        return closed && message.isConnected && message.textContent.trim() && !message.checkVisibility() ? panel : null;
+    };
+    const openToMessages = () => document.querySelectorAll('div.validation-error').forEach((message) => {
+        if (shownAfterPress.has(message) || !hiddenIn(message)) return;
         shownAfterPress.add(message);
-        panel.querySelector(':scope > .label-wrap')?.click();
-        setTimeout(() => message.scrollIntoView({block: 'center', behavior: 'smooth'}), 100);
+        setTimeout(() => {
+            const panel = hiddenIn(message);
+            if (!panel) return shownAfterPress.delete(message);
+            panel.querySelector(':scope > .label-wrap').click();
+            setTimeout(() => message.scrollIntoView({block: 'center', behavior: 'smooth'}), 100);
+        }, 500);
     });
     let streaming = false;
     new MutationObserver(() => {
