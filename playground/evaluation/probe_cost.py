@@ -207,9 +207,9 @@ def _flood(url: str, model: str, prompts: list[list[int]], config: ProbeCostConf
             if lane in calls:
                 calls[lane].append(sum(made))
     rows = [{"flood": lane, "tokens_per_s": statistics.median(values), "rounds": [round(v, 1) for v in values],
-             **({"calls": calls[lane]} if lane in calls else {}), **_change(rates, lane, FLOODS[0], "quiet")}
+             **({"calls": calls[lane]} if lane in calls else {}), **_change(rates, lane, FLOODS[0], "quiet"),
+             **(_change(rates, lane, FLOODS[6], "models") if lane == FLOODS[5] else {})}
             for lane, values in rates.items()]
-    rows[5].update(_change(rates, FLOODS[5], FLOODS[6], "models"))
     return rows
 
 

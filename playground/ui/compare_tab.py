@@ -252,8 +252,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     for slot in ("first", "second", "baseline"):
         follow_backend(c, backends, slot, keep_or(lambda names: ""), partial(run_choices, slot=slot))
     follow_backend(c, backends, "drafter", keep_or(default_drafter))
-    # the stop rule's box is in Settings: open them where the mode needs a rule, so that the box and any
-    # message at it can be seen (a closed panel shows neither)
+    # the mode needs the stop rule's box, which sits in Settings: open them to it when the mode is picked
+    # (a message at a control in a closed panel opens it anyway, page-wide: render.PAGE_JS)
     c["compare"].change(lambda mode: (gr.update(visible=mode in ONE_DRAFTER),
                                       *[gr.update(visible=mode not in ONE_DRAFTER)] * 2,
                                       gr.update(open=True) if mode == CHAIN_VS_STOP else gr.skip()),

@@ -23,6 +23,8 @@ def stored(path: Path) -> dict | None:
     """A report shipped with the app (the benchmark's, the rejection study's), read once per process; None
     where it is absent. Its readers do not change it."""
     return json.loads(path.read_text()) if path.exists() else None
+
+
 CATEGORY = "chat"
 
 
