@@ -54,10 +54,12 @@ def add_tree_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_draft_stop_option(p: argparse.ArgumentParser) -> None:
+    from playground.engines.draft_stop import SIGNALS
+
     p.add_argument("--draft-stop", default=None, metavar="RULE",
                    help="end a chain at the first draft that meets RULE, e.g. 'probability<0.3' or "
-                        "'self_attention>0.4' (comma: any of several; signals: probability, sink_attention, "
-                        "self_attention, hidden_norm); k is then the longest chain (the embedded engine)")
+                        f"'self_attention>0.4' (comma: any of several; signals: {', '.join(SIGNALS)}); k is then "
+                        "the longest chain (the embedded engine)")
 
 
 def draft_stop(args: argparse.Namespace):

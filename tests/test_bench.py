@@ -11,7 +11,7 @@ from playground.engines import chat
 from playground.engines.tree import TreeShape
 from playground.evaluation import report, trees
 from playground.evaluation.benchmark import BenchConfig, collect, results
-from playground.evaluation.prompt_sets import CATEGORIES, EVAL_KINDS, suite
+from playground.prompts.sets import CATEGORIES, EVAL_KINDS, suite
 from playground.training.prompts import conversations
 from tests.engines import CountingEngine
 

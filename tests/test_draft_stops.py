@@ -2,10 +2,10 @@
 choice never saw, every answer the same as fixed k's."""
 
 from playground.engines.draft_stop import DraftStop
-from playground.evaluation import draft_stops
-from playground.evaluation.draft_stops import CANDIDATES, DraftStopConfig
-from playground.evaluation.prompt_files import read_prompt_file
-from playground.evaluation.rejection import SAMPLE
+from playground.prompts.files import read_prompt_file
+from playground.studies import draft_stops
+from playground.studies.draft_stops import CANDIDATES, DraftStopConfig
+from playground.studies.rejection import SAMPLE
 
 
 def test_thresholds_are_chosen_on_prompts_the_evaluation_never_sees(engine):

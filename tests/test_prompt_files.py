@@ -6,8 +6,8 @@ import tracemalloc
 
 import pytest
 
-from playground.evaluation.prompt_files import PromptFileError, PromptLimits, read_prompt_file, read_prompts
-from playground.evaluation.prompt_sets import ASSETS
+from playground.prompts.files import PromptFileError, PromptLimits, read_prompt_file, read_prompts
+from playground.prompts.sets import ASSETS
 
 
 def jsonl(*records) -> bytes:

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 import playground.cli as command_line
-from playground.evaluation.prompt_files import read_prompts
 from playground.evaluation.prompt_study import StudyConfig, measure, run
+from playground.prompts.files import read_prompts
 from tests.engines import CountingEngine
 
 PROMPTS = [{"id": "sea", "prompt": "Write a haiku about the sea."},

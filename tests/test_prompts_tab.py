@@ -10,9 +10,9 @@ import pytest
 from gradio_client import handle_file
 
 from playground.app_process import ROOT, api_client
-from playground.evaluation.prompt_files import read_prompts
-from playground.evaluation.prompt_sets import ASSETS
 from playground.evaluation.prompt_study import StudyConfig, measure
+from playground.prompts.files import read_prompts
+from playground.prompts.sets import ASSETS
 from playground.ui.endpoints import STUDY_OUTPUTS
 
 SHAREGPT = ASSETS / "prompts" / "sharegpt.json"

@@ -1,4 +1,4 @@
-"""What predicts a rejected draft (evaluation/rejection.py): the statistics on data whose answer is known,
+"""What predicts a rejected draft (studies/rejection.py): the statistics on data whose answer is known,
 and the stored report's negative control."""
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 
 from playground.engines.events import StepEvent
 from playground.engines.stats import VerifiedDraft, verified_drafts
-from playground.evaluation import rejection
 from playground.evaluation.runner import PromptResult
+from playground.studies import rejection
 
 
 def test_auc_counts_pairs_and_halves_ties():

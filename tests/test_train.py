@@ -89,7 +89,7 @@ def test_batched_target_states_are_the_states_of_each_sequence_alone(target):
 @pytest.mark.slow
 def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(engine, tmp_path):
     from playground.evaluation.heldout import eval_requests, evaluate, format_ratios, format_rows, write_figures
-    from playground.evaluation.prompt_sets import HELDOUT_SYSTEMS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS
+    from playground.prompts.sets import HELDOUT_SYSTEMS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS
 
     rows = evaluate(engine, ["eagle3", "eagle3.1"], k=3, max_tokens=8, kinds=("long context",), prompts=2)
     pooled = rows[1].pooled
@@ -236,7 +236,7 @@ def test_a_multi_turn_conversation_follows_up_on_the_targets_own_reply(target):
 
 
 def test_evaluation_prompts_are_not_template_prompts():
-    from playground.evaluation.prompt_sets import HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS, HELDOUT_SYSTEMS
+    from playground.prompts.sets import HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS, HELDOUT_SYSTEMS
     from playground.training.prompts import SYSTEMS, conversations
 
     training = {m["content"] for conv in conversations(20000) for m in conv}

@@ -18,7 +18,6 @@ import pytest
 from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import first_difference, summarize
-from playground.evaluation.prompt_sets import LONG_CONTEXT, document_prompt, long_context
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import healthy
@@ -26,6 +25,7 @@ from playground.engines.vllm.metrics import read_counters
 from playground.engines.vllm.watch import LIVE, NO_SPECULATION, Watch
 from playground.errors import PlaygroundError
 from playground.local_server import is_ephemeral, pick_port
+from playground.prompts.sets import LONG_CONTEXT, document_prompt, long_context
 from playground.ui.servers_tab import EVERY_S
 from tests.vllm_servers import EAGER
 
@@ -278,7 +278,7 @@ def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
 
 def test_a_prompt_file_runs_on_the_vllm_servers_several_at_once(vllm, engine, tmp_path):
     # before the test below, which kills the `none` server
-    from playground.evaluation.prompt_files import read_prompts
+    from playground.prompts.files import read_prompts
     from playground.evaluation.prompt_study import StudyConfig, measure, run
 
     prompts = read_prompts("\n\n".join(PROMPTS))

@@ -42,7 +42,7 @@ def _report_options(p: argparse.ArgumentParser, default=_given) -> None:
 
 
 def _prompt_file_options(p, default=_given) -> None:
-    from playground.evaluation.prompt_files import PromptLimits
+    from playground.prompts.files import PromptLimits
 
     p.add_argument("--sample", type=int, default=default(None), metavar="N",
                    help="run N prompts of the file drawn at random")
@@ -59,8 +59,8 @@ PROMPT_FILE_HELP = ("JSONL/JSON (OpenAI messages, prompt records, ShareGPT), CSV
 
 def add_parsers(sub) -> None:
     from playground.evaluation.benchmark import BenchConfig
-    from playground.evaluation.draft_stops import DraftStopConfig
-    from playground.evaluation.prompt_sets import CATEGORIES
+    from playground.studies.draft_stops import DraftStopConfig
+    from playground.prompts.sets import CATEGORIES
 
     p = sub.add_parser("bench", help="the prompt suite by category, or your own prompts (bench prompts FILE): tau, "
                                      "acceptance, tokens/s, speedups (subcommands: prompts, ui, vllm, trees, "
@@ -197,7 +197,7 @@ def bench_prompts(args: argparse.Namespace) -> int:
     from playground.engines.reference import ReferenceEngine
     from playground.engines.tree import TreeShape
     from playground.evaluation import prompt_report, prompt_study
-    from playground.evaluation.prompt_files import PromptLimits, read_prompt_file
+    from playground.prompts.files import PromptLimits, read_prompt_file
 
     limits = PromptLimits(max_prompts=args.max_prompts, max_prompt_chars=args.max_prompt_chars)
     try:
@@ -265,7 +265,7 @@ def bench_trees(args: argparse.Namespace) -> int:
 
 
 def bench_chunked_prefill(args: argparse.Namespace) -> int:
-    from playground.evaluation import chunked_prefill
+    from playground.studies import chunked_prefill
 
     config = chunked_prefill.ChunkConfig(chunks=tuple(args.chunks), k=args.k, max_tokens=args.max_tokens)
     paths = chunked_prefill.run(config, args.out)
@@ -275,7 +275,7 @@ def bench_chunked_prefill(args: argparse.Namespace) -> int:
 
 
 def bench_rejection(args: argparse.Namespace) -> int:
-    from playground.evaluation import rejection
+    from playground.studies import rejection
 
     config = rejection.RejectionConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
                                        prompts=args.prompts)
@@ -287,7 +287,7 @@ def bench_rejection(args: argparse.Namespace) -> int:
 
 def bench_draft_stop(args: argparse.Namespace) -> int:
     from playground.engines.draft_stop import DraftStop
-    from playground.evaluation import draft_stops
+    from playground.studies import draft_stops
 
     for rule in args.rules:
         DraftStop.parse(rule)   # a bad rule is refused before anything runs

@@ -43,7 +43,7 @@ def diff(args: argparse.Namespace) -> int:
     from playground.engines.step_diff import TOLERANCES, diff_steps
     from playground.engines.stats import summarize
     from playground.errors import PlaygroundError
-    from playground.evaluation.prompt_files import UserPrompt, read_prompt_file
+    from playground.prompts.files import UserPrompt, read_prompt_file
     from playground.terminal import to_stderr
 
     prompts = read_prompt_file(args.prompts).prompts if args.prompts else (UserPrompt("prompt 1", args.prompt),)

@@ -68,7 +68,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--prompts", type=int, default=None, help="evaluate on each kind's first N prompts (default: all)")
     p.set_defaults(func=train_ship)
 
-    from playground.evaluation.prompt_sets import EVAL_KINDS
+    from playground.prompts.sets import EVAL_KINDS
 
     p = train.add_parser("eval", help="tau and per-position acceptance on held-out chat, code, long-context "
                                       "and perturbed-format prompts")
@@ -137,7 +137,7 @@ def train_ship(args: argparse.Namespace) -> int:
 def train_eval(args: argparse.Namespace) -> int:
     from playground.engines.reference import ReferenceEngine
     from playground.evaluation.heldout import evaluate, format_ratios, format_rows, write_figures
-    from playground.evaluation.prompt_sets import EVAL_KINDS, KINDS
+    from playground.prompts.sets import EVAL_KINDS, KINDS
     from playground.training.prompts import heldout_or_training_requests
 
     kinds = [EVAL_KINDS[x] for x in args.kinds] if args.kinds else KINDS

@@ -172,6 +172,12 @@ def rate_of(tokens: Sequence[float], seconds: Sequence[float]) -> Statistic:
     return lambda idx: tokens[idx].sum(-1) / np.maximum(seconds[idx].sum(-1), 1e-9)
 
 
+def timed(verify_ms: float) -> bool:
+    """Whether an engine timed a step (or a run's steps): a vLLM server does not, and its times stay 0
+    (no verify takes 0 ms)."""
+    return verify_ms > 0
+
+
 def ms_per_verify_step(events: list[StepEvent]) -> tuple[float, float]:
     """(draft ms, verify ms) per verify step, the prefill excluded."""
     steps = [e for e in events if e.step > 0]

@@ -25,10 +25,10 @@ from playground.evaluation import drift_signals, report, runner
 from playground.evaluation.ceiling import Ceiling, measure as measure_ceiling
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.evaluation.machine import machine
-from playground.evaluation.prompt_sets import CATEGORIES, BenchPrompt, suite
 from playground.evaluation.runner import Method, PromptResult
 from playground.evaluation.trees import chain_vs_tree_row
 from playground.model.variants import EAGLE3, EAGLE31, NONE, run_name
+from playground.prompts.sets import CATEGORIES, BenchPrompt, suite
 
 if TYPE_CHECKING:   # the vLLM client is imported only where the vLLM backend runs
     from playground.evaluation.vllm_load import Servers

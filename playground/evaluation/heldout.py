@@ -36,12 +36,12 @@ from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, t
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import runner
-from playground.evaluation.prompt_sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
-                                               HELDOUT_SYSTEMS, KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
-                                               documents_prompt, report_prompt)
 from playground.evaluation.runner import Method
 from playground.evaluation.tables import markdown_table
 from playground.model.variants import NONE, run_name
+from playground.prompts.sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
+                                     HELDOUT_SYSTEMS, KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
+                                     documents_prompt, report_prompt)
 
 
 def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:

@@ -19,10 +19,10 @@ from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.evaluation import ceiling, llama_cpp
-from playground.evaluation.prompt_sets import CHAT, CODING
 from playground.evaluation.tables import markdown_table
 from playground.model import kernels
 from playground.model.variants import EAGLE3, NONE
+from playground.prompts.sets import CHAT, CODING
 
 SYSTEMS = ("ours", "pytorch", "llama.cpp")
 

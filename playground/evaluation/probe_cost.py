@@ -47,11 +47,11 @@ from playground.engines.vllm.backend import LaunchSpec, launch_config
 from playground.engines.vllm.launch import PROBE_PLUGIN, healthy, server_command
 from playground.engines.vllm.probe import FIELD, PREFIX
 from playground.evaluation.memory import rss_mib
-from playground.evaluation.prompt_sets import suite
-from playground.evaluation.vllm_load import EVERYDAY
 from playground.evaluation.tables import markdown_table
+from playground.evaluation.vllm_load import EVERYDAY
 from playground.local_server import ServerProcess, pick_port
 from playground.model.variants import EAGLE31
+from playground.prompts.sets import suite
 
 LANES = ("no probe", "probe, not recording", "probe, recording")
 

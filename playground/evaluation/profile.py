@@ -13,8 +13,8 @@ from torch.profiler import ProfilerActivity, profile
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
-from playground.evaluation.prompt_sets import CODING
 from playground.evaluation.tables import markdown_table
+from playground.prompts.sets import CODING
 
 REGIONS = ("draft", "verify", "event")
 

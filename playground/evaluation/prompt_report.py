@@ -22,12 +22,12 @@ from playground import plots
 from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of, value_of
 from playground.evaluation import drift_signals
 from playground.evaluation.machine import described, machine
-from playground.evaluation.prompt_files import PromptFile, UserPrompt
 from playground.evaluation.prompt_study import StudyConfig
 from playground.evaluation.runner import PromptResult
 from playground.evaluation.tables import markdown_table
 from playground.model.variants import NONE
 from playground.plots import label
+from playground.prompts.files import PromptFile, UserPrompt
 
 LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 GAINS_SHOWN = 5

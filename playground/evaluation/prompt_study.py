@@ -23,9 +23,9 @@ from playground.engines.protocol import Engine
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import runner
-from playground.evaluation.prompt_files import PromptFile
 from playground.evaluation.runner import Method, Progress, PromptResult
 from playground.model.variants import EAGLE3, EAGLE31, NONE, run_name
+from playground.prompts.files import PromptFile
 
 
 @dataclass(frozen=True)

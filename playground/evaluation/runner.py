@@ -28,7 +28,7 @@ from playground.evaluation.checkpoint import Checkpoint
 
 
 class Prompt(Protocol):
-    """What the runner needs of a prompt (prompt_sets.BenchPrompt, prompt_files.UserPrompt, EvalPrompt)."""
+    """What the runner needs of a prompt (prompts.sets.BenchPrompt, prompts.files.UserPrompt, EvalPrompt)."""
     id: str
     category: str | None
 

@@ -20,10 +20,10 @@ from playground.engines.tree import TreeShape
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
-from playground.evaluation.prompt_sets import EVAL_KINDS
 from playground.evaluation.runner import Method
 from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31, SEPARATOR
+from playground.prompts.sets import EVAL_KINDS
 
 SHAPES = (TreeShape(2, 4, 8), TreeShape(3, 5, 12), TreeShape(4, 5, 16), TreeShape(4, 6, 24), TreeShape(6, 6, 32),
           TreeShape(8, 6, 48))

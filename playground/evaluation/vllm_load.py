@@ -21,8 +21,8 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import VLLMEngine
-from playground.evaluation.prompt_sets import CHAT, CODING, MATH, WRITING
 from playground.evaluation.tables import markdown_table
+from playground.prompts.sets import CHAT, CODING, MATH, WRITING
 
 EVERYDAY = [p for four in zip(CHAT, CODING, MATH, WRITING) for p in four]   # 16: one of each kind in turn
 

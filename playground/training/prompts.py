@@ -4,7 +4,7 @@ Templates: kinds chat, coding, math, writing, reasoning, multi-turn, each with a
 prompt (none = the model's default, or one of many personas).
 Self-written: the target writes the user turn itself, continuing its own chat template after a
 system turn and a few opening words (the "Magpie" trick); far more varied than any template.
-Evaluation and benchmark prompts are written separately (playground/evaluation/prompt_sets.py)
+Evaluation and benchmark prompts are written separately (playground/prompts/sets.py)
 and never come from these generators, except `train eval --kinds training`, which measures the
 shipped drafters on prompts they trained on (`training_requests`).
 """
@@ -15,7 +15,7 @@ import random
 from typing import Iterator
 
 from playground.engines.request import GenerationRequest
-from playground.evaluation.prompt_sets import TRAINING_PROMPTS
+from playground.prompts.sets import TRAINING_PROMPTS
 
 TOPICS = [
     "black holes", "photosynthesis", "the French Revolution", "machine learning", "coffee brewing",

@@ -158,7 +158,7 @@ accuracy by unroll depth {acc}.{held_out_text(trained)}
 
 ## Evaluation
 
-Held-out prompts (`playground/evaluation/prompt_sets.py`), k=5, greedy, through the reference engine:
+Held-out prompts (`playground/prompts/sets.py`), k=5, greedy, through the reference engine:
 
 {table}
 

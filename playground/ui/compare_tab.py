@@ -14,15 +14,15 @@ import torch
 
 from playground import plots
 from playground.engines.protocol import Engine
-from playground.engines.request import GenerationRequest
-from playground.engines.stats import RunSummary, first_difference
 from playground.engines.reference import ReferenceEngine
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import RunSummary, first_difference, timed
 from playground.engines.step_diff import (TOLERANCES, Divergence, StepDiff, Tolerance, differences_by_depth,
                                           diff_steps)
 from playground.errors import PlaygroundError
-from playground.evaluation import rejection
 from playground.evaluation.machine import described
 from playground.model.variants import NONE, run_name
+from playground.studies import rejection
 from playground.ui import explainer, render, unchecked
 from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_drafter, default_pair, drafter_choices,
                                     follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
@@ -131,8 +131,8 @@ def summary_table(summaries: Mapping[str, RunSummary], baseline: str | None = NO
         speedup = f"{s.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s > 0 else "–"
         rows.append([plots.label(name), f"{s.tokens_per_s:.1f}", f"{s.decode_tokens_per_s:.1f}", speedup,
                      f"{s.mean_acceptance_length:.2f}",
-                     f"{s.draft_ms_per_step:.1f}" if s.drafting_steps and s.verify_ms_per_step > 0 else "–",
-                     f"{s.verify_ms_per_step:.1f}" if s.verify_ms_per_step > 0 else "–", s.steps, s.tokens,
+                     f"{s.draft_ms_per_step:.1f}" if s.drafting_steps and timed(s.verify_ms_per_step) else "–",
+                     f"{s.verify_ms_per_step:.1f}" if timed(s.verify_ms_per_step) else "–", s.steps, s.tokens,
                      " ".join(f"{a:.2f}" for a in s.per_position_acceptance) or "–"])
     return rows
 

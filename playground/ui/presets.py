@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from playground.evaluation.prompt_sets import report_prompt
+from playground.prompts.sets import report_prompt
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from playground.engines.request import K_RANGE, check_k, check_max_tokens
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import prompt_report
-from playground.evaluation.prompt_files import PromptFile, PromptFileError, PromptLimits, check_size, \
-    read_prompt_file, read_prompts
 from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.evaluation.runner import PromptResult
 from playground.plots import label, placeholder
+from playground.prompts.files import PromptFile, PromptFileError, PromptLimits, check_size, \
+    read_prompt_file, read_prompts
 from playground.ui import unchecked
 from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import (STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, failure_message, input_validator,

@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 from playground import plots
 from playground.engines.events import StepEvent
-from playground.engines.stats import RunSummary
+from playground.engines.stats import RunSummary, timed
 
 PREFILL_NOTE = "The target is reading the prompt (the prefill); the first token follows it…"
 FINISHED = {"eos": "end of answer", "length": "max tokens reached", "context": "context full", "stopped": "stopped"}
@@ -105,19 +105,14 @@ INSPECTOR_COLUMNS = (("depth", "draft depth"), ("draft", "the drafted token"), (
                      ("RMS", "RMS of the state fed back into this depth"))
 
 
-def timed_step(event: StepEvent) -> bool:
-    """Whether the engine timed the step's draft and verify: a vLLM server does not (both stay 0; no verify takes 0 ms)."""
-    return event.verify_ms > 0
-
-
 def inspector_html(event: StepEvent | None) -> str:
     """One verify step in detail: each draft with its depth, probability, verdict and attention."""
     if event is None:
         return ('<div class="inspector empty">Click a token of the answer: its step opens here, each draft with '
                 'its probability, verdict and attention.</div>')
-    timed = f" · draft {event.draft_ms:.1f} ms · verify {event.verify_ms:.1f} ms" if timed_step(event) else ""
+    times = f" · draft {event.draft_ms:.1f} ms · verify {event.verify_ms:.1f} ms" if timed(event.verify_ms) else ""
     head = (f'<div class="inspector-head" data-step="{event.step}">step {event.step} · position {event.position} · '
-            f'{event.accepted}/{event.drafted} drafts accepted{timed}</div>')
+            f'{event.accepted}/{event.drafted} drafts accepted{times}</div>')
     if event.step == 0:
         return head + '<div class="inspector empty">Step 0 is the prefill: the target reads the prompt and ' \
                       'emits the first token; nothing is drafted.</div>'

@@ -34,11 +34,11 @@ from playground.engines.stats import bootstrap_interval
 from playground.evaluation import drift_signals, runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
-from playground.evaluation.prompt_files import read_prompt_file
-from playground.evaluation.prompt_sets import EVAL_KINDS
 from playground.evaluation.runner import Method, PromptResult
 from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
+from playground.prompts.files import read_prompt_file
+from playground.prompts.sets import EVAL_KINDS
 
 SIGNALS = {"probability": "draft probability", **drift_signals.SIGNALS}
 SIGNAL_COLORS = {"probability": "#1e293b", "sink_attention": "#0d9488", "self_attention": "#db2777",

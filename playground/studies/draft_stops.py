@@ -4,7 +4,7 @@ fixed k, on the embedded engine, greedy.
     python -m playground bench draft-stop [--drafters ...] [--draft-stop RULE] [--prompts 8] [--documents 2]
 
 First each rule's threshold is chosen, per drafter and signal, on held-out chat and code prompts
-(prompt_sets' HELDOUT_CHAT and HELDOUT_CODE, less any prompt of the chat sample): every candidate of
+(prompts.sets' HELDOUT_CHAT and HELDOUT_CODE, less any prompt of the chat sample): every candidate of
 CANDIDATES with chains of up to LONGEST drafts, the one of highest tokens/s kept. Then on prompts the
 choice never saw, the shipped chat sample and the suite's long documents, fixed k=5, 1, 2 and 10 and
 the chosen rules answer every prompt back to back (the machine's drift falls on all alike).
@@ -31,12 +31,12 @@ from playground.engines.stats import Pooled, RunTotals, paired_ratio, rate_of
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
-from playground.evaluation.prompt_files import read_prompt_file
-from playground.evaluation.prompt_sets import EVAL_KINDS, suite
-from playground.evaluation.rejection import SAMPLE
 from playground.evaluation.runner import Method, PromptResult
 from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31
+from playground.prompts.files import read_prompt_file
+from playground.prompts.sets import EVAL_KINDS, suite
+from playground.studies.rejection import SAMPLE
 
 LONGEST = 10
 FIXED = (5, 1, 2, LONGEST)   # k=5 first: every ratio's base; k=1 and 2: the fastest of the suite's sweep on 2 cores

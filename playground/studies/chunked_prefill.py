@@ -25,10 +25,10 @@ from playground.engines.vllm.launch import LaunchConfig
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
-from playground.evaluation.prompt_sets import EVAL_KINDS, LONGER_CONTEXT
 from playground.evaluation.runner import Method, PromptResult
 from playground.evaluation.tables import markdown_table, write_results
 from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
+from playground.prompts.sets import EVAL_KINDS, LONGER_CONTEXT
 
 SAVED_FORMAT = 1
 UNCHUNKED = LaunchConfig.max_model_len   # the launched servers' context: every prompt fits one chunk
