@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 GPU=; [ "${1:-}" = "--gpu" ] && { GPU=1; shift; }
 TAG=${1:-eagle-playground:$([ -n "$GPU" ] && echo gpu || echo cpu)}
 VLLM_VERSION=0.32.0
+MAX_CPU_IMAGE_BYTES=2600000000   # the Space image's budget: the target, the drafters, torch and the kernels
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
 command -v dockerd > /dev/null || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq docker.io > /dev/null; }
 if ! docker info > /dev/null 2>&1; then
@@ -23,7 +24,12 @@ cp /etc/ssl/certs/ca-certificates.crt docker/ca.crt
 start=$(date +%s)
 docker build --network host --build-arg BASE=local/py311 --build-arg TORCH_INDEX= --build-arg CA_BUNDLE=ca.crt \
     ${GPU:+--build-arg VLLM=$VLLM_VERSION} -t "$TAG" .
-echo "build: $(( $(date +%s) - start )) s, image size: $(docker image inspect "$TAG" --format '{{.Size}}' | awk '{printf "%.2f GB", $1/1e9}')"
+SIZE=$(docker image inspect "$TAG" --format '{{.Size}}')
+echo "build: $(( $(date +%s) - start )) s, image size: $(awk "BEGIN {printf \"%.2f GB\", $SIZE / 1e9}")"
+if [ -z "$GPU" ] && [ "$SIZE" -gt "$MAX_CPU_IMAGE_BYTES" ]; then
+  echo "FAIL: the CPU image is over its $(( MAX_CPU_IMAGE_BYTES / 1000000000 )).$(( MAX_CPU_IMAGE_BYTES % 1000000000 / 100000000 )) GB budget"
+  exit 1
+fi
 NAME=eagle-playground-check
 docker rm -f "$NAME" > /dev/null 2>&1 || true
 if [ -n "$GPU" ]; then

@@ -542,3 +542,22 @@ def test_the_decoder_stack_refuses_a_layer_of_the_wrong_shape(target):
     with pytest.raises(RuntimeError, match="decoder_layers: layer 0's weights must be"):
         torch.ops.playground.decoder_layers(torch.randn(1, 2, target.hidden_size), weights, cos[0], sin[0], cache.keys,
                                             cache.values, 0, None, True, 1e-5, target.num_heads, [])
+
+
+def test_every_attention_kernel_refuses_a_head_size_that_is_not_a_multiple_of_8(engine):
+    """The kernels read keys eight floats at a time: a head_dim of 12 is refused at each entry, by name."""
+    target, drafter = engine.target, engine.drafter("eagle3.1")
+    keys = torch.zeros(1, 1, 8, 12)
+    with pytest.raises(RuntimeError, match="cache_attention: .*head_dim a multiple of 8"):
+        torch.ops.playground.cache_attention(torch.zeros(1, 2, 1, 12), keys, keys.clone(), 0, None, True)
+    layers = len(target.stack_weights) // 6
+    stack_keys, h = torch.zeros(layers, 1, 1, 8, 12), torch.zeros(1, 2, target.hidden_size)
+    with pytest.raises(RuntimeError, match="decoder_layers: .*head_dim a multiple of 8"):
+        torch.ops.playground.decoder_layers(h, list(target.stack_weights), torch.zeros(2, 12), torch.zeros(2, 12),
+                                            stack_keys, stack_keys.clone(), 0, None, True, 1e-5, target.num_heads, [])
+    hidden = torch.zeros(2, drafter.config.hidden_size)
+    step_keys = torch.zeros(1, 1, 1, 8, 12)
+    with pytest.raises(RuntimeError, match="eagle_step: head_dim a multiple of 8"):
+        torch.ops.playground.eagle_step(hidden, hidden.clone(), drafter.step_weights(), torch.zeros(2, 12),
+                                        torch.zeros(2, 12), step_keys, step_keys.clone(), 0, 1e-5,
+                                        drafter.config.num_attention_heads, 4, 2, None)

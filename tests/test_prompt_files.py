@@ -75,6 +75,15 @@ def test_plain_text_prompts_separated_by_blank_lines():
     assert [p.prompt for p in read_prompts("One\n\u00a0\f\nTwo\n\n\n".encode()).prompts] == ["One", "Two"]   # any blank
 
 
+def test_a_text_whose_first_line_is_prompt_alone_is_text_and_one_column_of_csv_is_csv():
+    text = read_prompts(b"Prompt\nWrite a limerick, about cats.\nKeep it clean.\n\nPrompt\nExplain quicksort.\n")
+    assert text.format == "text" and [p.prompt for p in text.prompts] == [
+        "Prompt\nWrite a limerick, about cats.\nKeep it clean.", "Prompt\nExplain quicksort."]
+    for data in (b"prompt\nHello\nHow are you?\n", b'prompt\n"Two\n\nparagraphs"\nNext\n', b"prompt\nHello\n\n"):
+        column = read_prompts(data)
+        assert column.format == "csv" and column.prompts[0].prompt in ("Hello", "Two\n\nparagraphs")
+
+
 def test_json_lines_keep_unicode_line_separators_and_a_pretty_printed_object_is_one_record():
     f = read_prompts(json.dumps({"prompt": "one\u2028two\u0085three"}, ensure_ascii=False).encode() + b"\n")
     assert f.prompts[0].prompt == "one\u2028two\u0085three"

@@ -287,6 +287,13 @@ class RunTotals:
         return pooled_tau([self.counts])
 
 
+def rate_of_runs(runs: Sequence[RunTotals], decode: bool = False) -> Statistic:
+    """rate_of the runs at the given indices; with `decode`, after each run's prefill step."""
+    if decode:
+        return rate_of([r.decode_tokens for r in runs], [r.decode_seconds for r in runs])
+    return rate_of([r.tokens for r in runs], [r.seconds for r in runs])
+
+
 @dataclass(frozen=True)
 class Pooled:
     """Several runs of one method pooled: rates over all their steps, times summed."""

@@ -19,7 +19,8 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from playground import plots
-from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of, tau_of, value_of
+from playground.engines.stats import (Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of_runs, tau_of,
+                                     value_of)
 from playground.evaluation import drift_signals
 from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_study import StudyConfig
@@ -86,10 +87,7 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
 def _rate(ran: list[PromptResult], method: str, decode: bool = False):
     """Tokens per second of `method` pooled over the prompts at the given indices; with `decode`, after
     each prompt's prefill step (long prompts' prefill otherwise dominates every method's time alike)."""
-    runs = [r.runs[method] for r in ran]
-    if decode:
-        return rate_of([run.decode_tokens for run in runs], [run.decode_seconds for run in runs])
-    return rate_of([run.tokens for run in runs], [run.seconds for run in runs])
+    return rate_of_runs([r.runs[method] for r in ran], decode)
 
 
 def _counts(ran: list[PromptResult], method: str) -> list[tuple[int, int]]:
@@ -136,20 +134,20 @@ def _gains(ran: list[PromptResult], chains: list[str], text: Sequence[UserPrompt
         return {}
     a, b = chains[0], chains[-1]
     rows = sorted(({"id": r.id, "index": r.index, "category": r.category, "prompt_tokens": r.prompt_tokens,
-                    "preview": _preview(text[r.index].prompt), a: r.runs[a].tau, b: r.runs[b].tau,
+                    "preview": preview(text[r.index].prompt), a: r.runs[a].tau, b: r.runs[b].tau,
                     "difference": r.runs[b].tau - r.runs[a].tau} for r in ran), key=lambda row: -row["difference"])
     shown = min(GAINS_SHOWN, len(rows) // 2 or 1)
     return {"better": b, "than": a, "most": rows[:shown], "least": rows[::-1][:shown]}
 
 
-def _preview(text: str) -> str:
+def preview(text: str) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= PREVIEW_CHARS else flat[:PREVIEW_CHARS - 1] + "…"
 
 
 def _prompt_row(r: PromptResult, prompt) -> dict:
     return {"index": r.index, "id": r.id, "category": r.category, "prompt_tokens": r.prompt_tokens,
-            "preview": _preview(prompt.prompt), "skipped": r.skipped,
+            "preview": preview(prompt.prompt), "skipped": r.skipped,
             "runs": {m: {"mean_acceptance_length": run.tau, "tokens": run.tokens, "seconds": run.seconds,
                          "decode_tokens": run.decode_tokens, "decode_seconds": run.decode_seconds,
                          "accepted": run.accepted, "drafting_steps": run.drafting_steps}

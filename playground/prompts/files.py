@@ -5,7 +5,7 @@
     JSONL or JSON records with `prompt` (optional `system`, `category`, `id`)
     ShareGPT JSON: records with `conversations` of {"from": "human" | "gpt" | "system", "value": ...}
     CSV with a `prompt` column (optional `system`, `category`, `id` columns)
-    plain text: prompts separated by blank lines
+    plain text: prompts separated by blank lines (also under a first line that is `prompt` alone)
 
 Anything unreadable is a PromptFileError of one line that names the record and the reason
 ("line 7: not JSON", "record 12: no prompt"). Limits on how many prompts and how long each may be
@@ -176,9 +176,18 @@ def _parse(text: str) -> Iterator[tuple[str, UserPrompt]]:
     line_end = text.find("\n", begin)
     first_line = text[begin:line_end if line_end >= 0 else len(text)]
     for delimiter in CSV_DELIMITERS:
-        if "prompt" in _csv_header(first_line, delimiter):
+        header = _csv_header(first_line, delimiter)
+        if "prompt" in header and not (header == ["prompt"] and _paragraphs(text, begin + len(first_line))):
             return _csv(text, begin, delimiter)
     return (("text", UserPrompt(f"prompt {i}", block)) for i, block in enumerate(_blocks(text), 1))
+
+
+def _paragraphs(text: str, start: int) -> bool:
+    """Whether the text from `start` holds blank lines between prompts and no quoted CSV cell: under a lone
+    `prompt` first line, plain text (one column of CSV has no use for blank lines, short of a quoted cell
+    holding them)."""
+    gap = BLANK_LINES.search(text, start)
+    return gap is not None and bool(text[gap.end():].strip()) and '"' not in text[start:]
 
 
 def _blocks(text: str) -> Iterator[str]:

@@ -27,7 +27,7 @@ from typing import Sequence
 
 from playground.engines.draft_stop import DraftStop
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import Pooled, RunTotals, paired_ratio, rate_of
+from playground.engines.stats import Pooled, RunTotals, paired_ratio, rate_of, rate_of_runs
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
@@ -116,8 +116,7 @@ def _row(prompt_set: str, drafter: str, method: Method, results: list[PromptResu
     runs: list[RunTotals] = [r.runs[method.name] for r in results]
     bases = [r.runs[base.name] for r in results]
     pooled = Pooled.of(runs)
-    speedup, speedup_ci = paired_ratio(rate_of([r.tokens for r in runs], [r.seconds for r in runs]),
-                                       rate_of([r.tokens for r in bases], [r.seconds for r in bases]), len(runs))
+    speedup, speedup_ci = paired_ratio(rate_of_runs(runs), rate_of_runs(bases), len(runs))
     per_step = lambda totals: rate_of([r.decode_tokens for r in totals], [r.verify_steps for r in totals])
     step_ratio, step_ratio_ci = paired_ratio(per_step(runs), per_step(bases), len(runs))
     steps = max(1, pooled.steps)

@@ -156,9 +156,25 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
         results: list[PromptResult] = []
         pacer, live, started = Pacer(text_every_s=0.5, plots_every_s=2.0), LivePlots(len(STUDY_PLOTS)), time.monotonic()
         source = Path(settings.file).name if settings.file else "pasted prompts"
-        report = lambda intervals: prompt_report.results(config, prompts, source, results, intervals)
-        interim, texts = report(False), [(p.prompt, p.system or "") for p in prompts.prompts]
-        yield update(interim, progress_html(0, len(prompts.prompts), "starting"), live, True, None, texts)
+        texts = [(p.prompt, p.system or "") for p in prompts.prompts]
+
+        def report(intervals: bool) -> tuple[dict, list[PromptResult]]:
+            """The report of the prompts measured so far, with them: the table shows the same prompts."""
+            measured = list(results)
+            return prompt_report.results(config, prompts, source, measured, intervals), measured
+
+        def update(shown: tuple[dict, list[PromptResult]], progress: str, redraw: bool, files=None,
+                   figures: dict | None = None) -> dict:
+            res, measured = shown
+            drawn = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, NOT_YET)
+                                  for kind in FIGURES.values())
+            ran = any(r.skipped is None for r in measured)
+            return {"progress": progress, "report": prompt_report.markdown(res) if ran else "",
+                    **dict(zip(STUDY_PLOTS, live.get(drawn, redraw))), "files": files, "opened": texts,
+                    "table": table(measured, [m.name for m in config.methods()], prompts)}
+
+        interim = report(False)
+        yield update(interim, progress_html(0, len(prompts.prompts), "starting"), True)
         updates, error, how = measure(engine, prompts, config), "", "finished"
         try:
             for u in updates:
@@ -167,31 +183,22 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
                 if stops.take(session):   # the engine is free at once; the report with its intervals follows
                     how = "stopped"
                     line = f"stopped · {_clock(started)} · writing the report"
-                    yield update(interim, progress_html(u.done, u.total, line), live, False, None, texts)
+                    yield update(interim, progress_html(u.done, u.total, line), False)
                     break
                 if pacer.due("text"):
                     redraw = pacer.due("plots")
                     interim = report(False) if redraw else interim
                     line = f"{u.current} · {_clock(started)}"
-                    yield update(interim, progress_html(u.done, u.total, line), live, redraw, None, texts)
+                    yield update(interim, progress_html(u.done, u.total, line), redraw)
         except Exception as e:
             error, how = failure_message(e), "failed"
         finally:
             updates.close()
         final = report(True)
-        figures = prompt_report.figure_set(final)
-        files = [str(p) for p in prompt_report.write(final, export_folder(), figures)] if results else None
+        figures = prompt_report.figure_set(final[0])
+        files = [str(p) for p in prompt_report.write(final[0], export_folder(), figures)] if results else None
         line = f"{how} · {_clock(started)}"
-        yield update(final, progress_html(len(results), len(prompts.prompts), line, error), live, True, files, texts,
-                     figures)
-
-    def update(res: dict, progress: str, live: LivePlots, redraw: bool, files, texts: list,
-               figures: dict | None = None) -> dict:
-        shown = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, NOT_YET)
-                              for kind in FIGURES.values())
-        return {"progress": progress, "report": prompt_report.markdown(res) if res["pooled"] else "",
-                **dict(zip(STUDY_PLOTS, live.get(shown, redraw))), "table": table(res), "files": files,
-                "opened": texts}
+        yield update(final, progress_html(len(results), len(prompts.prompts), line, error), True, files, figures)
 
     outputs = [*(view[name] for name in STUDY_OUTPUTS), opened]
     handler = stream_handler(StudySettings, (*STUDY_OUTPUTS, "opened"), stream)
@@ -213,13 +220,14 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
                                               tabs], api_name=False, queue=False)
 
 
-def table(res: dict) -> pd.DataFrame:
-    """A row per prompt: its place, id, category, length, each method's tau, and the start of its text."""
-    methods = [p["method"] for p in res["pooled"]]
+def table(results: list[PromptResult], methods: list[str], prompts: PromptFile) -> pd.DataFrame:
+    """A row per measured prompt, in the file's order: its place, id, category, length, each method's tau,
+    and the start of its text."""
     head = ["#", "id", "category", "prompt tokens", *(f"{label(m)} tau" for m in methods), "prompt"]
-    rows = [[p["index"] + 1, p["id"], p["category"] or "", p["prompt_tokens"] if not p["skipped"] else "–",
-             *(round(p["runs"][m]["mean_acceptance_length"], 2) if m in p["runs"] else "–" for m in methods),
-             p["preview"] if not p["skipped"] else f"skipped: {p['skipped']}"] for p in res["prompts"]]
+    rows = [[r.index + 1, r.id, r.category or "", r.prompt_tokens if not r.skipped else "–",
+             *(round(r.runs[m].tau, 2) if m in r.runs else "–" for m in methods),
+             prompt_report.preview(prompts.prompts[r.index].prompt) if not r.skipped else f"skipped: {r.skipped}"]
+            for r in sorted(results, key=lambda r: r.index)]
     return pd.DataFrame(rows, columns=head)
 
 
