@@ -84,6 +84,21 @@ def test_a_stream_that_reports_its_steps_at_its_end_is_exported_and_inspected_by
     assert [step["token_texts"] for step in exported["eagle3"]["steps"]] == [["a"], ["b", "c"], ["d", "e"]]
 
 
+def test_a_run_log_is_summarised_once_per_new_event(monkeypatch):
+    """A page reads every run's summary at each update; a run with no new step since is not summarised
+    again, and a new step, or its last step replaced (Stop marks it), is."""
+    from playground.ui import runs
+
+    calls = []
+    monkeypatch.setattr(runs, "summarize", lambda events: calls.append(len(events)) or summarize(events))
+    run = RunLog(GenerationRequest(prompt="p"), steps(2))
+    assert run.summary == run.summary == summarize(steps(2)) and calls == [3]
+    run.events.append(steps(3)[-1])
+    assert run.summary == summarize(steps(3)) and calls == [3, 4]
+    run.events[-1] = replace(run.events[-1], finish_reason="stopped")
+    assert run.summary.finish_reason == "stopped" and calls == [3, 4, 4]
+
+
 def test_file_names_say_which_runs_and_when():
     runs = {name: None for name in ("eagle3", "eagle3.1", "none")}
     assert file_stem(runs, "20261124-110512") == "eagle3_vs_eagle3.1_vs_none-20261124-110512"

@@ -30,6 +30,8 @@ NAME_CHARS = 32   # the most characters of one run's name in a file name
 class RunLog:
     request: GenerationRequest
     events: list[StepEvent] = field(default_factory=list)
+    # the summary and the last event it was made with: a log read again without a new event is not summarised again
+    _summarised: tuple[StepEvent, int, RunSummary] | None = field(default=None, repr=False, compare=False)
 
     @property
     def steps(self) -> list[StepEvent]:
@@ -39,7 +41,13 @@ class RunLog:
 
     @property
     def summary(self) -> RunSummary | None:
-        return summarize(self.events) if self.events else None
+        """The run so far, summarised once per new event (a page's every update reads each of its runs)."""
+        if not self.events:
+            return None
+        last, count = self.events[-1], len(self.events)
+        if self._summarised is None or self._summarised[0] is not last or self._summarised[1] != count:
+            self._summarised = (last, count, summarize(self.events))
+        return self._summarised[2]
 
     @property
     def text(self) -> str:
