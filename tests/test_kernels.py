@@ -561,3 +561,19 @@ def test_every_attention_kernel_refuses_a_head_size_that_is_not_a_multiple_of_8(
         torch.ops.playground.eagle_step(hidden, hidden.clone(), drafter.step_weights(), torch.zeros(2, 12),
                                         torch.zeros(2, 12), step_keys, step_keys.clone(), 0, 1e-5,
                                         drafter.config.num_attention_heads, 4, 2, None)
+
+
+def test_the_kernel_set_is_chosen_per_engine_in_one_process(engine):
+    """`ReferenceEngine.load(kernels=...)` picks the kernels of that engine alone, as `bench kernels` runs two
+    engines side by side: the process's default engine keeps ours, the other runs PyTorch's, and both draft
+    the same tokens."""
+    from playground.engines.reference import ReferenceEngine
+
+    theirs = ReferenceEngine.load(kernels=False)
+    assert engine.target.stack_weights is not None and theirs.target.stack_weights is None
+    assert theirs.drafter("eagle3.1").step_weights() is None and engine.drafter("eagle3.1").step_weights() is not None
+    request = GenerationRequest(prompt="Write a Python function that reverses a string.", drafter="eagle3.1",
+                                max_tokens=24)
+    tokens = lambda e: [t for event in e.generate(request) for t in event.token_ids]
+    assert tokens(theirs) == tokens(engine)
+    assert engine.target.stack_weights is not None   # loading the other changed nothing of this one
