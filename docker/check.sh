@@ -24,10 +24,11 @@ cp /etc/ssl/certs/ca-certificates.crt docker/ca.crt
 start=$(date +%s)
 docker build --network host --build-arg BASE=local/py311 --build-arg TORCH_INDEX= --build-arg CA_BUNDLE=ca.crt \
     ${GPU:+--build-arg VLLM=$VLLM_VERSION} -t "$TAG" .
+gb() { awk "BEGIN {printf \"%.2f GB\", $1 / 1e9}"; }
 SIZE=$(docker image inspect "$TAG" --format '{{.Size}}')
-echo "build: $(( $(date +%s) - start )) s, image size: $(awk "BEGIN {printf \"%.2f GB\", $SIZE / 1e9}")"
+echo "build: $(( $(date +%s) - start )) s, image size: $(gb "$SIZE")"
 if [ -z "$GPU" ] && [ "$SIZE" -gt "$MAX_CPU_IMAGE_BYTES" ]; then
-  echo "FAIL: the CPU image is over its $(( MAX_CPU_IMAGE_BYTES / 1000000000 )).$(( MAX_CPU_IMAGE_BYTES % 1000000000 / 100000000 )) GB budget"
+  echo "FAIL: the CPU image is over its $(gb "$MAX_CPU_IMAGE_BYTES") budget"
   exit 1
 fi
 NAME=eagle-playground-check

@@ -187,7 +187,7 @@ def _paragraphs(text: str, start: int) -> bool:
     `prompt` first line, plain text (one column of CSV has no use for blank lines, short of a quoted cell
     holding them)."""
     gap = BLANK_LINES.search(text, start)
-    return gap is not None and bool(text[gap.end():].strip()) and '"' not in text[start:]
+    return gap is not None and SPACE.match(text, gap.end()).end() < len(text) and text.find('"', start) < 0
 
 
 def _blocks(text: str) -> Iterator[str]:
