@@ -81,3 +81,25 @@ def test_the_explainer_says_how_the_drafters_differ_over_the_suite_in_all_three_
         assert "EAGLE 3.1 puts more of its attention on its own drafts at depths 2, 3, 4, 5" in text
     rms = [rows[("hidden_norm", d)]["mean"] for d in range(1, 6)]
     assert f"EAGLE 3's grows from {rms[0]['eagle3']:.1f} to {rms[-1]['eagle3']:.1f}" in text
+
+
+def test_the_headline_says_what_the_switches_change_and_what_they_do_not_as_the_suite_measured():
+    """The first lines' claim: the fed-back state's scale and tokens per target pass, from the stored suite;
+    and, where the suite measured EAGLE 3.1 attending more to its own drafts, that it does, never that its
+    attention drifts less. README.md claims nothing the page does not."""
+    results = json.loads(STORED_RESULTS.read_text())
+    rms = {r["depth"]: r["mean"] for r in results["signals"] if r["signal"] == "hidden_norm"}
+    own = {r["depth"]: r for r in results["signals"] if r["signal"] == "self_attention"}
+    per_pass = {m: sum(r["tokens"] for r in results["rows"] if r["method"] == m)
+                / sum(r["steps"] for r in results["rows"] if r["method"] == m) for m in ("eagle3", "eagle3.1")}
+    first_lines = explainer_markdown().split("**How to read the answer.**")[0]
+    assert (f"RMS {min(m['eagle3.1'] for m in rms.values()):.1f} to {max(m['eagle3.1'] for m in rms.values()):.1f} "
+            f"at every depth, where EAGLE 3's grows from {rms[1]['eagle3']:.1f} to {rms[max(rms)]['eagle3']:.1f}"
+            in first_lines)
+    assert f"{per_pass['eagle3.1']:.2f} tokens per target pass to EAGLE 3's {per_pass['eagle3']:.2f}" in first_lines
+    deepest = own[max(own)]["mean"]
+    assert all(r["differences"][0]["ci"][0] > 0 for r in own.values())   # what "at every depth" rests on
+    assert (f"*more* of its attention on its own drafts than EAGLE 3, at every depth it drafts after the first "
+            f"({deepest['eagle3.1']:.2f} against {deepest['eagle3']:.2f} at depth {max(own)}") in first_lines
+    for text in (first_lines, (STORED_RESULTS.parents[3] / "README.md").read_text()):
+        assert "drifts far less" not in text and "that stop *attention drift*" not in text

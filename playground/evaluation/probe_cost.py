@@ -45,7 +45,7 @@ from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.backend import LaunchSpec, launch_config
 from playground.engines.vllm.launch import PROBE_PLUGIN, healthy, server_command
-from playground.engines.vllm.probe import FIELD, PREFIX
+from playground.engines.vllm.probe import FIELD, PREFIX, probe_key
 from playground.evaluation.memory import rss_mib
 from playground.evaluation.tables import markdown_table
 from playground.evaluation.vllm_load import EVERYDAY
@@ -77,7 +77,8 @@ def run(config: ProbeCostConfig, status=print) -> list[dict]:
                                       partial(server_command, launch, EAGLE31), Path(launch.log_dir),
                                       pick_port(launch.base_port + 10 + i),
                                       # records kept until fetched: the load fetches once all 40 have ended
-                                      env={**env, "VLLM_PLUGINS": plugins, "EAGLE_PROBE_IDLE_TTL_S": "3600"},
+                                      env={**env, "VLLM_PLUGINS": plugins, "EAGLE_PROBE_IDLE_TTL_S": "3600",
+                                               "EAGLE_PROBE_STATUS_MEMORY": "1"},
                                       status=status, new_session=True)
                for i, plugins in enumerate(("", PROBE_PLUGIN))}
     try:
@@ -130,12 +131,12 @@ def run(config: ProbeCostConfig, status=print) -> list[dict]:
 
 def _completion(url: str, record: bool, prompt_ids: list[int], model: str, max_tokens: int) -> int:
     """One greedy completion; its output tokens. A recorded one also fetches its records."""
-    key = uuid.uuid4().hex
+    key = probe_key(None)
     body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
             **({"vllm_xargs": {FIELD: key}} if record else {})}
     answer = httpx.post(f"{url}/v1/completions", json=body, timeout=600).json()
     if record:
-        httpx.get(f"{url}{PREFIX}/records/{key}", params={"final": "true"}, timeout=60).raise_for_status()
+        _final_fetch(url, key, answer["id"]).raise_for_status()
     return answer["usage"]["completion_tokens"]
 
 
@@ -143,17 +144,18 @@ def _timed_completion(url: str, record: bool, prompt_ids: list[int], model: str,
                       max_tokens: int) -> tuple[float, list[float]]:
     """One streamed greedy completion: its decode time per verify step (first token to last, over
     the steps after the prefill), and for a recorded one the probe's own time in each step."""
-    key = uuid.uuid4().hex
+    key = probe_key(None)
     body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
             **({"vllm_xargs": {FIELD: key}, "cache_salt": key} if record else {})}
     first = last = None
-    steps = 0
+    steps, stream_id = 0, ""
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
         for line in response.iter_lines():
             if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                 continue
             chunk = json.loads(line[5:])
+            stream_id = chunk.get("id") or stream_id
             if chunk.get("choices"):
                 last = time.perf_counter()
                 first = first or last
@@ -161,7 +163,7 @@ def _timed_completion(url: str, record: bool, prompt_ids: list[int], model: str,
             steps = len(spec.get("per_step_accepted") or ()) or steps
     probe_ms = []
     if record:
-        answer = httpx.get(f"{url}{PREFIX}/records/{key}", params={"final": "true"}, timeout=60).json()
+        answer = _final_fetch(url, key, stream_id).json()
         probe_ms = [r["probe_ms"] for r in answer["records"] if "probe_ms" in r]
     return (last - first) * 1e3 / max(steps, 1), probe_ms
 
@@ -234,7 +236,7 @@ def _hammer(url: str, lane: str, done: threading.Event, made: list[int | str]) -
                 elif lane == FLOODS[3] or (lane in (FLOODS[2], FLOODS[5]) and count % 2):
                     answer, expected = client.get(f"{url}{PREFIX}/status"), 200
                 else:   # a key nobody holds
-                    answer, expected = client.get(f"{url}{PREFIX}/records/{uuid.uuid4().hex}"), 404
+                    answer, expected = client.post(f"{url}{PREFIX}/records", json={"key": probe_key(None)}), 404
                 if answer.status_code != expected:
                     raise RuntimeError(f"{answer.request.url.path} answered {answer.status_code}")
                 count += 1
@@ -249,8 +251,8 @@ def _load(server: ServerProcess, document: list[int], model: str, config: ProbeC
     n, size = config.load_requests, config.load_prompt_tokens
     # prompts of `size` tokens that differ from their first token: no prefix cached for another
     prompts = [[100 + i] + document[:size - 1] for i in range(n)]
-    shared = uuid.uuid4().hex
-    keys = [shared if i % 2 else uuid.uuid4().hex for i in range(n)]
+    shared = probe_key(None)
+    keys = [shared if i % 2 else probe_key(None) for i in range(n)]
     row = {"load": n, "prompt_tokens": size,
            "limits": httpx.get(f"{server.url}{PREFIX}/status", timeout=60).json()["limits"]}
     for lane, record in (("not recording", False), ("recording", True)):
@@ -262,21 +264,29 @@ def _load(server: ServerProcess, document: list[int], model: str, config: ProbeC
                      "start_rss_mib": peak.start >> 20, "probe_key_copy_mib": round(peak.key_copy_bytes / 2**20, 1),
                      "probe_recording_at_once": peak.recording, "status_failures": peak.status_failures}
     recorded = {}
-    for key in set(keys):   # fetched once all have ended, so no key is free again before the last asks for it
-        answer = httpx.get(f"{server.url}{PREFIX}/records/{key}", params={"final": "true"}, timeout=60)
-        recorded[key] = {r["request"] for r in answer.json()["records"]} if answer.status_code == 200 else set()
-    row["shared_key_requests_recorded"] = len(recorded[shared])
+    # fetched once all have ended, so no key is free again before the last asks for it; a key's records are
+    # given only to the request that holds it, so each request that sent the key asks
+    for key, stream_id in zip(keys, served):
+        answer = _final_fetch(server.url, key, stream_id) if stream_id else None
+        if answer is not None and answer.status_code == 200 and answer.json()["records"]:
+            recorded.setdefault(key, set()).update(r["request"] for r in answer.json()["records"])
+    row["shared_key_requests_recorded"] = len(recorded.get(shared, ()))
     row["requests_recorded"] = sum(len(requests) for requests in recorded.values())
     row["healthy_after"] = healthy(server.url)
     return row
 
 
-def _load_completion(url: str, model: str, prompt: list[int], key: str | None, max_tokens: int) -> bool:
-    """One greedy completion, opting in under `key` if given; served or not."""
+def _final_fetch(url: str, key: str, stream_id: str) -> httpx.Response:
+    return httpx.post(f"{url}{PREFIX}/records", json={"key": key, "request": stream_id, "final": True}, timeout=60)
+
+
+def _load_completion(url: str, model: str, prompt: list[int], key: str | None, max_tokens: int) -> str:
+    """One greedy completion, opting in under `key` if given; its id where it was served, else ""."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             **({"vllm_xargs": {FIELD: key}, "cache_salt": uuid.uuid4().hex} if key else {})}
     answer = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
-    return answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0
+    served = answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] > 0
+    return answer.json()["id"] if served else ""
 
 
 def _runner_process(server_pid: int) -> int:

@@ -50,15 +50,7 @@ FAULT_FILE = "EAGLE_PROBE_FAULT_FILE"
 FAULTS = os.environ.get(FAULT_FILE)
 
 
-def _settings() -> Settings:
-    try:
-        return Settings.from_env()
-    except ValueError as e:
-        log.warning("eagle_probe: %s; the defaults apply", e)
-        return Settings()
-
-
-SETTINGS = _settings()
+SETTINGS = Settings.read()
 STORE = Store(SETTINGS)
 BUDGET = Budget(SETTINGS.max_key_bytes, SETTINGS.max_positions)
 
@@ -77,6 +69,24 @@ HOOKED = {
         "self", "hidden_states", "sampling_metadata"),
     ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer", "load_model"): ("self", "target_model"),
 }
+
+
+# what the hooks read of vLLM's objects besides the methods they wrap: (module, class) -> attributes. Where
+# a value is taken by position it is named here too: set_inputs_first_pass returns token_indices_to_sample
+# second. tests/test_probe_fits_releases.py checks HOOKED, READS and that position in each release's source.
+READS = {
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"): (
+        "requests", "input_batch", "execute_model_state", "speculative_config"),
+    ("vllm.v1.worker.gpu_model_runner", "ExecuteModelState"): ("scheduler_output",),
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch"): ("req_ids",),
+    ("vllm.v1.worker.gpu_input_batch", "CachedRequestState"): ("sampling_params", "num_prompt_tokens"),
+    ("vllm.v1.core.sched.output", "SchedulerOutput"): ("scheduled_spec_decode_tokens", "finished_req_ids"),
+    ("vllm.v1.outputs", "ModelRunnerOutput"): ("req_id_to_index", "sampled_token_ids"),
+    ("vllm.sampling_params", "SamplingParams"): ("extra_args",),
+    ("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer"): (
+        "method", "model", "parallel_drafting", "use_heterogeneous_vocab"),
+}
+FIRST_PASS_SAMPLED = 1   # the index of token_indices_to_sample in what set_inputs_first_pass returns
 
 
 def hooks_missing() -> list[str]:
@@ -136,14 +146,20 @@ def install() -> None:
     GPUModelRunner._eagle_probe = True
     for cls, method, wrapper in wrappers:
         _wrap(cls, method, wrapper)
-    WorkerBase.eagle_probe_fetch = lambda worker, asked: STORE.fetch_many(asked)
-    WorkerBase.eagle_probe_status = lambda worker: status(getattr(worker, "model_runner", None), GPUModelRunner)
+    # the methods the API process calls (collective_rpc); each refuses a caller without its token
+    WorkerBase.eagle_probe_configure = lambda worker, secrets, token: STORE.configure(
+        [bytes.fromhex(s) for s in secrets], token)
+    WorkerBase.eagle_probe_fetch = lambda worker, token, asked: STORE.fetch_many(token, asked)
+    WorkerBase.eagle_probe_status = lambda worker, token: status(token, getattr(worker, "model_runner", None),
+                                                                 GPUModelRunner)
 
 
-def status(runner, hooked_class: type) -> dict:
+def status(token: object, runner, hooked_class: type) -> dict:
+    STORE.check(token)
+    memory = {"record_bytes": STORE.held_bytes, "key_copy_bytes": BUDGET.used} if SETTINGS.status_memory else {}
     return {"version": __version__, "vllm": WORKER.vllm[0], "vllm_checked": WORKER.vllm[1],
             "checked_versions": CHECKED_VERSIONS, "recording": STORE.live(), "steps_seen": WORKER.steps,
-            "record_bytes": STORE.held_bytes, "key_copy_bytes": BUDGET.used, "fetch_calls": STORE.fetch_calls,
+            "fetch_calls": STORE.fetch_calls, "unproven_keys": STORE.unproven, **memory,
             "limits": SETTINGS.describe(),
             "measures": measures(runner, hooked_class, WORKER.attention_backend)}
 
@@ -240,10 +256,10 @@ class Worker:
                 continue
             if req not in self.keys:
                 key = _extra_args(runner, req).get(REQUEST_FIELD)
-                if not key or STORE.admit(str(key)) is not None:
+                if key is None or STORE.admit(key, req) is not None:
                     self.passed.add(req)
                     continue
-                self.keys[req] = str(key)
+                self.keys[req] = key
             keys[req] = self.keys[req]
         return keys
 
@@ -256,7 +272,7 @@ class Worker:
             self.no_copy.pop(req, None)
             self.drop_copy(req)
             if req in self.keys:
-                STORE.finish(self.keys.pop(req))
+                STORE.finish(self.keys.pop(req), req)
 
     def drop_copy(self, req: str) -> None:
         copy = self.copies.pop(req, None)
@@ -271,7 +287,7 @@ class Worker:
                 self.broken.add(req)
                 self.pending.pop(req, None)
                 self.drop_copy(req)
-                STORE.add(key, {"request": req, "error": why})
+                STORE.add(key, req, {"request": req, "error": why})
 
 
 WORKER = Worker()
@@ -280,13 +296,22 @@ WORKER = Worker()
 def _update_states(original, runner, scheduler_output):
     """Every step begins here, scheduled or not: the moment to forget the requests that finished."""
     guarded("update_states", _count_step, scheduler_output)
-    return original(runner, scheduler_output)
+    result = original(runner, scheduler_output)
+    if WORKER.keys:
+        guarded("update_states", _forget_gone, runner)
+    return result
 
 
 def _count_step(scheduler_output) -> None:
     WORKER.steps += 1
     if WORKER.keys or WORKER.passed:
         WORKER.forget(scheduler_output.finished_req_ids)
+
+
+def _forget_gone(runner) -> None:
+    """The recorded requests the runner no longer holds (it drops a request only when it finishes,
+    vllm/v1/worker/gpu_model_runner.py ~1183): finished, where the probe missed the step that said so."""
+    WORKER.forget({req for req in WORKER.keys if req not in runner.requests})
 
 
 def _sample_tokens(original, runner, grammar_output):
@@ -304,7 +329,7 @@ def _verified_drafts(runner) -> tuple[dict, dict, dict] | None:
     keys = WORKER.admitted(runner) if state is not None else {}
     if not keys:
         return None
-    scheduled = state[0].scheduled_spec_decode_tokens
+    scheduled = state.scheduler_output.scheduled_spec_decode_tokens
     verified = {req: list(scheduled.get(req, ())) for req in keys}
     return keys, verified, {req: WORKER.pending.pop(req, None) for req in keys}
 
@@ -316,12 +341,12 @@ def _record_step(runner, output, keys: dict, verified: dict, proposals: dict) ->
             continue
         if index is None:   # asynchronous scheduling hands its output over later
             WORKER.broken.add(req)
-            STORE.add(key, {"request": req, "error": "asynchronous scheduling: start vLLM with "
+            STORE.add(key, req, {"request": req, "error": "asynchronous scheduling: start vLLM with "
                                                      "--no-async-scheduling to record steps"})
             continue
         tokens = [int(t) for t in output.sampled_token_ids[index[req]]] if req in index else []
         if tokens:   # none: a chunk of a long prompt, nothing committed yet
-            STORE.add(key, _record(runner, req, verified[req], tokens, proposals[req]))
+            STORE.add(key, req, _record(runner, req, verified[req], tokens, proposals[req]))
 
 
 def _record(runner, req: str, drafts: list[int], tokens: list[int], proposal: Proposal | None) -> dict:
@@ -387,11 +412,12 @@ def _keep_proposals(capture: Capture, drafts) -> None:
 def _set_inputs_first_pass(original, proposer, *args, **kwargs):
     result = original(proposer, *args, **kwargs)
     if WORKER.capture is not None:
-        guarded("set_inputs_first_pass", _note_first_rows, WORKER.capture, result[1])
+        guarded("set_inputs_first_pass", _note_first_rows, WORKER.capture, result)
     return result
 
 
-def _note_first_rows(capture: Capture, token_indices_to_sample) -> None:
+def _note_first_rows(capture: Capture, result) -> None:
+    token_indices_to_sample = result[FIRST_PASS_SAMPLED]
     capture.first_rows = {row: int(token_indices_to_sample[row]) for row in capture.rows}
 
 
@@ -399,9 +425,7 @@ def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
     """One depth's drafts, from one row per request; for the probed rows, the drafter's probability of
     the draft chosen, from the logits vLLM computes for them (kept by _keep_logits while this runs)."""
     capture = WORKER.capture
-    one_row_each = not getattr(proposer, "parallel_drafting", False)   # parallel drafting: k rows a request
-    own_vocab = getattr(proposer, "use_heterogeneous_vocab", False)    # its logits are over another vocabulary
-    measuring = capture is not None and one_row_each and not own_vocab and hasattr(proposer.model, "compute_logits")
+    measuring = capture is not None and guarded("sample_draft_tokens", _measures_draft_probs, proposer)
     if measuring:
         capture.sampling, capture.logits = True, None
     try:
@@ -413,6 +437,12 @@ def _sample_draft_tokens(original, proposer, hidden_states, *args, **kwargs):
         guarded("sample_draft_tokens", _draft_probs, capture, proposer, hidden_states, result)
         capture.logits = None
     return result
+
+
+def _measures_draft_probs(proposer) -> bool:
+    one_row_each = not getattr(proposer, "parallel_drafting", False)   # parallel drafting: k rows a request
+    own_vocab = getattr(proposer, "use_heterogeneous_vocab", False)    # its logits are over another vocabulary
+    return one_row_each and not own_vocab and hasattr(proposer.model, "compute_logits")
 
 
 def _keep_logits(compute_logits):
@@ -506,15 +536,15 @@ def _watch_attention(impl) -> None:
         capture = WORKER.capture
         if capture is not None and attn_metadata is not None:
             start = time.perf_counter()
-            output = kwargs["output"] if "output" in kwargs else args[0]
-            guarded("attention", _measure_attention, capture, impl, query, key, value, attn_metadata, output)
+            guarded("attention", _measure_attention, capture, impl, query, key, value, attn_metadata, args, kwargs)
             capture.spent_s += time.perf_counter() - start
         return result
     impl.forward = forward
 
 
-def _measure_attention(capture: Capture, impl, query, key, value, attn_metadata, output) -> None:
+def _measure_attention(capture: Capture, impl, query, key, value, attn_metadata, args: tuple, kwargs: dict) -> None:
     """Add the probed rows' keys of this drafter call to their copies, and measure each one's query."""
+    output = kwargs["output"] if "output" in kwargs else args[0]
     depth = capture.calls - 1   # the pre-hook has counted this call
     if key is None or capture.positions is None or (depth == 0 and capture.first_rows is None) \
             or not hasattr(attn_metadata, "query_start_loc"):

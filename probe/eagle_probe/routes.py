@@ -1,7 +1,13 @@
-"""The API-server side: `GET /v1/eagle_probe/records/{key}` and `GET /v1/eagle_probe/status`.
+"""The API-server side: `POST /v1/eagle_probe/records` (a JSON body `{"key": ..., "request": ..., "final":
+false}`: keys stay out of URLs, and so out of access and proxy logs) and `GET /v1/eagle_probe/status`.
 
 The routes live under `/v1`, so vLLM's own `--api-key` / `VLLM_API_KEY` middleware guards them exactly
-as it guards `/v1/completions` (vllm/entrypoints/serve/middleware/authenticate.py ~11, ~59).
+as it guards `/v1/completions` (vllm/entrypoints/serve/middleware/authenticate.py ~11, ~59). Recording
+does not rest on that middleware: a request is recorded only under a key made with the API key (keys.py),
+whichever route it came through. Before the server listens, `init_state` hands the workers the secrets
+keys are proven against and the token every call of this process carries (vllm/entrypoints/launchers/
+api_server/entry.py ~138, then serve_http ~142); a caller of vLLM's development `/collective_rpc` has
+neither, so it reads no record, key or status through the probe.
 
 No client reaches the engine directly. Each call to a worker is a `collective_rpc`, which the engine
 core serves between two steps (vllm/v1/engine/core.py ~1599), so the routes bound how often that
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
@@ -24,14 +31,18 @@ from fastapi.responses import JSONResponse, Response
 
 from eagle_probe import PLUGIN, VLLM_VERSION, __version__
 from eagle_probe.attention import across_ranks
+from eagle_probe.keys import KEY_FORM, digest, proven, rpc_token, secret_of
+from eagle_probe.settings import Settings
+
+log = logging.getLogger("eagle_probe")
 
 PREFIX = "/v1/eagle_probe"
 RPC_TIMEOUT_S = 25.0   # the engine answers between steps (a long prefill's take seconds on a CPU); clients wait 30 s
 STATUS_EVERY_S = 1.0
 FETCH_EVERY_S = 0.1
 HELD_EVERY_S = 1.0     # how stale the API process's list of the keys the workers hold may get
-MAX_WAITING = 1024     # keys waiting for the next fetch; more are told to come back
-MAX_KEY_CHARS = 256
+MAX_WAITERS_PER_KEY = 4
+MAX_REQUEST_ID_CHARS = 256
 
 
 class ProbeRoutes:
@@ -42,15 +53,28 @@ class ProbeRoutes:
     def attach_router(self, app: FastAPI) -> None:
         router = APIRouter(prefix=PREFIX)
 
-        @router.get("/records/{key}")
-        async def records(key: str, request: Request, final: bool = False):
-            """The records of request `key` made since the last fetch; `final=true` (after its stream
-            ended) also drops the request from the probe."""
-            found = None
-            if len(key) <= MAX_KEY_CHARS:
-                found = await _state(request).fetches.fetch(key, final)
+        @router.post("/records")
+        async def records(request: Request):
+            """The records made since the last fetch of the request `request` (the id its stream carries),
+            recorded under `key`; `final: true` (after its stream ended) also releases it from the probe."""
+            try:
+                body = await request.json()
+            except ValueError:
+                body = None
+            body = body if isinstance(body, dict) else {}
+            key, stream, final = body.get("key"), body.get("request"), body.get("final", False)
+            if not isinstance(key, str) or not KEY_FORM.fullmatch(key) or not isinstance(final, bool) \
+                    or not isinstance(stream, str) or not 0 < len(stream) <= MAX_REQUEST_ID_CHARS:
+                return JSONResponse(error_body(
+                    "the body is {\"key\": the request's probe key (64 lowercase hex characters, eagle_probe/keys.py), "
+                    "\"request\": the id its stream carries, \"final\": true or false}", 400), 400)
+            probe = _state(request)
+            try:
+                found = await probe.fetches.fetch(key, stream, final) if proven(key, probe.secrets) else None
+            except Busy as e:   # answered, not raised: vLLM logs every raised error with its traceback
+                return JSONResponse(error_body(str(e), 503), 503, headers={"Retry-After": "1"})
             if found is None:   # answered here, not raised: the commonest answer to a flood, at half the cost
-                return JSONResponse(not_found(key), status_code=404)
+                return JSONResponse(not_found(), status_code=404)
             return found
 
         @router.get("/status")
@@ -60,15 +84,27 @@ class ProbeRoutes:
         app.include_router(router)
 
     async def init_state(self, engine_client, state, args) -> None:
-        state.eagle_probe = Probe(engine_client) if engine_client is not None else None
+        if engine_client is None:
+            state.eagle_probe = None
+            return
+        import vllm.envs as envs
+
+        # the keys vLLM's middleware checks, as it reads them (vllm/entrypoints/serve/middleware/register.py ~33)
+        api_keys = [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
+        state.eagle_probe = Probe(engine_client, api_keys, bool(envs.VLLM_SERVER_DEV_MODE))
+        await state.eagle_probe.configure()
 
 
-def not_found(key: str) -> dict:
-    """A 404's body, in the shape vLLM gives every HTTP error (ErrorResponse,
+def error_body(message: str, code: int) -> dict:
+    """An error's body, in the shape vLLM gives every HTTP error (ErrorResponse,
     vllm/entrypoints/serve/exception_handling/handlers/http.py ~24-31)."""
-    message = (f"no request {key!r} is recorded: it did not set vllm_xargs {{\"{PLUGIN}\": key}}, has not started, "
-               "or was fetched to its end")
-    return {"error": {"message": message, "type": "Not Found", "param": None, "code": 404}}
+    kind = {400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}[code]
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def not_found() -> dict:
+    return error_body(f"no request is recorded under this key: it did not set vllm_xargs {{\"{PLUGIN}\": key}} "
+                      "with a key made with this server's API key, has not started, or was fetched to its end", 404)
 
 
 def _state(request: Request) -> "Probe":
@@ -81,24 +117,47 @@ def _state(request: Request) -> "Probe":
 class Probe:
     """The API process's side of one server: its status copy and its fetches."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, api_keys: list[str], dev_mode: bool):
         self.engine = engine
-        self.fetches = Fetches(self)
+        self.api_keys, self.dev_mode = bool(api_keys), dev_mode
+        self.secrets = [secret_of(key) for key in api_keys] or [secret_of(None)]
+        self.token = rpc_token(api_keys)
+        self.configured = ""   # "yes", or why the workers refused the secrets ("": not yet asked)
+        self.fetches = Fetches(self, Settings.read().max_waiting)
         self._status: tuple[float, bytes] | None = None
         self._status_lock = asyncio.Lock()
 
+    async def configure(self) -> None:
+        """Hand the workers the secrets and the token (before the server listens; again at the first call
+        where that failed)."""
+        try:
+            engines = await self._call("eagle_probe_configure", [s.hex() for s in self.secrets], self.token)
+        except Exception as e:
+            log.warning("eagle_probe: the workers did not take the probe's secrets: %r", e)
+            return
+        refusals = [why for ranks in engines for why in ranks if why]
+        self.configured = refusals[0] if refusals else "yes"
+        if refusals:
+            log.warning("eagle_probe: %s; it records nothing in this server", refusals[0])
+
     async def ask(self, method: str, *args) -> list[list]:
         """Every worker's answer, by data-parallel engine, then by rank."""
-        core = getattr(self.engine, "engine_core", None)
+        if not self.configured:
+            await self.configure()
         try:
-            if hasattr(core, "call_utility_all_async"):
-                call = core.call_utility_all_async("collective_rpc", method, RPC_TIMEOUT_S, args, None)
-                return list(await asyncio.wait_for(call, RPC_TIMEOUT_S + 1))
-            return [await self.engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)]
+            return await self._call(method, self.token, *args)
         except Exception as e:   # the worker half is off (another vLLM version), or a worker failed or timed out
-            raise HTTPException(503, f"eagle_probe {__version__} is not running in this server's workers (it "
-                                     f"runs where vLLM's methods it hooks are {VLLM_VERSION}'s): "
-                                     f"{type(e).__name__}: {e}") from None
+            log.warning("eagle_probe: %s failed in the workers: %r", method, e)
+            raise HTTPException(503, f"eagle_probe {__version__} is not answering in this server's workers (it runs "
+                                     f"where vLLM's methods it hooks are {VLLM_VERSION}'s; the server's log says "
+                                     "why)") from None
+
+    async def _call(self, method: str, *args) -> list[list]:
+        core = getattr(self.engine, "engine_core", None)
+        if hasattr(core, "call_utility_all_async"):
+            call = core.call_utility_all_async("collective_rpc", method, RPC_TIMEOUT_S, args, None)
+            return list(await asyncio.wait_for(call, RPC_TIMEOUT_S + 1))
+        return [await self.engine.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)]
 
     async def status(self) -> Response:
         """The status copy, encoded once per refresh (a flood of /status then costs about what vLLM's /v1/models
@@ -109,37 +168,66 @@ class Probe:
                 workers = [w for ranks in engines for w in ranks]
                 first = dict(workers[0])
                 first["recording"] = sum(ranks[0]["recording"] for ranks in engines)
-                first.update(engines=len(engines), workers=workers, api_key="guarded as /v1")
+                first.update(engines=len(engines), workers=workers, server_config=server_config(self.engine),
+                             **self.access())
                 self._status = (time.monotonic(), json.dumps(first).encode())
             return Response(self._status[1], media_type="application/json")
+
+    def access(self) -> dict:
+        """Who can record and read, as /status says it."""
+        said = {"api_key": "required: vLLM's --api-key guards the probe's routes as /v1, and a request is recorded "
+                           "only under a key made with it" if self.api_keys else
+                           "none: whoever reaches this port can record requests and read their records",
+                "workers_configured": self.configured or "no"}
+        if self.dev_mode:
+            said["warning"] = ("VLLM_SERVER_DEV_MODE is on: vLLM's development routes (/collective_rpc, /sleep, "
+                               "/reset_prefix_cache, ...) need no API key; the probe's records stay behind its "
+                               "token, but run such a server only where nobody else reaches its port")
+        return said
+
+
+class Busy(Exception):
+    """Too many fetches wait: the caller is asked to come back."""
 
 
 class Fetches:
     """Fetches waiting for the next call to the workers, one call for all of them. The workers' answer also
-    lists the keys they hold (`held`): a fetch of a key held then waits for the next call (at most
-    FETCH_EVERY_S); any other fetch is answered "not held" at once while that list is under HELD_EVERY_S old
-    (a final fetch, which may carry a refusal's reason or release a request admitted since, always waits for
-    a call), and brings a call only once the list is older."""
+    lists the digests of the keys they hold (`held`): a fetch of a key held then waits for the next call (at
+    most FETCH_EVERY_S); any other fetch is answered "not held" at once while that list is under
+    HELD_EVERY_S old (a final fetch, which may carry a refusal's reason or release a request admitted since,
+    always waits for a call), and brings a call only once the list is older. Keys held always find a place;
+    other keys wait `max_waiting` at most (EAGLE_PROBE_MAX_WAITING), MAX_WAITERS_PER_KEY fetches each, so
+    a flood of fetches of keys nobody holds never turns a held request's fetch away."""
 
-    def __init__(self, probe: Probe):
-        self.probe = probe
-        self.waiting: dict[str, tuple[bool, list[asyncio.Future]]] = {}
+    def __init__(self, probe: Probe, max_waiting: int):
+        self.probe, self.max_waiting = probe, max_waiting
+        self.waiting: dict[tuple[str, str], tuple[bool, list[asyncio.Future]]] = {}   # (key, request id) ->
         self.pump: asyncio.Task | None = None
         self.wake = asyncio.Event()
         self.last = float("-inf")
-        self.held: set[str] = set()
+        self.held: set[str] = set()   # digests
         self.held_at = float("-inf")
+        self.unheld_waiting = 0         # keys in `waiting` that were not held when they came
 
-    async def fetch(self, key: str, final: bool) -> dict | None:
+    async def fetch(self, key: str, request: str, final: bool) -> dict | None:
         stale = time.monotonic() - self.held_at >= HELD_EVERY_S
-        if not final and not stale and key not in self.held:
+        held = digest(key) in self.held
+        if not final and not stale and not held:
             return None
-        if key not in self.waiting and len(self.waiting) >= MAX_WAITING:
-            raise HTTPException(503, "the probe has too many fetches waiting: ask again in a moment")
+        asked = (key, request)
+        if asked in self.waiting:
+            if len(self.waiting[asked][1]) >= MAX_WAITERS_PER_KEY:
+                raise Busy("the probe has too many fetches of this key waiting: ask again in a moment")
+        elif not held and self.unheld_waiting >= self.max_waiting:
+            raise Busy("the probe has too many fetches waiting: ask again in a moment")
+        else:
+            self.waiting[asked] = (False, [])
+            self.unheld_waiting += not held
         future = asyncio.get_running_loop().create_future()
-        was_final, futures = self.waiting.get(key, (False, []))
-        self.waiting[key] = (was_final or final, [*futures, future])
-        if key in self.held or stale:
+        was_final, futures = self.waiting[asked]
+        futures.append(future)
+        self.waiting[asked] = (was_final or final, futures)
+        if held or stale:
             self.wake.set()
         if self.pump is None or self.pump.done():
             self.pump = asyncio.create_task(self._serve())
@@ -148,7 +236,7 @@ class Fetches:
     def _due(self) -> float:
         """When the waiting fetches call the workers: soon for a key held, else when `held` grows old."""
         soon = self.last + FETCH_EVERY_S
-        if any(key in self.held for key in self.waiting):
+        if len(self.waiting) > self.unheld_waiting:
             return soon
         return max(soon, self.held_at + HELD_EVERY_S)
 
@@ -162,9 +250,9 @@ class Fetches:
                 except asyncio.TimeoutError:
                     pass
                 continue
-            batch, self.waiting = self.waiting, {}
+            batch, self.waiting, self.unheld_waiting = self.waiting, {}, 0
             self.last = time.monotonic()
-            asked = [(key, final) for key, (final, _) in batch.items()]
+            asked = [(key, request, final) for (key, request), (final, _) in batch.items()]
             try:
                 engines = await self.probe.ask("eagle_probe_fetch", asked)
                 answers = [one_answer([[worker["answers"][i] for worker in workers] for workers in engines])
@@ -181,6 +269,29 @@ class Fetches:
                 for n, future in enumerate(futures):   # the records go to the first; a repeat of a key gets none
                     if not future.done():
                         future.set_result(answer if n == 0 or answer is None else {**answer, "records": []})
+
+
+# what a client reads to describe the server, which vLLM itself publishes only in development mode
+# (`GET /server_info`, vllm/entrypoints/serve/dev/server_info/api_router.py): name -> the fields shown
+PUBLISHED_CONFIG = {
+    "speculative_config": ("method", "model", "num_speculative_tokens", "disable_padded_drafter_batch",
+                           "prompt_lookup_min", "prompt_lookup_max"),
+    "scheduler_config": ("max_num_scheduled_tokens", "max_num_batched_tokens"),
+    "observability_config": ("per_request_spec_decode_metrics",),
+}
+
+
+def server_config(engine) -> dict:
+    """The parts of the engine's configuration in PUBLISHED_CONFIG, in /server_info's shape (a part the
+    server does not have is None)."""
+    config = getattr(engine, "vllm_config", None)
+    published = {}
+    for name, fields in PUBLISHED_CONFIG.items():
+        part = getattr(config, name, None)
+        published[name] = None if part is None else {
+            field: value for field in fields
+            if isinstance(value := getattr(part, field, None), (str, int, float, bool)) or value is None}
+    return published
 
 
 def one_answer(by_engine: list[list[dict | None]]) -> dict | None:

@@ -138,6 +138,10 @@ class ProbedSteps:
             if size > available and not final:
                 return   # its tokens have not all streamed yet
             end = self.used + min(size, available)
+            if [int(t) for t in record["tokens"][:end - self.used]] != self.ids[self.used:end]:
+                self.probe.error = (f"the probe's record of step {self.records} holds other tokens than streamed: "
+                                    "another request was recorded under this request's key")
+                return
             yield self.step(record, self.ids[self.used:end], self.texts[self.used:end])
             self.used, self.records = end, self.records + 1
 
@@ -177,6 +181,7 @@ class VLLMEngine:
         self.drafter_names = tuple(self.servers)
         self.max_tokens_limit, self.timeout_s = max_tokens_limit, timeout_s
         self.client = http_client(api_key, httpx.Timeout(30.0, connect=5.0))   # api_key: vLLM's --api-key
+        self.api_key = api_key   # the probe's keys are made with it
         self.connections: dict[str, Connection] = {}
         self.lock = threading.Lock()
 
@@ -294,13 +299,15 @@ class VLLMEngine:
                 context_bound: bool) -> Iterator[StepEvent]:
         t0 = time.perf_counter()
         server, k = connection.server, connection.info.k or 0
-        probe = ProbedRequest(self.client, server.url) if connection.info.probe and k else None
+        probe = ProbedRequest(self.client, server.url, self.api_key) if connection.info.probe and k else None
         steps = ProbedSteps(connection, probe, k) if probe else ChunkSteps(k)
         finish, metrics, arrived = None, None, t0
 
         def step_fields() -> Iterator[dict]:
             nonlocal finish, metrics, arrived
             for arrived, chunk in stamped(self._chunks(server, {**body, **(probe.body if probe else {})})):
+                if probe and not probe.request:
+                    probe.request = str(chunk.get("id") or "")
                 if chunk.get("choices"):
                     choice = chunk["choices"][0]
                     ids = [int(t) for t in choice.get("token_ids") or []]

@@ -2,11 +2,11 @@
 
 Every server tells its served name, the model it loaded and its context (`/v1/models`), and
 whether it speculates and with how many draft positions (the spec-decode counters of
-`/metrics`). Which drafter it runs, and whether it reports per-step counts, only a server
-started with VLLM_SERVER_DEV_MODE=1 publishes (`/server_info`); the launcher starts its own
-servers so. An EAGLE-3 drafter is EAGLE 3 or EAGLE 3.1 by the switches of its config.json, read
-where this machine can read it (its folder, or the Hugging Face cache). What a server does not
-publish stays None, and the page says so.
+`/metrics`). Which drafter it runs, and whether it reports per-step counts, a server publishes
+where it runs the probe (its `/status`, behind the API key) or was started with
+VLLM_SERVER_DEV_MODE=1 (`/server_info`, open to anyone). An EAGLE-3 drafter is EAGLE 3 or EAGLE
+3.1 by the switches of its config.json, read where this machine can read it (its folder, or the
+Hugging Face cache). What a server does not publish stays None, and the page says so.
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def inspect_server(url: str, client: httpx.Client) -> ServerInfo:
     except PlaygroundError:
         config = None
     probe = probe_status(client, url)
+    config = config or probe.config   # a server's probe publishes what development mode would
     k = ((config or {}).get("speculative_config") or {}).get("num_speculative_tokens") or (
         max(positions) + 1 if positions else None)
     info = ServerInfo(url=url, model=card["id"], root=str(card.get("root") or card["id"]),

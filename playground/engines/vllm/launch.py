@@ -159,12 +159,11 @@ class Launched:
         # vLLM 0.32 never loads its AOT compile cache back ("'function' object has no attribute
         # 'finalize_loading'") and recompiles at every start; its older compile cache loads (a second
         # start of one CPU server: 64 s instead of 144 s)
-        # VLLM_SERVER_DEV_MODE publishes each server's configuration (/server_info), so that the backend
-        # can check which drafter it runs; the servers listen on 127.0.0.1 only
-        # VLLM_PLUGINS enables the probe (probe/, installed by scripts/setup-vllm.sh) in the servers, and
+        # VLLM_PLUGINS enables the probe (probe/, installed by scripts/setup-vllm.sh) in the servers (its
+        # status also publishes which drafter a server runs, so development mode stays off), and
         # VLLM_USE_V2_MODEL_RUNNER=0 keeps a server on the model runner it hooks (unset, vLLM picks the V2 runner
         # wherever Triton runs and the features allow, config/vllm.py ~703-730)
-        env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": PROBE_PLUGIN,
+        env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_PLUGINS": PROBE_PLUGIN,
                "VLLM_USE_V2_MODEL_RUNNER": "0", **os.environ,
                "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
                **({"VLLM_API_KEY": config.api_key} if config.api_key else {})}
