@@ -444,3 +444,20 @@ def test_status_says_what_the_probe_can_measure_in_each_server_and_why_not(runne
     if isinstance(runner, V2Runner):
         assert "VLLM_USE_V2_MODEL_RUNNER=0" in said["drafts"]
 
+
+
+def test_a_record_whose_tokens_are_not_the_streamed_ones_ends_the_probe_for_the_run():
+    """The client pairs every record with the tokens its own stream carried: where they differ (another
+    request's records under this key), the run goes on with vLLM's counts and says why."""
+    from playground.engines.vllm.client import ProbedSteps
+    from playground.engines.vllm.probe import ProbedRequest
+
+    probe = ProbedRequest(None, "http://127.0.0.1:9", None)
+    probe.finished = True   # its records are all here: a fetch asks no server
+    probe.records = [{"step": 0, "drafts": [], "accepted": 0, "tokens": [7]},
+                     {"step": 1, "drafts": [5, 6], "accepted": 1, "tokens": [5, 8]}]
+    steps = ProbedSteps(connection=None, probe=probe, k=2)
+    steps.receive([7, 5, 9], ("a", "b", "c"))
+    made = list(steps.ready(final=True))
+    assert [m["token_ids"] for m in made] == [(7,), (5, 9)] and "draft_ids" not in made[1]
+    assert "the probe's record of step 1 holds other tokens than streamed" in steps.lost

@@ -3,7 +3,6 @@ records must agree with the server's own per-step counts and with the embedded e
 attention must pass its self-check, as on 0.32.0 (tests/test_vllm.py)."""
 
 import os
-import uuid
 from pathlib import Path
 
 import httpx
@@ -12,7 +11,7 @@ import pytest
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
 from playground.engines.vllm.backend import LaunchSpec, vllm_backend
-from playground.engines.vllm.probe import PREFIX
+from playground.engines.vllm.probe import PREFIX, probe_key
 from tests.test_vllm import assert_steps_agree, probed_completion
 from tests.vllm_servers import EAGER
 
@@ -49,7 +48,7 @@ def test_the_probes_records_are_the_servers_counts_and_the_embedded_engines_step
         request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=5, max_tokens=32)
         events = list(engine.generate(request))
         tokens, metrics, records = probed_completion(older, "eagle3.1", engine.prompt_ids(request), 32,
-                                                     uuid.uuid4().hex)
+                                                     probe_key(None))
         assert tokens == list(summarize(events).token_ids)
         assert [r["accepted"] for r in records[1:]] == metrics["per_step_accepted"]   # vLLM's own count
         assert_steps_agree(records, events)

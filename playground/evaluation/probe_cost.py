@@ -236,7 +236,8 @@ def _hammer(url: str, lane: str, done: threading.Event, made: list[int | str]) -
                 elif lane == FLOODS[3] or (lane in (FLOODS[2], FLOODS[5]) and count % 2):
                     answer, expected = client.get(f"{url}{PREFIX}/status"), 200
                 else:   # a key nobody holds
-                    answer, expected = client.post(f"{url}{PREFIX}/records", json={"key": probe_key(None)}), 404
+                    asked = {"key": probe_key(None), "request": "cmpl-made-up"}
+                    answer, expected = client.post(f"{url}{PREFIX}/records", json=asked), 404
                 if answer.status_code != expected:
                     raise RuntimeError(f"{answer.request.url.path} answered {answer.status_code}")
                 count += 1
