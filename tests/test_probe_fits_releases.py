@@ -22,20 +22,26 @@ from eagle_probe.hooks import FIRST_PASS_SAMPLED, HOOKED, READS  # noqa: E402
 INSTALLED = {"0.32.0": ROOT / ".venv-vllm", "0.31.0": ROOT / ".venv-vllm-0.31"}
 
 
+MODULES = {module for module, *_ in [*HOOKED, *READS]}
+
+
 class Source:
-    """A release's modules by dotted name, as parsed source."""
+    """The modules the probe hooks or reads of one release, by dotted name, as parsed source."""
 
     def __init__(self, version: str):
         self.version = version
+        paths = {name.replace(".", "/") + ".py": name for name in MODULES}
         if version in INSTALLED:
             site = next(INSTALLED[version].glob("lib/python3*/site-packages"))
-            self.read = lambda path: (site / path).read_text()
-        else:
-            members = tarfile.open(archive(version))
-            self.read = lambda path: members.extractfile(f"vllm-{version}/{path}").read().decode()
+            texts = {name: (site / path).read_text() for path, name in paths.items()}
+        else:   # one pass through the archive: a gzip stream read again from its start for every member is slow
+            with tarfile.open(archive(version)) as members:
+                texts = {paths[m.name.partition("/")[2]]: members.extractfile(m).read().decode()
+                         for m in members if m.name.partition("/")[2] in paths}
+        self.modules = {name: ast.parse(text) for name, text in texts.items()}
 
     def module(self, name: str) -> ast.Module:
-        return ast.parse(self.read(name.replace(".", "/") + ".py"))
+        return self.modules[name]
 
     def cls(self, module: str, name: str) -> ast.ClassDef:
         found = [node for node in self.module(module).body if isinstance(node, ast.ClassDef) and node.name == name]

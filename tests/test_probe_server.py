@@ -35,7 +35,7 @@ HOOKS = ("update_states", "sample_tokens", "propose_draft_token_ids", "set_input
          "sample_draft_tokens", "fed_back_state", "attention")
 PROMPT = "Write a Python function that reverses a list."
 KEYED = {"Authorization": f"Bearer {API_KEY}"}
-MAX_WAITING = 64   # fetches of keys the workers do not hold that wait at once (the default is 1,024)
+MAX_WAITING = 128   # fetches of keys the workers do not hold that wait at once (the default is 1,024)
 
 
 def final_fetch(url: str, key: str, stream_id: str) -> httpx.Response:
@@ -384,7 +384,7 @@ def test_with_development_mode_on_collective_rpc_reveals_no_key_and_no_record(se
 
 
 def test_a_flood_of_final_fetches_of_keys_nobody_holds_leaves_a_run_its_records(server, greedy):
-    """A key holder sends 2,000 last fetches of keys nobody holds, 200 at a time, beside a run: more wait
+    """A key holder sends 2,000 last fetches of keys nobody holds, 256 at a time, beside a run: more wait
     than the server lets (MAX_WAITING), so some of the flood is told to come back (503), and the run's
     fetches, of a key held, never are: its every step arrives with its drafts."""
     import asyncio
@@ -393,8 +393,8 @@ def test_a_flood_of_final_fetches_of_keys_nobody_holds_leaves_a_run_its_records(
     answered: list[int | str] = []
 
     async def flood() -> None:
-        at_once = asyncio.Semaphore(200)
-        async with httpx.AsyncClient(headers=KEYED, timeout=60, limits=httpx.Limits(max_connections=200)) as client:
+        at_once = asyncio.Semaphore(256)
+        async with httpx.AsyncClient(headers=KEYED, timeout=60, limits=httpx.Limits(max_connections=256)) as client:
             async def one() -> None:
                 asked = {"key": probe_key(API_KEY), "request": "cmpl-made-up", "final": True}
                 async with at_once:
