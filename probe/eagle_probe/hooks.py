@@ -342,7 +342,7 @@ def _record_step(runner, output, keys: dict, verified: dict, proposals: dict) ->
         if index is None:   # asynchronous scheduling hands its output over later
             WORKER.broken.add(req)
             STORE.add(key, req, {"request": req, "error": "asynchronous scheduling: start vLLM with "
-                                                     "--no-async-scheduling to record steps"})
+                                                          "--no-async-scheduling to record steps"})
             continue
         tokens = [int(t) for t in output.sampled_token_ids[index[req]]] if req in index else []
         if tokens:   # none: a chunk of a long prompt, nothing committed yet
