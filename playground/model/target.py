@@ -311,4 +311,6 @@ def _attention_mask(start: int, T: int, key_padding: torch.Tensor | None,
     mask = torch.ones(T, start + T, dtype=torch.bool, device=device).tril(diagonal=start)[None, None]
     if key_padding is not None:
         mask = mask & ~key_padding[:, None, None, :start + T]
+        new = torch.arange(T, device=device)
+        mask[:, :, new, start + new] = True   # a padding query sees itself: no row all masked (NaN on some kernels)
     return mask

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from playground.engines import chat
 from playground.engines.sampling import SamplingParams, probabilities
 from playground.model.target import Target
-from playground.training import prompts
+from playground.training import corpus, prompts
 from playground.training.slots import continue_slots
 
 
@@ -43,13 +43,19 @@ class DataConfig:
     temperature: float = 0.8     # for the sampled half
     seed: int = 0
     dtype: str = "float32"
-    source: str = "templates"    # templates | self (the target writes the user turns)
+    source: str = "templates"    # one of SOURCES
     device: str = "cpu"          # where the target runs (cuda: far larger batches)
     slots: int = 0               # > 0: decode in this many refilled slots (training.slots, the GPU path)
+    corpus: str = ""             # long and people: the corpus file (training.corpus)
+    long_rows: int = 16          # long: prompts of about one length decoded together as one padded batch
 
 
-SOURCES = ("templates", "self")
+SOURCES = ("templates", "self", "people", "long")
+# templates: the prompt generator; self: the target writes the user turns after opening words;
+# people: the same after a persona, with format wishes, and pasted paragraphs or code from the corpus;
+# long: questions after documents of 2k-6k tokens from the corpus
 SELF_PROMPT_TOKENS = 64
+PEOPLE_PROMPT_TOKENS = 128
 SELF_PROMPT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
 
 
@@ -63,9 +69,10 @@ def list_shards(folder: Path) -> list[Path]:
 
 @torch.inference_mode()
 def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
-                   params: SamplingParams, generator: torch.Generator) -> list[list[int]]:
+                   params: SamplingParams, generator: torch.Generator, prefill_tokens: int | None = None) -> list[list[int]]:
     """Continue a batch of prompts (left-padded) greedily or by sampling, row by row. Each reply
-    ends at (and includes) EOS, or at the length cap."""
+    ends at (and includes) EOS, or at the length cap. `prefill_tokens`: read the prompts this many
+    columns at a time (bounds the attention's memory on long prompts)."""
     B, P = len(prompt_ids), max(len(x) for x in prompt_ids)
     eos = min(target.eos_ids)
     device = target.device
@@ -77,7 +84,10 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
     sample_rows = torch.tensor(sampled, device=device)
     is_eos = torch.tensor(sorted(target.eos_ids), device=device)
 
-    out = target.forward(ids, cache, last_only=True, key_padding=key_padding)
+    step = prefill_tokens or P
+    for at in range(0, P - step, step):
+        target.forward(ids[:, at:at + step], cache, key_padding=key_padding, head=False)
+    out = target.forward(ids[:, (P - 1) // step * step:], cache, last_only=True, key_padding=key_padding)
     answer = []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
@@ -101,6 +111,23 @@ def continue_batch(target: Target, prompt_ids: list[list[int]], sampled: list[bo
 
 
 Decode = Callable[[Target, list[list[int]], list[bool], int, SamplingParams, torch.Generator], list[list[int]]]
+
+
+def continue_by_length(target: Target, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
+                       params: SamplingParams, generator: torch.Generator, rows: int = 16,
+                       prefill_tokens: int = 512) -> list[list[int]]:
+    """`continue_batch` over batches of `rows` prompts of about one length (little padding: the
+    long-context path, where reading a prompt a token a step, as the slots do, would cost thousands
+    of steps); replies in the prompts' order."""
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    replies: list[list[int]] = [[] for _ in prompt_ids]
+    for at in range(0, len(order), rows):
+        batch = order[at:at + rows]
+        done = continue_batch(target, [prompt_ids[i] for i in batch], [sampled[i] for i in batch], max_new_tokens,
+                              params, generator, prefill_tokens)
+        for i, reply in zip(batch, done):
+            replies[i] = reply
+    return replies
 
 
 def write_first_replies(target: Target, conversations: list[list[dict]], sampled: list[bool],
@@ -132,23 +159,43 @@ def answer_batch(target: Target, conversations: list[list[dict]], sampled: list[
             for prompt, reply in zip(prompt_ids, replies)]
 
 
-def self_written_conversations(target: Target, first: int, count: int, seed: int,
-                               generator: torch.Generator, decode: Decode = continue_batch) -> list[list[dict]]:
-    """Up to `count` conversations whose user turn the target wrote itself (prompts.self_prompt_start).
-    Twice as many are drafted; those that end within SELF_PROMPT_TOKENS, non-empty and unique, are kept."""
+def written_user_turns(target: Target, starts: list[tuple[str | None, str, str | None]], max_tokens: int,
+                       generator: torch.Generator, decode: Decode = continue_batch) -> list[list[dict]]:
+    """Conversations whose user turn the target wrote after each start's system prompt and opening
+    words (then the start's format wish, if any, appended); those that end within `max_tokens`,
+    non-empty and unique, are kept, in order."""
     tok = target.tokenizer
-    starts = [prompts.self_prompt_start(first * 2 + i, seed) for i in range(2 * count)]
     prompt_ids = [tok(chat.user_turn_prefix(tok, system) + opening, add_special_tokens=False).input_ids
-                  for system, opening in starts]
-    replies = decode(target, prompt_ids, [True] * len(starts), SELF_PROMPT_TOKENS, SELF_PROMPT_SAMPLING, generator)
+                  for system, opening, _ in starts]
+    replies = decode(target, prompt_ids, [True] * len(starts), max_tokens, SELF_PROMPT_SAMPLING, generator)
     kept, seen = [], set()
-    for (system, opening), reply in zip(starts, replies):
+    for (system, opening, wish), reply in zip(starts, replies):
         if reply[-1:] and reply[-1] in target.eos_ids:
             text = (opening + tok.decode(reply[:-1])).strip()
             if text != opening and text not in seen:
                 seen.add(text)
-                kept.append(chat.build_messages(text, system))
-    return kept[:count]
+                kept.append(chat.build_messages(f"{text} {wish}" if wish else text, system))
+    return kept
+
+
+def self_written_conversations(target: Target, first: int, count: int, seed: int,
+                               generator: torch.Generator, decode: Decode = continue_batch) -> list[list[dict]]:
+    """Up to `count` conversations whose user turn the target wrote itself (prompts.self_prompt_start);
+    twice as many are drafted."""
+    starts = [(*prompts.self_prompt_start(first * 2 + i, seed), None) for i in range(2 * count)]
+    return written_user_turns(target, starts, SELF_PROMPT_TOKENS, generator, decode)[:count]
+
+
+def people_conversations(target: Target, first: int, count: int, seed: int, generator: torch.Generator,
+                         pastes: list[dict], decode: Decode = continue_batch) -> list[list[dict]]:
+    """Up to `count` conversations of the people source: a share are pasted material with an
+    instruction (prompts.paste_conversation), the rest user turns the target wrote after a persona
+    and opening words, some with a format wish (prompts.people_start; drafted twice over)."""
+    indices = range(first, first + count)
+    pasted = [prompts.paste_conversation(pastes, i, seed) for i in indices if prompts.is_paste(i, seed)]
+    written = [i for i in indices if not prompts.is_paste(i, seed)]
+    starts = [prompts.people_start(2 * i + j, seed) for i in written for j in range(2)]
+    return (pasted + written_user_turns(target, starts, PEOPLE_PROMPT_TOKENS, generator, decode))[:count]
 
 
 def generate(config: DataConfig, deadline: float | None = None, target: Target | None = None) -> bool:
@@ -160,6 +207,9 @@ def generate(config: DataConfig, deadline: float | None = None, target: Target |
     (out / "data_config.json").write_text(json.dumps({k: str(v) for k, v in asdict(config).items()}, indent=2))
     target = target or Target.load(None, config.dtype, config.device)
     decode = functools.partial(continue_slots, slots=config.slots) if config.slots else continue_batch
+    chunks, pastes = corpus.read(Path(config.corpus)) if config.source in ("long", "people") else ([], [])
+    if config.source == "long":
+        decode = functools.partial(continue_by_length, rows=config.long_rows)
     num_shards = (config.prompts + config.batch - 1) // config.batch
     todo = [i for i in range(num_shards) if not shard_path(out, i).exists()]
     for index in tqdm(todo, desc="self-distillation", unit="shard", initial=num_shards - len(todo), total=num_shards):
@@ -170,6 +220,10 @@ def generate(config: DataConfig, deadline: float | None = None, target: Target |
         generator = torch.Generator(target.device).manual_seed(config.seed * 100003 + index)
         if config.source == "self":
             convs = self_written_conversations(target, first, count, config.seed, generator, decode)
+        elif config.source == "people":
+            convs = people_conversations(target, first, count, config.seed, generator, pastes, decode)
+        elif config.source == "long":
+            convs = [corpus.long_conversation(chunks, i, config.seed) for i in range(first, first + count)]
         else:
             convs = list(prompts.conversations(count, config.seed, start=first))
         sampled = [(first + i) % 2 == 1 for i in range(len(convs))]

@@ -102,6 +102,45 @@ OPENINGS = [
     "What happens if", "How long does it take to", "Brainstorm", "Outline", "Give me ideas for", "Quick question:",
     "I'm new to", "I want to", "How should I",
 ]
+# who is asking: what people say about themselves before a request ("people" source)
+PERSONAS = [
+    "I'm a nurse working night shifts.", "I'm a first-year computer science student.", "I run a small bakery.",
+    "I'm 68 and new to smartphones.", "I teach chemistry at a high school.", "I'm a freelance translator.",
+    "We're a startup of five people.", "I'm a parent of two toddlers.", "I'm learning Spanish on my own.",
+    "I'm a data analyst at a bank.", "I'm a junior web developer.", "I'm a retired engineer.",
+    "I'm a graduate student in biology.", "I manage a team of twelve.", "I'm a truck driver.",
+    "I'm a high school student.", "I volunteer at an animal shelter.", "I'm a landlord with two flats.",
+    "I work in a warehouse.", "I'm a musician.", "I'm a primary school teacher.", "I'm an accountant.",
+    "I'm writing my first novel.", "I just moved to a new city.", "I'm training for a half marathon.",
+    "I'm a sysadmin.", "I'm a product manager.", "I'm a nursing student.", "I'm a chef.",
+    "I'm a small-business owner.", "English is not my first language.", "I'm a beginner at programming.",
+    "I'm a physics PhD student.", "I work in customer support.", "I'm a lawyer.", "I'm a farmer.",
+    "I'm a game developer.", "I'm recovering from a knee injury.", "I'm planning a wedding.",
+    "My kid asked me this and I didn't know.", "I'm preparing for a job interview.", "I'm a photographer.",
+]
+# how some people ask for the answer to be shaped, after their request
+FORMATS = [
+    "Answer in a table.", "Use bullet points.", "Keep it under 100 words.", "Reply in JSON.",
+    "Give me step-by-step instructions.", "Explain it like I'm five.", "Write it as an email.",
+    "Include a code example.", "Be brief.", "Format it as a checklist.", "Give me three options.",
+    "Start with a one-line summary.", "Use simple English.", "Add a short example at the end.",
+    "Number the steps.", "No more than five sentences, please.", "Use headings.", "Be honest, even if it's bad news.",
+]
+PASTE_TEXT = [
+    "Summarize this:", "Can you proofread this?", "Turn this into bullet points:", "Explain this in simple words:",
+    "What is the main point of this?", "Rewrite this to be more concise:", "Translate this into Spanish:",
+    "Write three questions a student might ask about this:", "Is anything in this unclear? Suggest improvements:",
+    "Give this a title and a one-sentence summary:", "What does this mean?", "tl;dr please:",
+]
+PASTE_CODE = [
+    "What does this function do?", "Find possible bugs in this code:", "Add type hints and a docstring to this function:",
+    "Write unit tests for this function:", "Explain this code line by line:", "Rewrite this function to be more readable:",
+    "Convert this Python function to JavaScript:", "How could this code be made faster?", "Review this code:",
+    "Is this code safe to use? Why or why not?",
+]
+PASTE_SHARE = 0.25    # of the people source's conversations: a pasted paragraph or function with an instruction
+PERSONA_SHARE = 0.5   # of the others: a persona before the opening words
+FORMAT_SHARE = 0.3    # of the others: a format wish after the user turn the target wrote
 KINDS = ("chat", "code", "math", "writing", "reasoning", "multiturn")
 
 
@@ -150,6 +189,33 @@ def self_prompt_start(index: int, seed: int = 0) -> tuple[str | None, str]:
     """The system prompt and the opening words of the index-th self-written prompt (deterministic)."""
     rng = random.Random(f"{seed}:self:{index}")
     return rng.choice(SYSTEMS), rng.choice(OPENINGS)
+
+
+def people_start(index: int, seed: int = 0) -> tuple[str | None, str, str | None]:
+    """The system prompt, the opening words (a persona first, half the time) and the format wish
+    (or None) of the index-th self-written prompt of the people source (deterministic)."""
+    rng = random.Random(f"{seed}:people:{index}")
+    system, opening = rng.choice(SYSTEMS), rng.choice(OPENINGS)
+    if rng.random() < PERSONA_SHARE:
+        opening = f"{rng.choice(PERSONAS)} {opening}"
+    return system, opening, rng.choice(FORMATS) if rng.random() < FORMAT_SHARE else None
+
+
+def is_paste(index: int, seed: int = 0) -> bool:
+    return random.Random(f"{seed}:paste?:{index}").random() < PASTE_SHARE
+
+
+def paste_conversation(pastes: list[dict], index: int, seed: int = 0) -> list[dict]:
+    """A pasted paragraph or function with an instruction before (or, one time in three, after) it."""
+    rng = random.Random(f"{seed}:paste:{index}")
+    paste = pastes[index % len(pastes)]
+    if paste["form"] == "code":
+        instruction, body = rng.choice(PASTE_CODE), f"```python\n{paste['text']}\n```"
+    else:
+        instruction, body = rng.choice(PASTE_TEXT), paste["text"]
+    user = f"{body}\n\n{instruction}" if rng.random() < 1 / 3 else f"{instruction}\n\n{body}"
+    system = rng.choice(SYSTEMS)
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
 
 def training_requests(drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:

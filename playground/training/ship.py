@@ -25,6 +25,10 @@ SOURCE_TEXT = {
                  "writing, reasoning and multi-turn, with varied system prompts)",
     "self": "user turns the target wrote itself after one of the system prompts and a few opening words "
             "(`--source self`, `playground/training/prompts.py`)",
+    "people": "user turns the target wrote after a persona and a few opening words, some with a format wish, and "
+              "pasted paragraphs or Python functions with an instruction (`--source people`, "
+              "`playground/training/prompts.py`, `playground/training/corpus.py`)",
+    "long": "questions after 2k-6k tokens of local documentation (`--source long`, `playground/training/corpus.py`)",
 }
 
 

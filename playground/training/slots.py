@@ -12,6 +12,7 @@ tokens after prompts of 30-100 amortise it, and it keeps one step shape for ever
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -20,6 +21,7 @@ from playground.engines.sampling import SamplingParams, probabilities
 from playground.model.kv_cache import KVCache
 from playground.model.target import Target
 
+log = logging.getLogger(__name__)
 CHECK_EVERY = 8   # steps between looks at which rows ended (each look waits for the device)
 
 
@@ -36,8 +38,12 @@ def row_forward(target: Target, cache: KVCache, slots: int) -> Callable[[torch.T
             target.decode_rows(ids, positions, cache)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = target.decode_rows(ids, positions, cache)
+    try:
+        with torch.cuda.graph(graph):
+            logits = target.decode_rows(ids, positions, cache)
+    except RuntimeError as e:   # a kernel this build cannot capture: the same steps, launched one by one
+        log.warning("slot decoding runs uncaptured: %s", str(e).splitlines()[0])
+        return lambda ids, positions: target.decode_rows(ids, positions, cache)
 
     def replay(new_ids: torch.Tensor, new_positions: torch.Tensor) -> torch.Tensor:
         ids.copy_(new_ids)

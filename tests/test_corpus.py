@@ -1,0 +1,84 @@
+"""The corpus behind the long-context and people sources: chunks cut at paragraphs to their budget,
+held-out sources never trained on, and both sources made by the real target, sent and unpacked whole."""
+
+import random
+import subprocess
+import sys
+
+import torch
+
+from playground.training import corpus, prompts
+from playground.training.corpus import CHUNK_TOKENS, Document
+
+
+def _documents(source: str, count: int, paragraphs: int, words: int) -> list[Document]:
+    rng = random.Random(source)
+    return [Document(source, f"{source}/{d}.rst",
+                     f"Title {d}\n========\n\n" + "\n\n".join(" ".join(rng.choice(["alpha", "beta", "gamma", "delta"])
+                                                                       for _ in range(words))
+                                                              for _ in range(paragraphs)))
+            for d in range(count)]
+
+
+def _word_count(text: str) -> int:
+    return len(text.split())
+
+
+def test_chunks_keep_whole_paragraphs_in_order_within_their_budget():
+    documents = _documents("django", 6, 40, 90)
+    chunks = list(corpus._chunks(documents, _word_count, random.Random(0)))
+    assert len(chunks) >= 3
+    paragraphs = [p for doc in documents for p in doc.text.split("\n\n")]
+    for chunk in chunks:
+        assert CHUNK_TOKENS[0] <= chunk["tokens"] <= CHUNK_TOKENS[1]
+        parts = chunk["text"].split("\n\n")
+        first = paragraphs.index(parts[0])
+        assert parts == paragraphs[first:first + len(parts)]   # whole paragraphs, in the documents' order
+        assert chunk["names"] and all(name.startswith("django/") for name in chunk["names"])
+
+
+def test_headings_of_restructured_text_markdown_and_manual_pages():
+    text = "Intro\n=====\n\nbody\n\n## Install it\n\nOPTIONS\n       -v  more\n\n2.0.3\n-----\n\nNAME\n"
+    assert corpus.headings(text) == ["Install it", "Intro", "Options"]   # no version numbers, no NAME
+
+
+def test_held_out_sources_are_never_read_for_training(tmp_path):
+    rng = random.Random(0)
+    entries = (corpus.entries_of("django", _documents("django", 4, 40, 90), _word_count, rng)
+               + corpus.entries_of("pytest", _documents("pytest", 4, 40, 90), _word_count, rng))
+    assert {e["source"] for e in entries if e["kind"] == "chunk"} == {"django", "pytest"}
+    assert not [e for e in entries if e["kind"] == "paste" and e["source"] == "pytest"]
+    chunks, pastes = corpus.read(corpus.write(tmp_path / "corpus.jsonl.xz", entries))
+    assert chunks and {c["source"] for c in chunks} == {"django"} and pastes
+    assert corpus.read(tmp_path / "corpus.jsonl.xz") == (chunks, pastes)   # one fixed order everywhere
+    messages = corpus.long_conversation(chunks, 3)
+    assert chunks[1]["text"] in messages[-1]["content"] and chunks[1]["questions"][1] in messages[-1]["content"]
+    pasted = [prompts.paste_conversation(pastes, i) for i in range(8)]
+    assert all(any(p["text"] in m[-1]["content"] for p in pastes) for m in pasted)
+
+
+def test_long_and_people_data_from_the_target_sent_and_unpacked_whole(tmp_path):
+    """The wide plan at toy size through the command line: long-context questions after short
+    chunks and the people source, then both folders compact and back as the same shards."""
+    documents = _documents("django", 3, 12, 12)
+    shrunk = lambda text: _word_count(text) * 50   # chunks of ~40-120 words pass for 2k-6k tokens
+    entries = corpus.entries_of("django", documents, shrunk, random.Random(0))
+    entries += [{"kind": "paste", "form": "code", "source": "stdlib/x.py", "text": "def f(x):\n    return x + 1"}]
+    path = corpus.write(tmp_path / "corpus.jsonl.xz", entries)
+    lease = [sys.executable, "-m", "devtools.gpu_lease"]
+    work, out, back = tmp_path / "work", tmp_path / "out", tmp_path / "back"
+    for step in (["data", "--budget-s", "600"], ["send", "--out", str(out)], ["unpack-data", "--parts", str(out), "--data", str(back)]):
+        done = subprocess.run(lease + step + ["--plan", "toy-wide", "--work", str(work), "--corpus", str(path)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    from playground.model.target import Target
+    tokenizer = Target.load().tokenizer
+    for folder in ("long", "people"):
+        made = sorted((work / "data" / folder).glob("shard-*.pt"))
+        assert made and [p.name for p in made] == [p.name for p in sorted((back / folder).glob("shard-*.pt"))]
+        for shard in made:
+            sent, returned = torch.load(shard), torch.load(back / folder / shard.name)
+            assert [(e["ids"].tolist(), e["prompt_len"]) for e in sent] == [(e["ids"].tolist(), e["prompt_len"]) for e in returned]
+    long = [tokenizer.decode(e["ids"][:e["prompt_len"]]) for s in sorted((back / "long").glob("shard-*.pt")) for e in torch.load(s)]
+    assert len(long) == 3
+    assert all(any(c["text"] in p for c in corpus.read(path)[0]) for p in long)
