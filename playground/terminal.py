@@ -34,7 +34,8 @@ def render_step(event: StepEvent, color: bool) -> str:
 def render_summary(s: RunSummary) -> str:
     acc = " ".join(f"{a:.2f}" for a in s.per_position_acceptance)
     return (f"{s.tokens} tokens in {s.elapsed_s:.2f}s ({s.tokens_per_s:.1f} tok/s), {s.steps} verify steps, "
-            f"tau {s.mean_acceptance_length:.2f}, acceptance by depth [{acc}], finish: {s.finish_reason}")
+            f"{s.tokens_per_pass:.2f} tokens per target pass (tau {s.mean_acceptance_length:.2f} over the steps "
+            f"that drafted), acceptance by depth [{acc}], finish: {s.finish_reason}")
 
 
 def stream(events, out: TextIO = sys.stdout, color: bool | None = None) -> list[StepEvent]:

@@ -189,6 +189,9 @@ def test_every_tab_shows_its_tables_whole_its_plots_fitted_and_no_error_state(br
     assert_tab_is_clean(page, "Playground, stopped")
 
     page.get_by_role("tab", name="Comparison").click()
+    frames = ("compare-acceptance", "compare-attention", "compare-norm", "compare-table", "compare-steps", "compare-files")
+    for frame in frames:   # nothing empty before a run
+        expect(page.locator(f"#{frame}")).to_be_hidden()
     set_number(page, "cmp-max-tokens", 24)
     page.locator("#compare-run").click()
     page.wait_for_function("() => document.querySelectorAll('#answer-first .tok').length > 0", timeout=60_000)
@@ -197,6 +200,9 @@ def test_every_tab_shows_its_tables_whole_its_plots_fitted_and_no_error_state(br
     page.get_by_role("tab", name="Comparison").click()
     for slot in ("first", "second", "none"):
         expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=120_000)
+    for frame in frames:   # two different drafters: no step-by-step plot, which compares one drafter's runs
+        (expect(page.locator(f"#{frame}")).to_be_hidden if frame == "compare-steps" else
+         expect(page.locator(f"#{frame}")).to_be_visible)()
     page.locator("#stored-benchmark .label-wrap").click()
     expect(page.locator("#stored-benchmark table").first).to_be_visible()
     page.wait_for_timeout(500)
@@ -319,6 +325,13 @@ def test_fixed_k_against_a_stop_rule_asks_for_the_rule_at_its_box(page):
     page.locator("#compare-run").click()
     expect(page.locator("#cmp-draft-stop").get_by_text("needs a rule")).to_be_visible(timeout=10_000)
     assert error_states(page) == 0
+    # one drafter with and without the rule: the step-by-step plot shows where the rule first cut a chain
+    set_setting(page, "cmp-draft-stop", "probability<0.3")
+    set_number(page, "cmp-max-tokens", 24)
+    page.locator("#compare-run").click()
+    expect(page.locator("#compare-steps .js-plotly-plot")).to_be_visible(timeout=120_000)
+    expect(page.locator("#compare-note")).to_contain_text("Step by step")
+    set_setting(page, "cmp-draft-stop", "")
     page.locator("#cmp-mode").get_by_text("two drafters").click()   # the page is shared: as the next test finds it
 
 

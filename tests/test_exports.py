@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from playground import plots
+from playground.engines.draft_stop import DraftStop
 from playground.engines.events import StepEvent
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
@@ -167,7 +168,8 @@ def test_comparison_table_formats_and_columns():
     assert len(TABLE_HEADERS) == len(table[0]) and TABLE_HEADERS[3] == "speedup vs none"
     eagle, none = table
     assert eagle[0] == "EAGLE 3.1" and none[3] == "1.00x"
-    assert (eagle[TABLE_HEADERS.index("tau")], none[TABLE_HEADERS.index("tau")]) == ("3.00", "1.00")
+    assert (eagle[TABLE_HEADERS.index("tau (vLLM's)")], none[TABLE_HEADERS.index("tau (vLLM's)")]) == ("3.00", "1.00")
+    assert (eagle[TABLE_HEADERS.index("tokens/pass")], none[TABLE_HEADERS.index("tokens/pass")]) == ("3.00", "1.00")
     assert eagle[TABLE_HEADERS.index("draft ms/step")] == "2.0" and none[TABLE_HEADERS.index("draft ms/step")] == "–"
     assert eagle[TABLE_HEADERS.index("verify ms/step")] == "10.0"
     assert re.fullmatch(r"\d+\.\d", eagle[TABLE_HEADERS.index("decode tokens/s")])
@@ -200,27 +202,33 @@ def test_outputs_note_says_whether_the_answers_agree(temperature, other, expecte
     assert note.endswith(stored_speedups(json.loads(STORED_RESULTS.read_text())))   # beside it, what many runs measured
 
 
-def test_outputs_note_says_where_two_greedy_runs_first_differ_step_by_step(engine):
-    request = lambda drafter: GenerationRequest(prompt="What is 2 + 2?", drafter=drafter, k=5, max_tokens=16)
-    logs = {d: RunLog(request(d), list(engine.generate(request(d)))) for d in ("eagle3", "eagle3.1")}
+def test_outputs_note_says_where_two_greedy_runs_of_one_drafter_first_differ_step_by_step(engine):
+    """Fixed k against a stop rule, one drafter: the step diff finds the first step the rule cut. Two
+    different drafters differ from their first draft on: no step diff, no outline, no note."""
+    request = lambda drafter, rule=None: GenerationRequest(prompt="What is 2 + 2?", drafter=drafter, k=5, max_tokens=16,
+                                                           draft_stop=DraftStop.parse(rule) if rule else None)
+    two = {d: RunLog(request(d), list(engine.generate(request(d)))) for d in ("eagle3", "eagle3.1")}
+    assert step_diff(two, step_tolerance(engine)) is None and "Step by step" not in outputs_note(two, None)
+    logs = {"k=5": two["eagle3.1"], "stop": RunLog(request("eagle3.1", "probability<0.3"),
+                                                          list(engine.generate(request("eagle3.1", "probability<0.3"))))}
     steps = step_diff(logs, step_tolerance(engine))
     note = outputs_note(logs, steps)
-    assert "Step by step, eagle3 and eagle3.1 first differ at step 1 (depth 1): the fed-back RMS, " in note
-    same = {"a": logs["eagle3.1"], "b": RunLog(logs["eagle3.1"].request, logs["eagle3.1"].events)}
+    assert "Step by step, k=5 and stop first differ at step 1 (its own counts): the accepted count, 5 against 4" in note
+    same = {"a": logs["stop"], "b": RunLog(logs["stop"].request, logs["stop"].events)}
     assert "Step by step, a and b agree at every step (RMS and probability within 0.001 relative" in outputs_note(
         same, step_diff(same))
     assert set(QUANTITY_NAMES) == {name for name, _, _ in DRAFT_QUANTITIES} | {"accepted", "token", "answer_end"}
     marks = divergence_marks(steps)
-    assert {name: step for name, (step, _) in marks.items()} == {"eagle3": 1, "eagle3.1": 1}
-    html = render.answer_html(logs["eagle3"].steps, diverged=marks["eagle3"])
+    assert {name: step for name, (step, _) in marks.items()} == {"k=5": 1, "stop": 1}
+    html = render.answer_html(logs["k=5"].steps, diverged=marks["k=5"])
     assert html.count('class="step diverged"') == 1 and 'data-step="1" title="first difference from the run' in html
-    assert divergence_marks(step_diff({"a": logs["eagle3.1"], "b": logs["eagle3.1"]})) == {}
+    assert divergence_marks(step_diff({"a": logs["stop"], "b": logs["stop"]})) == {}
     # the step-by-step plot: a row per quantity, a line per depth, the first difference dotted
     figure = step_figure(logs, steps)
     rows = {trace.yaxis for trace in figure.data}
-    assert len(rows) == 4 and len(figure.data) == 4 * 5
+    assert len(rows) == 4 and len(figure.data) == 4 * 4   # the depths both drafted: the rule stopped at 4
     rms = next(t for t in figure.data if t.name == "depth 1" and t.yaxis == "y")
-    first, second = logs["eagle3"].steps, logs["eagle3.1"].steps
+    first, second = logs["k=5"].steps, logs["stop"].steps
     assert rms.x[0] == 1 and rms.y[0] == pytest.approx(
         (second[1].hidden_norm[0] - first[1].hidden_norm[0]) / first[1].hidden_norm[0])
     deeper = next(t for t in figure.data if t.name == "depth 3" and t.yaxis == "y")

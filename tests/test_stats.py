@@ -60,6 +60,29 @@ def test_summary_counts_tokens_and_steps():
 
 def test_no_speculation_has_tau_one():
     assert mean_acceptance_length([step(0, 0, 0, 1), step(1, 0, 0, 1)]) == 1.0
+    assert summarize([step(0, 0, 0, 1), step(1, 0, 0, 1)]).tokens_per_pass == 1.0
+
+
+def test_tokens_per_target_pass_counts_the_steps_that_drafted_nothing():
+    """A stop rule that drafts nothing on a step still spends a target pass on it: tau leaves the step
+    out, tokens per target pass does not."""
+    events = [step(0, 0, 0, 1), step(1, 5, 5, 6), step(2, 0, 0, 1), step(3, 0, 0, 1), step(4, 5, 1, 2)]
+    s = summarize(events)
+    assert s.mean_acceptance_length == 1 + 6 / 2 and s.tokens_per_pass == (6 + 1 + 1 + 2) / 4
+    from playground.engines.stats import RunTotals, Pooled
+    assert RunTotals.of(events).tokens_per_pass == s.tokens_per_pass
+    assert Pooled.of([RunTotals.of(events)] * 2).tokens_per_pass == s.tokens_per_pass
+
+
+def test_a_stop_rule_run_reports_its_tokens_over_its_verify_steps(engine):
+    from playground.engines.draft_stop import DraftStop
+    from playground.engines.request import GenerationRequest
+
+    request = GenerationRequest(prompt="List three uses of a paperclip.", drafter="eagle3.1", k=8, max_tokens=48,
+                                draft_stop=DraftStop.parse("probability<0.5"))
+    s = summarize(list(engine.generate(request)))
+    assert s.steps > s.drafting_steps   # the rule left some steps without a draft
+    assert s.tokens_per_pass == pytest.approx((s.tokens - 1) / s.steps) and s.tokens_per_pass < s.mean_acceptance_length
 
 
 def test_reconcile_resplits_chunks_the_server_merged():

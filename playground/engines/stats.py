@@ -1,8 +1,12 @@
 """Speculative-decoding metrics as pure functions of StepEvents.
 
-Definitions (as vLLM's spec-decode metrics):
-  mean acceptance length (tau) = 1 + accepted drafts / drafting steps; it counts the bonus or
-      correction token each step emits, so no speculation gives exactly 1.
+Definitions:
+  tokens per target pass = tokens after the prefill's / verify steps: what each pass of the target
+      over the drafts produced, every verify step counted (a stop rule's steps that drafted nothing
+      too); no speculation gives exactly 1. The headline figure.
+  mean acceptance length (tau, vLLM's) = 1 + accepted drafts / drafting steps; it counts the bonus or
+      correction token each step emits, but only over the steps that drafted, so a rule that stops
+      drafting raises it without saving a pass.
   per-position acceptance, unconditional: the share of drafting steps that accepted at least
       d+1 drafts (vLLM's num_accepted_tokens_per_pos[d] / num_drafts).
   conditional: P(draft d+1 accepted | drafts 1..d accepted).
@@ -27,7 +31,8 @@ class RunSummary:
     tokens: int
     prompt_tokens: int
     steps: int                                  # verify steps (the prefill is not one)
-    mean_acceptance_length: float
+    mean_acceptance_length: float               # tau: 1 + accepted / drafting steps (vLLM's)
+    tokens_per_pass: float                      # tokens after the prefill's / verify steps
     per_position_acceptance: tuple[float, ...]  # unconditional, by depth
     per_position_acceptance_conditional: tuple[float, ...]
     mean_sink_attention: tuple[float, ...]      # by depth, over steps
@@ -111,6 +116,12 @@ def pooled_tau(counts: Iterable[tuple[int, int]]) -> float:
 
 def mean_acceptance_length(events: Iterable[StepEvent]) -> float:
     return pooled_tau([drafting_counts(events)])
+
+
+def tokens_per_pass(decode_tokens: int, verify_steps: int) -> float:
+    """Tokens after the prefill's over the verify steps that made them: 1 without speculation (and
+    where no step verified)."""
+    return decode_tokens / verify_steps if verify_steps else 1.0
 
 
 Statistic = Callable[[np.ndarray], np.ndarray]   # index rows (..., units) -> one value per row
@@ -200,6 +211,7 @@ def summarize(events: list[StepEvent]) -> RunSummary:
         prompt_tokens=first.position,
         steps=sum(1 for e in events if e.step > 0),
         mean_acceptance_length=mean_acceptance_length(events),
+        tokens_per_pass=tokens_per_pass(len(token_ids) - len(first.token_ids), sum(1 for e in events if e.step > 0)),
         per_position_acceptance=unconditional,
         per_position_acceptance_conditional=conditional,
         mean_sink_attention=mean_by_depth(e.sink_attention for e in events),
@@ -286,6 +298,10 @@ class RunTotals:
     def tau(self) -> float:
         return pooled_tau([self.counts])
 
+    @property
+    def tokens_per_pass(self) -> float:
+        return tokens_per_pass(self.decode_tokens, self.verify_steps)
+
 
 def rate_of_runs(runs: Sequence[RunTotals], decode: bool = False) -> Statistic:
     """rate_of the runs at the given indices; with `decode`, after each run's prefill step."""
@@ -310,6 +326,7 @@ class Pooled:
     verify_ms: float
     other_ms: float                    # per verify step: sampling, bookkeeping, events, detokenising
     self_attention: tuple[float, ...] = ()   # on its own earlier drafts of the step, by depth
+    tokens_per_pass: float = 1.0       # tokens after the prefills' / verify steps
 
     @classmethod
     def of(cls, runs: Sequence[RunTotals]) -> Pooled:
@@ -325,7 +342,8 @@ class Pooled:
                    hidden_norm=DepthSums.total([r.hidden_norm for r in runs]).means,
                    draft_ms=draft_ms, verify_ms=verify_ms,
                    other_ms=max(0.0, sum(r.decode_seconds for r in runs) * 1e3 / n - draft_ms - verify_ms),
-                   self_attention=DepthSums.total([r.self_attention for r in runs]).means)
+                   self_attention=DepthSums.total([r.self_attention for r in runs]).means,
+                   tokens_per_pass=tokens_per_pass(sum(r.decode_tokens for r in runs), steps))
 
     @property
     def tokens_per_s(self) -> float:

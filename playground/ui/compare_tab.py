@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import gradio as gr
 import torch
@@ -40,7 +40,8 @@ MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TRE
          ("fixed k vs a stop rule, one drafter", CHAIN_VS_STOP)]
 ONE_DRAFTER = (CHAIN_VS_TREE, CHAIN_VS_STOP)
 STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
-TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tau", "draft ms/step", "verify ms/step",
+TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tokens/pass", "tau (vLLM's)", "draft ms/step",
+                 "verify ms/step",
                  "steps", "tokens", "acceptance by depth"]
 
 
@@ -130,7 +131,7 @@ def summary_table(summaries: Mapping[str, RunSummary], baseline: str | None = NO
     for name, s in summaries.items():
         speedup = f"{s.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s > 0 else "–"
         rows.append([plots.label(name), f"{s.tokens_per_s:.1f}", f"{s.decode_tokens_per_s:.1f}", speedup,
-                     f"{s.mean_acceptance_length:.2f}",
+                     f"{s.tokens_per_pass:.2f}", f"{s.mean_acceptance_length:.2f}",
                      f"{s.draft_ms_per_step:.1f}" if s.drafting_steps and timed(s.verify_ms_per_step) else "–",
                      f"{s.verify_ms_per_step:.1f}" if timed(s.verify_ms_per_step) else "–", s.steps, s.tokens,
                      " ".join(f"{a:.2f}" for a in s.per_position_acceptance) or "–"])
@@ -182,11 +183,13 @@ def step_tolerance(engine: Engine) -> Tolerance:
 
 def step_diff(logs: Mapping[str, RunLog], tolerance: Tolerance = TOLERANCES["float32"]) -> ColumnsDiff | None:
     """Where the two drafting columns first differ, step by step (engines/step_diff.py, what `python -m
-    playground diff` reports), for two greedy chain runs of one k; None otherwise."""
+    playground diff` reports), for two greedy chain runs of one drafter and one k (two settings or two
+    backends of it); None otherwise: two different drafters differ from their first draft on, which
+    says nothing (the plots compare them depth by depth)."""
     drafting = [(name, log) for name, log in logs.items()
                 if any(e.drafted for e in log.events) and not any(e.tree_ids for e in log.events)]
-    if len(drafting) != 2 or {(log.request.temperature, log.request.k) for _, log in drafting} != {
-            (0.0, drafting[0][1].request.k)}:
+    if len(drafting) != 2 or {(log.request.drafter, log.request.temperature, log.request.k) for _, log in drafting} != {
+            (drafting[0][1].request.drafter, 0.0, drafting[0][1].request.k)}:
         return None
     (first, a), (second, b) = drafting
     return ColumnsDiff(first, second, diff_steps(a.steps, b.steps, tolerance), tolerance)
@@ -274,13 +277,18 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     with gr.Row():
         for name, elem_id in zip(PLOTS, ("compare-acceptance", "compare-attention", "compare-norm")):
             view[name] = gr.Plot(plots.placeholder("press Compare: each run drawn by draft depth"), show_label=False,
-                                 min_width=300, elem_id=elem_id)
-    view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
+                                 min_width=300, elem_id=elem_id, visible=False)
+    # outputs stay hidden until they hold something: the first update of a run shows the plots and
+    # the table, the last one the files and (where it means something) the step-by-step plot
+    view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table",
+                                 visible=False)
     view["note"] = gr.Markdown(elem_id="compare-note")
-    view["step_plot"] = gr.Plot(STEPS_WAITING, show_label=False, elem_id="compare-steps")
-    view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple")
+    view["step_plot"] = gr.Plot(STEPS_WAITING, show_label=False, elem_id="compare-steps", visible=False)
+    view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple", elem_id="compare-files",
+                            visible=False)
 
     stops = StopRequests()
+    drew_steps: dict[str | None, bool] = {}   # by session: whether its last comparison drew the step-by-step plot
 
     def column_requests(settings: CompareSettings) -> list[GenerationRequest | None]:
         engine = backend(backends, settings.backend_name)
@@ -300,16 +308,16 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         except Exception as e:
             raise refusal(e) from None
         logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
-        yield update(logs, notes, names, baseline, tolerance, live, True, False)
+        yield update(logs, notes, names, baseline, tolerance, live, True, False, session)
         try:
             for frame in follow(streams, logs, lambda: stops.take(session)):
-                yield update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final)
+                yield update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final, session)
         except Exception as e:
-            yield update(logs, notes, names, baseline, tolerance, live, True, True)
+            yield update(logs, notes, names, baseline, tolerance, live, True, True, session)
             raise refusal(e) from None
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
-               tolerance: Tolerance, live: LivePlots, redraw: bool, final: bool) -> dict:
+               tolerance: Tolerance, live: LivePlots, redraw: bool, final: bool, session: str | None) -> dict:
         summaries = {n: log.summary for n, log in logs.items() if log.events}
         drafted = {n: s for n, s in summaries.items() if n != baseline}
         steps = step_diff(logs, tolerance) if final else None
@@ -323,6 +331,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         out["note"] = outputs_note(logs, steps) if final else ""
         out["step_plot"] = step_figure(logs, steps)
         out["files"] = export(logs, (*shown, *((out["step_plot"],) if steps else ()))) if final else None
+        if final:
+            drew_steps[session] = steps is not None
         return out
 
     handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)
@@ -334,17 +344,37 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
 
     validator = input_validator(CompareSettings, check)
     picked = wire_presets(c)
-    for trigger, api_name in ((run.click, "compare"), (picked.then, False)):
+    # Outputs show only once they hold something: the plots and the table as a run starts, the files and
+    # (where it means something) the step-by-step plot as it ends. Listeners of their own, outside the
+    # streamed updates, which keep the API's values plain and change no property per step (runs.LivePlots).
+    filling, ending = [view[name] for name in (*PLOTS, "table")], [view["step_plot"], view["files"]]
+    def starting(**values) -> tuple:
+        try:
+            check(CompareSettings(**values))
+        except Exception:   # the validator says why at its control, and nothing will fill
+            return (gr.update(),) * (len(filling) + len(ending))
+        return *[gr.update(visible=True)] * len(filling), *[gr.update(visible=False)] * len(ending)
+
+    def ended(request: gr.Request) -> tuple:
+        drew = drew_steps.pop(request.session_hash, None)
+        if drew is None:   # no run ended (refused before it started)
+            return gr.update(), gr.update()
+        return gr.update(visible=drew), gr.update(visible=True)
+
+    def runs_from(trigger: Callable, api_name: str | bool) -> None:
+        trigger(starting, inputs_kwargs=inputs, outputs=filling + ending, queue=False, api_name=False)
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
-                concurrency_id="engine", concurrency_limit=limits.concurrency)
+                concurrency_id="engine", concurrency_limit=limits.concurrency).then(
+            ended, None, ending, queue=False, api_name=False)
+
+    runs_from(run.click, "compare")
+    runs_from(picked.then, False)
     # the settings the README's figures for the example were measured with
     example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,
                "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS,
                "first": "", "second": "", "baseline": "", "draft_stop": ""}   # EAGLE 3 and 3.1, whatever was picked
-    guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
-                 api_name=False).then(
-        handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=False, concurrency_id="engine",
-        concurrency_limit=limits.concurrency)
+    runs_from(guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
+                           api_name=False).then, False)
     stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
     stored_benchmark()
     stored_rejection_study()

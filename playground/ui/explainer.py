@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from playground.engines.stats import RunSummary
+from playground.engines.stats import RunSummary, tokens_per_pass
 from playground.evaluation.machine import described
 from playground.model.variants import EAGLE3, EAGLE31, LABELS
 from playground.ui import first_screen
@@ -103,7 +103,7 @@ def headline(results: dict) -> str:
     per_pass = {}
     for method in (EAGLE3, EAGLE31):
         drafted = [r for r in results["rows"] if r["method"] == method]
-        per_pass[method] = sum(r["tokens"] for r in drafted) / sum(r["steps"] for r in drafted)
+        per_pass[method] = tokens_per_pass(sum(r["tokens"] - r["runs"] for r in drafted), sum(r["steps"] for r in drafted))
     more = [d for d, r in sorted(own.items()) if r["differences"][0]["ci"][0] > 0]
     where = "at every depth it drafts after the first" if len(more) == len(own) else \
         f"at depth{'s' * (len(more) > 1)} {', '.join(map(str, more))}"

@@ -70,10 +70,11 @@ def answer_html(events: list[StepEvent], note: str = "", stored: bool = False,
 def figures_html(summary: RunSummary | None, label: str = "") -> str:
     """The running figures as a row of small cards."""
     if summary is None:
-        cards = [("tau", "–"), ("tokens/s", "–"), ("steps", "–"), ("tokens", "–")]
+        cards = [("tokens per target pass", "–"), ("tokens/s", "–"), ("steps", "–"), ("tokens", "–")]
     else:
         cards = [
-            ("tau", f"{summary.mean_acceptance_length:.2f}"),
+            ("tokens per target pass", f"{summary.tokens_per_pass:.2f}"),   # every verify step counted
+            ("tau (vLLM's)", f"{summary.mean_acceptance_length:.2f}"),      # over the steps that drafted
             ("tokens/s", f"{summary.tokens_per_s:.1f}"),
             ("decode tokens/s", f"{summary.decode_tokens_per_s:.1f}"),   # the prefill excluded
             ("steps", str(summary.steps)),
@@ -86,17 +87,17 @@ def figures_html(summary: RunSummary | None, label: str = "") -> str:
 
 
 def pair_html(summaries: Mapping[str, RunSummary]) -> str:
-    """A line comparing the runs drawn together, from their summaries: tau, and the fed-back state's RMS
+    """A line comparing the runs drawn together, from their summaries: tokens per target pass, and the fed-back state's RMS
     at the first and the last depth ("" for fewer than two runs with verify steps)."""
     ran = {name: s for name, s in summaries.items() if s.steps}
     if len(ran) < 2:
         return ""
-    taus = ", ".join(f"{escape(plots.label(name))} {s.mean_acceptance_length:.2f}" for name, s in ran.items())
+    per_pass = ", ".join(f"{escape(plots.label(name))} {s.tokens_per_pass:.2f}" for name, s in ran.items())
     sized = {name: s.mean_hidden_norm for name, s in ran.items() if len(s.mean_hidden_norm) > 1}
     rms = ", ".join(f"{escape(plots.label(name))} {v[0]:.1f} → {v[-1]:.1f}" for name, v in sized.items())
     depths = min((len(v) for v in sized.values()), default=0)
     grows = f" The state fed back into depths 1 to {depths}, RMS: {rms}." if depths else ""
-    return f'<div class="pair">Tokens per target pass (tau) on this prompt: {taus}.{grows}</div>'
+    return f'<div class="pair">Tokens per target pass on this prompt: {per_pass}.{grows}</div>'
 
 
 INSPECTOR_COLUMNS = (("depth", "draft depth"), ("draft", "the drafted token"), ("p", "the drafter's probability of it"),
