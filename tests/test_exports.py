@@ -17,8 +17,8 @@ from playground.engines.stats import summarize
 from playground.engines.step_diff import DRAFT_QUANTITIES
 from playground.engines.tree import TreeShape
 from playground.ui import render
-from playground.ui.compare_tab import (QUANTITY_NAMES, TABLE_HEADERS, divergence_marks, outputs_note, step_diff,
-                                      step_figure, step_tolerance, summary_table)
+from playground.ui.compare_tab import (QUANTITY_NAMES, TABLE_HEADERS, divergence_marks, outputs_note, slower_reason,
+                                       step_diff, step_figure, step_tolerance, summary_table)
 from playground.ui.explainer import STORED_RESULTS, stored_speedups
 from playground.ui.runs import CSV_FIELDS, RunLog, csv_rows, export, file_stem
 
@@ -174,6 +174,22 @@ def test_comparison_table_formats_and_columns():
     assert eagle[TABLE_HEADERS.index("verify ms/step")] == "10.0"
     assert re.fullmatch(r"\d+\.\d", eagle[TABLE_HEADERS.index("decode tokens/s")])
     assert isinstance(eagle[TABLE_HEADERS.index("steps")], int)
+
+
+def test_a_run_slower_than_no_speculation_says_why():
+    """A long prompt's prefill, the same with or without drafts, and decode steps dearer than the tokens
+    each pass made: both in the note, with the figures behind them; a faster run gets no reason."""
+    base = replace(summarize(steps(4, drafted=0, accepted=0)), tokens_per_s=20.0, decode_tokens_per_s=40.0,
+                   time_to_first_token_s=3.0, elapsed_s=6.0, steps=120)
+    slow = replace(summarize(steps(4)), tokens_per_s=18.0, decode_tokens_per_s=24.0, time_to_first_token_s=3.2,
+                   elapsed_s=8.2, steps=50, tokens_per_pass=2.4)
+    reason = slower_reason("eagle3.1", slow, base)
+    assert reason == ("EAGLE 3.1 ran 0.90x end to end; the prefill (3.2 s, 39% of the run) is the same work with or "
+                      "without drafts; decoding alone 0.60x: a step took 100.0 ms against 25.0 ms without speculation "
+                      "at this context on this CPU, so each pass had to make 4.00 tokens to break even, and made 2.40. ")
+    assert slower_reason("eagle3.1", replace(slow, tokens_per_s=21.0), base) == ""
+    table = summary_table({"eagle3.1": slow, "none": base})
+    assert table[0][TABLE_HEADERS.index("decode speedup")] == "0.60x" and table[1][TABLE_HEADERS.index("decode speedup")] == "1.00x"
 
 
 def test_steps_an_engine_did_not_time_show_no_time():

@@ -40,7 +40,8 @@ MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TRE
          ("fixed k vs a stop rule, one drafter", CHAIN_VS_STOP)]
 ONE_DRAFTER = (CHAIN_VS_TREE, CHAIN_VS_STOP)
 STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
-TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "tokens/pass", "tau (vLLM's)", "draft ms/step",
+TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "decode speedup", "tokens/pass", "tau (vLLM's)",
+                 "draft ms/step",
                  "verify ms/step",
                  "steps", "tokens", "acceptance by depth"]
 
@@ -130,7 +131,8 @@ def summary_table(summaries: Mapping[str, RunSummary], baseline: str | None = NO
     rows = []
     for name, s in summaries.items():
         speedup = f"{s.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s > 0 else "–"
-        rows.append([plots.label(name), f"{s.tokens_per_s:.1f}", f"{s.decode_tokens_per_s:.1f}", speedup,
+        decode = f"{s.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x" if base and base.decode_tokens_per_s > 0 else "–"
+        rows.append([plots.label(name), f"{s.tokens_per_s:.1f}", f"{s.decode_tokens_per_s:.1f}", speedup, decode,
                      f"{s.tokens_per_pass:.2f}", f"{s.mean_acceptance_length:.2f}",
                      f"{s.draft_ms_per_step:.1f}" if s.drafting_steps and timed(s.verify_ms_per_step) else "–",
                      f"{s.verify_ms_per_step:.1f}" if timed(s.verify_ms_per_step) else "–", s.steps, s.tokens,
@@ -138,24 +140,49 @@ def summary_table(summaries: Mapping[str, RunSummary], baseline: str | None = NO
     return rows
 
 
-def outputs_note(logs: Mapping[str, RunLog], steps: ColumnsDiff | None = None) -> str:
+def slower_reason(name: str, run: RunSummary, base: RunSummary) -> str:
+    """Why a run with speculation came out slower than the baseline, in one sentence ("" where it did not):
+    the prefill's share, which speculation cannot shorten, and what a decode step cost against a plain
+    one on this CPU at this context, against the tokens each pass made."""
+    if not base.tokens_per_s or run.tokens_per_s >= base.tokens_per_s or not run.steps or not base.steps:
+        return ""
+    parts = [f"{plots.label(name)} ran {run.tokens_per_s / base.tokens_per_s:.2f}x end to end"]
+    prefill = run.time_to_first_token_s / run.elapsed_s if run.elapsed_s else 0.0
+    if prefill >= 0.25:
+        parts.append(f"the prefill ({run.time_to_first_token_s:.1f} s, {prefill:.0%} of the run) is the same work "
+                     "with or without drafts")
+    step_ms = (run.elapsed_s - run.time_to_first_token_s) * 1e3 / run.steps
+    plain_ms = (base.elapsed_s - base.time_to_first_token_s) * 1e3 / base.steps
+    if base.decode_tokens_per_s and run.decode_tokens_per_s < base.decode_tokens_per_s:
+        parts.append(f"decoding alone {run.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x: a step took "
+                     f"{step_ms:.1f} ms against {plain_ms:.1f} ms without speculation at this context on this CPU, "
+                     f"so each pass had to make {step_ms / plain_ms:.2f} tokens to break even, and made "
+                     f"{run.tokens_per_pass:.2f}")
+    return "; ".join(parts) + ". "
+
+
+def outputs_note(logs: Mapping[str, RunLog], steps: ColumnsDiff | None = None, baseline: str | None = None) -> str:
     """A line for under the table: whether the runs' answers are the same tokens (where not, from
     which token on, and why when a reason is known), where two drafting columns first differ step by
-    step (`steps`, from `step_diff`), then how far one run's speeds can be trusted."""
+    step (`steps`, from `step_diff`), why a run came out slower than the `baseline` run, then how far one
+    run's speeds can be trusted."""
     ran = [log for log in logs.values() if log.events]
     if len(ran) < 2:
         return NOISE_NOTE
+    base = logs[baseline].summary if baseline in logs and logs[baseline].events else None
+    slower = "".join(slower_reason(name, log.summary, base) for name, log in logs.items()
+                     if base and name != baseline and log.events)
     answers = [log.summary.token_ids for log in ran]
     temperature = max(log.request.temperature for log in ran)
     if all(answer == answers[0] for answer in answers):
         runs = {2: "Both", 3: "All three"}.get(len(ran), f"All {len(ran)}")
         lossless = "" if temperature > 0 else " (greedy decoding is lossless)"
-        return f"{runs} answers are identical token for token{lossless}. {step_note(steps)}{NOISE_NOTE}"
+        return f"{runs} answers are identical token for token{lossless}. {step_note(steps)}{slower}{NOISE_NOTE}"
     differ = min(d for other in answers[1:] if (d := first_difference(answers[0], other)) is not None)
     why = (f": at temperature {temperature:g} each run samples its own tokens (speculative sampling keeps the "
            f"target's distribution, not its draws)" if temperature > 0
            else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
-    return f"The answers differ from token {differ + 1} on{why}. {step_note(steps)}{NOISE_NOTE}"
+    return f"The answers differ from token {differ + 1} on{why}. {step_note(steps)}{slower}{NOISE_NOTE}"
 
 
 QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sink attention",
@@ -328,7 +355,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         shown = live.get(lambda: plots.all_figures(drafted), redraw)   # a final update always redraws
         out |= dict(zip(PLOTS, shown))
         out["table"] = summary_table(summaries, baseline)
-        out["note"] = outputs_note(logs, steps) if final else ""
+        out["note"] = outputs_note(logs, steps, baseline) if final else ""
         out["step_plot"] = step_figure(logs, steps)
         out["files"] = export(logs, (*shown, *((out["step_plot"],) if steps else ()))) if final else None
         if final:
