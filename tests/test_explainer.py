@@ -103,3 +103,20 @@ def test_the_headline_says_what_the_switches_change_and_what_they_do_not_as_the_
             f"({deepest['eagle3.1']:.2f} against {deepest['eagle3']:.2f} at depth {max(own)}") in first_lines
     for text in (first_lines, (STORED_RESULTS.parents[3] / "README.md").read_text()):
         assert "drifts far less" not in text and "that stop *attention drift*" not in text
+
+
+def test_the_first_screen_decodes_as_fast_as_the_stored_benchmark_predicts_on_its_kind_of_host():
+    """The stored first screen is recorded as a visitor's Run makes it (EAGLE 3 beside EAGLE 3.1, the page
+    drawn as they stream): its decode speed is what the stored benchmark's cost per step for the prompt's
+    category gives at its tokens per target pass, within a fifth, on the host kind the benchmark names."""
+    from playground.evaluation.machine import described
+
+    runs, line = first_screen.load()
+    results = json.loads(STORED_RESULTS.read_text())
+    assert f"recorded on {described(results['machine'])}" in line
+    for name, run in runs.items():
+        row = next(r for r in results["rows"] if r["category"] == "coding" and r["method"] == name)   # the Code preset
+        step_ms = row["draft_ms"] + row["verify_ms"] + row["other_ms"]
+        predicted = run.summary.tokens_per_pass * 1e3 / step_ms
+        assert 0.8 <= run.summary.decode_tokens_per_s / predicted <= 1.2, (name, run.summary.decode_tokens_per_s,
+                                                                            predicted)

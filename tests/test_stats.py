@@ -155,3 +155,4 @@ def test_runs_pooled_from_their_totals_equal_every_step_pooled_at_once():
     assert (pooled.runs, pooled.min_prompt_tokens, pooled.tokens, pooled.steps) == (2, 3, 15, 5)
     assert pooled.draft_ms == pytest.approx((2 + 3 + 2 + 3 + 4) / 5) and pooled.verify_ms == pytest.approx(18 / 5)
 
+

@@ -1,6 +1,7 @@
 """The running app, driven through its API with gradio_client (what scripts use)."""
 
 import dataclasses
+import html
 import json
 import math
 import subprocess
@@ -534,3 +535,39 @@ def test_a_page_run_ends_with_its_runs_after_stop_and_past_a_run_beside_that_fai
 
     with pytest.raises(PlaygroundError, match="mid-stream"):   # a run that fails on its own ends the page's run
         run({"eagle3": DiesMidAnswer().generate(requests["eagle3"])})
+
+
+@pytest.mark.slow
+def test_a_run_beside_another_visitors_study_says_its_speeds_are_shared(client, app_url):
+    """A study runs in its own queue, beside the Playground's: the run that overlapped it says so beside
+    its speeds, and the study's last line says so too; a run alone says nothing of the kind."""
+    from playground.app_process import api_client
+    from playground.ui.streams import SHARED_NOTE
+
+    pasted = "\n".join(f"Describe the colour number {i} of a rainbow in two sentences." for i in range(8))
+    study = api_client(app_url).submit(None, pasted, "reference", ["eagle3"], 5, "chain", 48, 0, api_name="/study")
+    deadline = time.monotonic() + 120
+    while not study.outputs() and time.monotonic() < deadline:   # its first update: the study has begun
+        time.sleep(0.1)
+    assert study.outputs(), "the study did not start"
+    shared = named(client.predict(*run_args(max_tokens=24), api_name="/run"))
+    assert html.escape(SHARED_NOTE) in shared["answer"]
+    assert html.escape("another visitor's job shared the CPU") in study.result()[0]
+    alone = named(client.predict(*run_args(max_tokens=8), api_name="/run"))
+    assert html.escape(SHARED_NOTE) not in alone["answer"]
+
+
+def test_a_page_job_learns_whether_another_ran_beside_it_at_any_moment():
+    from playground.ui.streams import SharedCpu
+
+    cpu = SharedCpu()
+    with cpu.job() as alone:
+        pass
+    assert not alone()
+    with cpu.job() as first:
+        assert not first()
+        with cpu.job() as second:
+            assert second()
+        assert first() and second()   # the first learns of the second, which has ended since
+    with cpu.job() as later:
+        assert not later()

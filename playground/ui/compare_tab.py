@@ -32,8 +32,8 @@ from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSetti
 from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored, stored_speedups
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, RunLog, export
-from playground.ui.streams import (MAX_SEED, NEW_SEED, Limits, StopRequests, backend, follow, make_request,
-                                   stop_handler)
+from playground.ui.streams import (MAX_SEED, NEW_SEED, SHARED_CPU, SHARED_NOTE, Limits, StopRequests, backend, follow,
+                                   make_request, stop_handler)
 
 DRAFTERS, CHAIN_VS_TREE, CHAIN_VS_STOP = "drafters", "chain-vs-tree", "chain-vs-stop"
 MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE),
@@ -336,12 +336,16 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             raise refusal(e) from None
         logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
         yield update(logs, notes, names, baseline, tolerance, live, True, False, session)
-        try:
-            for frame in follow(streams, logs, lambda: stops.take(session)):
-                yield update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final, session)
-        except Exception as e:
-            yield update(logs, notes, names, baseline, tolerance, live, True, True, session)
-            raise refusal(e) from None
+        with SHARED_CPU.job() as overlapped:
+            try:
+                for frame in follow(streams, logs, lambda: stops.take(session)):
+                    out = update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final, session)
+                    if frame.final and overlapped():
+                        out["note"] = f"{SHARED_NOTE} {out['note']}"
+                    yield out
+            except Exception as e:
+                yield update(logs, notes, names, baseline, tolerance, live, True, True, session)
+                raise refusal(e) from None
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
                tolerance: Tolerance, live: LivePlots, redraw: bool, final: bool, session: str | None) -> dict:

@@ -1,7 +1,12 @@
 """What the Playground shows before a visitor runs anything: a stored run of its prefilled example by
 EAGLE 3.1 with EAGLE 3 beside it, drawn by the same code as a live run and labelled as stored.
 
-    python -m playground.ui.first_screen      # records it again (the reference engine, this machine)
+    python -m playground.ui.first_screen      # records it again: the real app on this machine, Run pressed
+
+It is recorded the way a visitor's Run makes it: the app in its own process, /run at a fresh page's
+settings, EAGLE 3 running beside EAGLE 3.1 step by step and the page drawn as they stream, so its
+speeds are the ones a visitor on this kind of host sees (tests/test_explainer.py holds them to the
+stored benchmark's row for the category).
 """
 
 from __future__ import annotations
@@ -30,14 +35,24 @@ def example_request(drafter: str) -> GenerationRequest:
 
 
 def record(path: Path = STORED_RUN) -> dict:
-    """Run the example with each drafter on the reference engine and write the runs with the host."""
-    from playground.engines.reference import ReferenceEngine
+    """Press Run on a fresh page of the real app (its own process, the reference engine) and write the
+    runs its export holds, with the host."""
+    from playground.app_process import AppServer, api_client
+    from playground.engines.tree import TreeShape
     from playground.evaluation.machine import described, machine
+    from playground.ui.endpoints import RUN_OUTPUTS
 
-    engine = ReferenceEngine.load()
-    runs = {name: RunLog(example_request(name), list(engine.generate(example_request(name)))) for name in DRAFTERS}
+    request, server = example_request(EAGLE31), AppServer()
+    try:
+        out = api_client(server.url).predict(request.prompt, request.system or "", request.template, EAGLE31,
+                                             request.k, 0.0, request.top_p, request.max_tokens, "reference", "chain",
+                                             TreeShape.top_k, TreeShape.depth, TreeShape.nodes, request.seed, True, "",
+                                             api_name="/run")
+    finally:
+        server.stop()
+    exported = json.loads(Path(out[RUN_OUTPUTS.index("files")][0]).read_text())
     stored = {"host": described(machine()), "recorded": time.strftime("%Y-%m-%d"),
-              "runs": {name: run.to_json() for name, run in runs.items()}}
+              "runs": {name: exported[name] for name in DRAFTERS}}
     path.write_text(json.dumps(stored))
     _stored.cache_clear()
     return stored

@@ -20,7 +20,8 @@ from playground.ui.controls import (answer_header, beside_label, beside_name, de
 from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, failure_message, input_validator,
                                      named_inputs, refusal, stream_handler)
 from playground.ui.runs import LivePlots, RunLog, export
-from playground.ui.streams import Limits, StopRequests, backend, follow, make_request, stop_handler
+from playground.ui.streams import (SHARED_CPU, SHARED_NOTE, Limits, StopRequests, backend, follow, make_request,
+                                   stop_handler)
 
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
@@ -84,14 +85,17 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
             raise refusal(e) from None
         logs, main, live = {r.drafter: RunLog(r) for r in requests}, requests[0].drafter, LivePlots()
         yield update(logs, main, note or render.PREFILL_NOTE, live, False, False)
-        try:
-            for frame in follow(streams, logs, lambda: stops.take(session)):
-                note = without_failed(logs, failed, note)
-                yield update(logs, main, note, live, frame.redraw, frame.final)
-        except Exception as e:
-            error = refusal(e)
-            yield update(logs, main, note, live, True, True, error.message)
-            raise error from None
+        with SHARED_CPU.job() as overlapped:
+            try:
+                for frame in follow(streams, logs, lambda: stops.take(session)):
+                    note = without_failed(logs, failed, note)
+                    if frame.final and overlapped():
+                        note = " ".join(filter(None, (note, SHARED_NOTE)))
+                    yield update(logs, main, note, live, frame.redraw, frame.final)
+            except Exception as e:
+                error = refusal(e)
+                yield update(logs, main, note, live, True, True, error.message)
+                raise error from None
 
     def run_requests(settings: RunSettings, engine: Engine) -> list[GenerationRequest]:
         """The run the answer shows, then the one drawn beside it in the plots (when asked for and paired)."""

@@ -30,7 +30,8 @@ from playground.ui.controls import default_pair, drafter_choices, follow_backend
 from playground.ui.endpoints import (STUDY_OUTPUTS, STUDY_PLOTS, StudySettings, failure_message, input_validator,
                                      named_inputs, quiet_refusal, stream_handler, text, whole_number)
 from playground.ui.runs import LivePlots, Pacer, export_folder
-from playground.ui.streams import Limits, StopRequests, backend, draft_mode, stop_handler, unknown_drafter
+from playground.ui.streams import (SHARED_CPU, Limits, StopRequests, backend, draft_mode, stop_handler,
+                                   unknown_drafter)
 
 DEFAULT_MAX_TOKENS = 64
 FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
@@ -176,28 +177,30 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
         interim = report(False)
         yield update(interim, progress_html(0, len(prompts.prompts), "starting"), True)
         updates, error, how = measure(engine, prompts, config), "", "finished"
-        try:
-            for u in updates:
-                if u.result is not None:
-                    results.append(u.result)
-                if stops.take(session):   # the engine is free at once; the report with its intervals follows
-                    how = "stopped"
-                    line = f"stopped · {_clock(started)} · writing the report"
-                    yield update(interim, progress_html(u.done, u.total, line), False)
-                    break
-                if pacer.due("text"):
-                    redraw = pacer.due("plots")
-                    interim = report(False) if redraw else interim
-                    line = f"{u.current} · {_clock(started)}"
-                    yield update(interim, progress_html(u.done, u.total, line), redraw)
-        except Exception as e:
-            error, how = failure_message(e), "failed"
-        finally:
-            updates.close()
+        with SHARED_CPU.job() as overlapped:   # the runs of other tabs learn that this study shares their CPU
+            try:
+                for u in updates:
+                    if u.result is not None:
+                        results.append(u.result)
+                    if stops.take(session):   # the engine is free at once; the report with its intervals follows
+                        how = "stopped"
+                        line = f"stopped · {_clock(started)} · writing the report"
+                        yield update(interim, progress_html(u.done, u.total, line), False)
+                        break
+                    if pacer.due("text"):
+                        redraw = pacer.due("plots")
+                        interim = report(False) if redraw else interim
+                        line = f"{u.current} · {_clock(started)}"
+                        yield update(interim, progress_html(u.done, u.total, line), redraw)
+            except Exception as e:
+                error, how = failure_message(e), "failed"
+            finally:
+                updates.close()
         final = report(True)
         figures = prompt_report.figure_set(final[0])
         files = [str(p) for p in prompt_report.write(final[0], export_folder(), figures)] if results else None
-        line = f"{how} · {_clock(started)}"
+        line = f"{how} · {_clock(started)}" + (" · another visitor's job shared the CPU: speeds are lower than "
+                                                "alone" if overlapped() else "")
         yield update(final, progress_html(len(results), len(prompts.prompts), line, error), True, files, figures)
 
     outputs = [*(view[name] for name in STUDY_OUTPUTS), opened]

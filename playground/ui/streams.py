@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Mapping, NamedTuple
 
@@ -174,3 +175,40 @@ def stopped(event: StepEvent) -> StepEvent:
 
 
 
+
+
+class SharedCpu:
+    """The page's jobs that run the engine in this process (runs, comparisons, studies, each in its
+    own queue): a job learns whether another ran at any moment during it, and its page says so beside
+    the speeds, which two jobs on one CPU both lower. Why not one queue for all: a study takes
+    minutes, and a visitor's Run should not wait behind another visitor's file."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running: dict[int, bool] = {}   # job -> whether another job ran beside it
+        self._next = 0
+
+    @contextmanager
+    def job(self) -> Iterator[Callable[[], bool]]:
+        """While the block runs it is a job; it gets a call that says whether another job overlapped it."""
+        with self._lock:
+            me, self._next = self._next, self._next + 1
+            self._running[me] = bool(self._running)
+            for other in self._running:
+                self._running[other] |= self._running[me]
+        seen = [False]
+
+        def overlapped() -> bool:
+            with self._lock:
+                seen[0] = self._running.get(me, seen[0])
+                return seen[0]
+        try:
+            yield overlapped
+        finally:
+            with self._lock:
+                seen[0] = self._running.pop(me)
+
+
+SHARED_CPU = SharedCpu()
+SHARED_NOTE = ("Another visitor's job ran on this CPU during this run: its speeds are lower than the run alone "
+               "would give.")
