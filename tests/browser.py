@@ -114,6 +114,17 @@ def column_text(page: Page, slot: str) -> str:
     return box.input_value()
 
 
+def agreeing_column_texts(page: Page, slots=("first", "second", "none"), tries: int = 40) -> list[str]:
+    """The columns' plain texts once they agree, or as they stand after `tries` looks a quarter second
+    apart: a plain-text panel just opened can show a streamed value for a moment."""
+    for _ in range(tries):
+        texts = [column_text(page, slot) for slot in slots]
+        if texts[0] and len(set(texts)) == 1:
+            break
+        page.wait_for_timeout(250)
+    return texts
+
+
 def fitted(page: Page) -> None:
     """Waits until every visible plot fits its block: one drawn while its tab was hidden is redrawn on the tab's
     resize, a moment after the tab is shown."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, TimeoutError as PlaywrightTimeout, expect
 
-from tests.browser import (BROKEN_CELLS_JS, MISFIT_PLOTS_JS, VIEWPORTS, chromium, column_text, error_states,
+from tests.browser import (BROKEN_CELLS_JS, MISFIT_PLOTS_JS, VIEWPORTS, agreeing_column_texts, chromium, error_states,
                            open_page, open_settings, screenshot, set_number, set_setting)
 
 pytestmark = pytest.mark.slow   # Chromium against the running app
@@ -135,8 +135,11 @@ def test_a_first_visitor_runs_the_prefilled_prompt_and_sees_it_stream_in_the_fir
     page = open_page(browser, app_url, device)
     height = VIEWPORTS[device]["height"]
     assert page.locator("#pg-prompt textarea").input_value()   # a prompt is there to run
-    box = page.locator("#run").bounding_box()
-    assert box["y"] + box["height"] <= height, "Run is below the first screen"
+    for element in ("#claim", "#run", "#cards"):   # the claim, Run and the stored run's figures, without scrolling
+        box = page.locator(element).bounding_box()
+        assert box["y"] + box["height"] <= height, f"{element} is below the first screen"
+    answer, inspector = (page.locator(f"#{name}").bounding_box() for name in ("answer", "pg-inspector"))
+    assert answer["y"] < inspector["y"], "the inspector comes before the answer"
     page.evaluate(WATCH_THE_STREAM)
     page.locator("#run").click()
     page.wait_for_function("() => window.streamSeen.tokens > 40 || document.querySelector('#answer .live .finish')",
@@ -365,7 +368,8 @@ def test_comparison_tab_streams_both_columns(page, tmp_path):
     page.locator("#compare-run").click()
     for slot in ("first", "second", "none"):
         expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=120_000)
-    texts = [column_text(page, slot) for slot in ("first", "second", "none")]
+    expect(page.locator("#compare-note")).to_contain_text("All three answers are identical token for token")
+    texts = agreeing_column_texts(page)
     assert texts[0] and texts[0] == texts[1] == texts[2]
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
@@ -382,7 +386,7 @@ def test_the_guided_example_runs_from_one_click(page, tmp_path):
     for slot in ("first", "second", "none"):
         expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=240_000)
     assert page.locator("#cmp-prompt textarea").input_value() == DRIFT_EXAMPLE.prompt
-    texts = [column_text(page, slot) for slot in ("first", "second", "none")]
+    texts = agreeing_column_texts(page)
     assert texts[0] and texts[0] == texts[1] == texts[2]
     expect(page.locator("#compare-norm .js-plotly-plot")).to_be_visible(timeout=20_000)
     assert error_states(page) == 0

@@ -82,3 +82,44 @@ def test_long_and_people_data_from_the_target_sent_and_unpacked_whole(tmp_path):
     long = [tokenizer.decode(e["ids"][:e["prompt_len"]]) for s in sorted((back / "long").glob("shard-*.pt")) for e in torch.load(s)]
     assert len(long) == 3
     assert all(any(c["text"] in p for c in corpus.read(path)[0]) for p in long)
+
+
+def test_the_written_validation_set_is_whole_and_disjoint_from_every_held_out_and_sample_prompt(engine):
+    """At least 200 prompts written as people type them, read by the page's own prompt-file reader, none
+    of them in the held-out evaluation, the benchmark's suite, the page's samples or presets."""
+    from pathlib import Path
+
+    from playground.evaluation.heldout import eval_requests
+    from playground.prompts.files import read_prompt_file
+    from playground.prompts.sets import EVAL_KINDS, TRAINING_PROMPTS, suite
+    from playground.ui.presets import PRESETS
+
+    root = Path(__file__).resolve().parents[1]
+    written = read_prompt_file(root / "training-data" / "validation" / "prompts.jsonl")
+    assert len(written.prompts) >= 200 and len(written.categories) >= 8
+    key = lambda text: " ".join(text.lower().split())
+    mine = {key(p.prompt) for p in written.prompts}
+    assert len(mine) == len(written.prompts)
+    others = {key(r.prompt) for kind in EVAL_KINDS.values() if kind != TRAINING_PROMPTS
+              for r in eval_requests(kind, "eagle3", 5, 8)}
+    others |= {key(p.prompt) for p in suite(engine.tokenizer)} | {key(p.prompt) for p in PRESETS.values()}
+    for sample in (root / "assets" / "prompts").iterdir():
+        others |= {key(p.prompt) for p in read_prompt_file(sample).prompts}
+    others |= {key(m[-1]["content"]) for m in prompts.conversations(5000)}
+    assert len(others) > 100 and not mine & others
+
+
+def test_a_prompt_file_is_a_data_source_its_prompts_answered_in_order(target, tmp_path):
+    from pathlib import Path
+
+    from playground.prompts.files import read_prompt_file
+    from playground.training.data import DataConfig, generate, load_examples
+
+    path = Path(__file__).resolve().parents[1] / "training-data" / "validation" / "prompts.jsonl"
+    config = DataConfig(out=tmp_path / "val", prompts=3, batch=2, max_new_tokens=3, source="file", prompt_file=str(path))
+    assert generate(config, target=target)
+    examples = load_examples([config.out])
+    assert [p.prompt for p in read_prompt_file(path).prompts[:3]] == [
+        target.tokenizer.decode(ex["ids"][:ex["prompt_len"]]).split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+        for ex in examples]
+    assert all(0 < len(ex["ids"]) - ex["prompt_len"] <= 3 for ex in examples)

@@ -120,3 +120,30 @@ def test_the_first_screen_decodes_as_fast_as_the_stored_benchmark_predicts_on_it
         predicted = run.summary.tokens_per_pass * 1e3 / step_ms
         assert 0.8 <= run.summary.decode_tokens_per_s / predicted <= 1.2, (name, run.summary.decode_tokens_per_s,
                                                                             predicted)
+
+
+def test_the_page_claim_and_the_readme_say_what_the_stored_data_measured():
+    """The claim under the page's title from the stored suite, and the README's figures for the coding
+    preset from the stored first screen (the same run "See attention drift" makes): a figure that
+    disagrees with its data fails here."""
+    from playground.ui.explainer import claim
+    from playground.engines.stats import tokens_per_pass
+
+    results = json.loads(STORED_RESULTS.read_text())
+    rows = lambda m: [r for r in results["rows"] if r["method"] == m]
+    per_pass = {m: tokens_per_pass(sum(r["tokens"] - r["runs"] for r in rows(m)), sum(r["steps"] for r in rows(m)))
+                for m in ("eagle3", "eagle3.1")}
+    speedups = [r["speedup_vs_none"] for r in rows("eagle3.1")]
+    line = claim(results)
+    assert (f"give {per_pass['eagle3.1']:.2f} tokens per target pass to EAGLE 3's {per_pass['eagle3']:.2f}: "
+            f"{min(speedups):.2f}x to {max(speedups):.2f}x the speed of no speculation") in line
+    assert "They do not make it attend less to its own drafts." in line and "drift" not in line
+    runs = {name: run.summary for name, run in first_screen.load()[0].items()}
+    e3, e31 = runs["eagle3"], runs["eagle3.1"]
+    readme = " ".join((STORED_RESULTS.parents[3] / "README.md").read_text().split())
+    assert (f"on the coding preset ({e3.tokens_per_pass:.2f} against {e31.tokens_per_pass:.2f} tokens per target pass); "
+            f"from depth 1 to 5 EAGLE 3's sink attention falls from {e3.mean_sink_attention[0]:.3f} to "
+            f"{e3.mean_sink_attention[-1]:.3f} while its fed-back RMS climbs from {e3.mean_hidden_norm[0]:.1f} to "
+            f"{e3.mean_hidden_norm[-1]:.1f}, and EAGLE 3.1's go from {e31.mean_sink_attention[0]:.3f} to "
+            f"{e31.mean_sink_attention[-1]:.3f} and from {e31.mean_hidden_norm[0]:.1f} to "
+            f"{e31.mean_hidden_norm[-1]:.1f}") in readme

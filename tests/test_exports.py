@@ -262,3 +262,14 @@ def test_the_stored_speedups_are_each_drafters_range_over_the_categories():
     assert stored_speedups({"rows": rows, "machine": host}) == (
         "The stored benchmark measured, over its 2 prompt categories, the speed without speculation times "
         "EAGLE 3 0.90x to 1.20x, EAGLE 3.1 1.40x to 1.70x (Some CPU, 2 threads, torch 2.13.0).")
+
+
+def test_the_inspector_counts_what_it_lists_and_says_when_nothing_was_drafted():
+    head = lambda html: re.search(r'<div class="inspector-head".*?</div>', html).group()
+    assert "1 of 3 drafts accepted ·" in head(render.inspector_html(CHAIN))
+    unverified = replace(CHAIN, drafted=2, accepted=1)   # the third draft was made, never checked
+    html = render.inspector_html(unverified)
+    assert "1 of 2 drafts accepted, 1 not verified" in head(html) and html.count("<tr>") == 1 + 3
+    alone = replace(steps(1, drafted=0, accepted=0)[1], draft_ids=(), draft_texts=(), draft_probs=())
+    html = render.inspector_html(alone)
+    assert "<table" not in html and "Nothing was drafted at this step" in html

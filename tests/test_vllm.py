@@ -309,8 +309,8 @@ def test_the_page_shows_the_probes_view_of_a_long_document_and_watches_the_serve
     Your servers, the window holds that traffic (the README's images of both)."""
     from playwright.sync_api import expect
 
-    from tests.browser import (BROKEN_CELLS_JS, chromium, column_text, error_states, fitted, open_page, screenshot,
-                               set_number)
+    from tests.browser import (BROKEN_CELLS_JS, agreeing_column_texts, chromium, error_states, fitted, open_page,
+                               screenshot, set_number)
 
     with chromium() as browser:
         page = open_page(browser, vllm_app.url, "desktop")
@@ -329,7 +329,7 @@ def test_the_page_shows_the_probes_view_of_a_long_document_and_watches_the_serve
         page.get_by_role("option", name="Long document Q&A").click()   # an example runs when picked
         for slot in ("first", "second", "none"):
             expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=240_000)
-        texts = [column_text(page, slot) for slot in ("first", "second", "none")]
+        texts = agreeing_column_texts(page)
         assert texts[0] and texts[0] == texts[1] == texts[2]
         expect(page.locator("#compare-attention .js-plotly-plot")).to_be_visible(timeout=20_000)
         expect(page.locator("#compare-norm .js-plotly-plot")).to_be_visible()

@@ -27,6 +27,7 @@ def add_parsers(sub) -> None:
                         "after 2k-6k-token documents (people and long read --corpus)")
     p.add_argument("--corpus", default="training-data/corpus/corpus.jsonl.xz",
                    help="the corpus file of python -m playground.training.corpus")
+    p.add_argument("--prompt-file", default="", help="--source file: a prompt file (JSONL, JSON, CSV or text)")
     p.add_argument("--device", default=DataConfig.device, help="where the target runs: cpu or cuda")
     p.add_argument("--slots", type=int, default=DataConfig.slots,
                    help="> 0: decode in this many slots refilled as answers end, one captured step on a GPU "
@@ -99,7 +100,8 @@ def train_data(args: argparse.Namespace) -> int:
 
     generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                             source=args.source, device=args.device, slots=args.slots, corpus=args.corpus))
+                             source=args.source, device=args.device, slots=args.slots, corpus=args.corpus,
+                             prompt_file=args.prompt_file))
     return 0
 
 

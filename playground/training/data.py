@@ -30,6 +30,7 @@ from tqdm import tqdm
 from playground.engines import chat
 from playground.engines.sampling import SamplingParams, probabilities
 from playground.model.target import Target
+from playground.prompts.files import read_prompt_file
 from playground.training import corpus, prompts
 from playground.training.slots import continue_slots
 
@@ -48,12 +49,13 @@ class DataConfig:
     slots: int = 0               # > 0: decode in this many refilled slots (training.slots, the GPU path)
     corpus: str = ""             # long and people: the corpus file (training.corpus)
     long_rows: int = 16          # long: prompts of about one length decoded together as one padded batch
+    prompt_file: str = ""        # file: a prompt file (playground.prompts.files), its prompts in order
 
 
-SOURCES = ("templates", "self", "people", "long")
+SOURCES = ("templates", "self", "people", "long", "file")
 # templates: the prompt generator; self: the target writes the user turns after opening words;
 # people: the same after a persona, with format wishes, and pasted paragraphs or code from the corpus;
-# long: questions after documents of 2k-6k tokens from the corpus
+# long: questions after documents of 2k-6k tokens from the corpus; file: the prompts of a prompt file
 SELF_PROMPT_TOKENS = 64
 PEOPLE_PROMPT_TOKENS = 128
 SELF_PROMPT_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
@@ -224,6 +226,9 @@ def generate(config: DataConfig, deadline: float | None = None, target: Target |
             convs = people_conversations(target, first, count, config.seed, generator, pastes, decode)
         elif config.source == "long":
             convs = [corpus.long_conversation(chunks, i, config.seed) for i in range(first, first + count)]
+        elif config.source == "file":
+            convs = [chat.build_messages(p.prompt, p.system, p.history)
+                     for p in read_prompt_file(config.prompt_file).prompts[first:first + count]]
         else:
             convs = list(prompts.conversations(count, config.seed, start=first))
         sampled = [(first + i) % 2 == 1 for i in range(len(convs))]

@@ -29,6 +29,7 @@ SOURCE_TEXT = {
               "pasted paragraphs or Python functions with an instruction (`--source people`, "
               "`playground/training/prompts.py`, `playground/training/corpus.py`)",
     "long": "questions after 2k-6k tokens of local documentation (`--source long`, `playground/training/corpus.py`)",
+    "file": "the prompts of a prompt file (`--source file`)",
 }
 
 

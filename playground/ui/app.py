@@ -9,7 +9,7 @@ import gradio as gr
 
 from playground.engines.protocol import Engine
 from playground.ui import compare_tab, playground_tab, prompts_tab, render, servers_tab, tree_view
-from playground.ui.explainer import explainer_markdown
+from playground.ui.explainer import STORED_RESULTS, claim, explainer_markdown, stored
 from playground.ui.streams import Limits
 
 TITLE = "EAGLE 3.1 Playground"
@@ -29,9 +29,8 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(),
     """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine; the Your servers
     tab watches the vLLM backend's servers and `watched` (name -> URL)."""
     with gr.Blocks(title=TITLE, delete_cache=CACHE_SWEEP) as demo:
-        gr.Markdown(f"# {TITLE}\nSpeculative decoding on SmolLM2-135M-Instruct, verified token by token: every run "
-                    "drafts with EAGLE 3.1 and, beside it, EAGLE 3, and the plots under the answer compare the two "
-                    "depth by depth.")
+        results = stored(STORED_RESULTS)
+        gr.Markdown(f"# {TITLE}\n{claim(results) if results else ''}", elem_id="claim")
         with gr.Accordion("What am I looking at?", open=False):
             gr.Markdown(explainer_markdown(), sanitize_html=False)
         if "vllm" in backends:

@@ -237,13 +237,11 @@ def step_note(steps: ColumnsDiff | None) -> str:
             f"{divergence_text(steps.diff.divergence)} (outlined). ")
 
 
-STEPS_WAITING = plots.placeholder("step by step: where two greedy chain runs of one k differ, drawn when both end")
-
-
 def step_figure(logs: Mapping[str, RunLog], steps: ColumnsDiff | None):
-    """The two drafting columns' quantities differenced along the answer, depth by depth."""
+    """The two drafting columns' quantities differenced along the answer, depth by depth (None where
+    there is no step diff: the page hides the empty plot)."""
     if steps is None:
-        return STEPS_WAITING
+        return None
     divergence = steps.diff.divergence
     return plots.step_differences(differences_by_depth(logs[steps.first].steps, logs[steps.second].steps),
                                   steps.first, steps.second, divergence.position if divergence else None)
@@ -303,19 +301,15 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
                                                             elem_id=f"text-{slot}")
     with gr.Row():
         for name, elem_id in zip(PLOTS, ("compare-acceptance", "compare-attention", "compare-norm")):
-            view[name] = gr.Plot(plots.placeholder("press Compare: each run drawn by draft depth"), show_label=False,
-                                 min_width=300, elem_id=elem_id, visible=False)
-    # outputs stay hidden until they hold something: the first update of a run shows the plots and
-    # the table, the last one the files and (where it means something) the step-by-step plot
-    view["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table",
-                                 visible=False)
+            view[name] = gr.Plot(None, show_label=False, min_width=300, elem_id=elem_id)
+    # empty outputs are hidden by the page's CSS (render.CSS) until a value fills them: no property changes,
+    # which Gradio would keep in the session run after run (runs.LivePlots)
+    view["table"] = gr.Dataframe(None, headers=TABLE_HEADERS, label="summary", interactive=False, elem_id="compare-table")
     view["note"] = gr.Markdown(elem_id="compare-note")
-    view["step_plot"] = gr.Plot(STEPS_WAITING, show_label=False, elem_id="compare-steps", visible=False)
-    view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple", elem_id="compare-files",
-                            visible=False)
+    view["step_plot"] = gr.Plot(None, show_label=False, elem_id="compare-steps")
+    view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple", elem_id="compare-files")
 
     stops = StopRequests()
-    drew_steps: dict[str | None, bool] = {}   # by session: whether its last comparison drew the step-by-step plot
 
     def column_requests(settings: CompareSettings) -> list[GenerationRequest | None]:
         engine = backend(backends, settings.backend_name)
@@ -335,20 +329,20 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         except Exception as e:
             raise refusal(e) from None
         logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
-        yield update(logs, notes, names, baseline, tolerance, live, True, False, session)
+        yield update(logs, notes, names, baseline, tolerance, live, True, False)
         with SHARED_CPU.job() as overlapped:
             try:
                 for frame in follow(streams, logs, lambda: stops.take(session)):
-                    out = update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final, session)
+                    out = update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final)
                     if frame.final and overlapped():
                         out["note"] = f"{SHARED_NOTE} {out['note']}"
                     yield out
             except Exception as e:
-                yield update(logs, notes, names, baseline, tolerance, live, True, True, session)
+                yield update(logs, notes, names, baseline, tolerance, live, True, True)
                 raise refusal(e) from None
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
-               tolerance: Tolerance, live: LivePlots, redraw: bool, final: bool, session: str | None) -> dict:
+               tolerance: Tolerance, live: LivePlots, redraw: bool, final: bool) -> dict:
         summaries = {n: log.summary for n, log in logs.items() if log.events}
         drafted = {n: s for n, s in summaries.items() if n != baseline}
         steps = step_diff(logs, tolerance) if final else None
@@ -362,8 +356,6 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         out["note"] = outputs_note(logs, steps, baseline) if final else ""
         out["step_plot"] = step_figure(logs, steps)
         out["files"] = export(logs, (*shown, *((out["step_plot"],) if steps else ()))) if final else None
-        if final:
-            drew_steps[session] = steps is not None
         return out
 
     handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)
@@ -375,28 +367,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
 
     validator = input_validator(CompareSettings, check)
     picked = wire_presets(c)
-    # Outputs show only once they hold something: the plots and the table as a run starts, the files and
-    # (where it means something) the step-by-step plot as it ends. Listeners of their own, outside the
-    # streamed updates, which keep the API's values plain and change no property per step (runs.LivePlots).
-    filling, ending = [view[name] for name in (*PLOTS, "table")], [view["step_plot"], view["files"]]
-    def starting(**values) -> tuple:
-        try:
-            check(CompareSettings(**values))
-        except Exception:   # the validator says why at its control, and nothing will fill
-            return (gr.update(),) * (len(filling) + len(ending))
-        return *[gr.update(visible=True)] * len(filling), *[gr.update(visible=False)] * len(ending)
-
-    def ended(request: gr.Request) -> tuple:
-        drew = drew_steps.pop(request.session_hash, None)
-        if drew is None:   # no run ended (refused before it started)
-            return gr.update(), gr.update()
-        return gr.update(visible=drew), gr.update(visible=True)
-
     def runs_from(trigger: Callable, api_name: str | bool) -> None:
-        trigger(starting, inputs_kwargs=inputs, outputs=filling + ending, queue=False, api_name=False)
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
-                concurrency_id="engine", concurrency_limit=limits.concurrency).then(
-            ended, None, ending, queue=False, api_name=False)
+                concurrency_id="engine", concurrency_limit=limits.concurrency)
 
     runs_from(run.click, "compare")
     runs_from(picked.then, False)

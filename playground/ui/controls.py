@@ -111,7 +111,7 @@ def prompt_box(limits: Limits, prefix: str) -> gr.Textbox:
 
 
 def preset_dropdown(prefix: str) -> gr.Dropdown:
-    return gr.Dropdown(list(PRESETS), value=FIRST_PRESET, label="Example (runs when picked)", min_width=120,
+    return gr.Dropdown(list(PRESETS), value=FIRST_PRESET, label="Run an example", min_width=120,
                        elem_id=f"{prefix}-preset")
 
 

@@ -92,33 +92,71 @@ def suite_signals(results: dict) -> str:
             f"{compared('sink_attention', ' on the sink tokens')}{state}.")
 
 
-def headline(results: dict) -> str:
-    """What EAGLE 3.1's switches change on the shipped drafters, and what they do not, over the stored suite:
-    the fed-back state's scale, tokens per target pass, and attention to their own drafts."""
+@dataclass(frozen=True)
+class SuiteFigures:
+    """What the stored suite measured of the switches, for the page's claim and the explainer's headline."""
+    prompts: int
+    rms31: tuple[float, float]          # EAGLE 3.1's fed-back RMS, lowest and highest over the depths
+    rms3: tuple[float, float]           # EAGLE 3's, at depth 1 and at the deepest
+    per_pass: dict[str, float]          # tokens per target pass by drafter
+    more_own: tuple[int, ...]           # depths where EAGLE 3.1 attends more to its own drafts (interval above 0)
+    own_depths: int                     # depths with own drafts to attend to (all but the first)
+    deepest: int
+    own_deepest: dict[str, float]       # own-draft attention at the deepest depth, by drafter
+    speedups: dict[str, tuple[float, float]]   # the range over categories of the speed-up over no speculation
+
+
+def suite_figures(results: dict) -> SuiteFigures | None:
     rows = {(r["signal"], r["depth"]): r for r in results.get("signals", [])}
     rms = {depth: r["mean"] for (signal, depth), r in rows.items() if signal == "hidden_norm"}
     own = {depth: r for (signal, depth), r in rows.items() if signal == "self_attention"}
     if not rms or not own:
-        return ""
-    per_pass = {}
+        return None
+    per_pass, speedups = {}, {}
     for method in (EAGLE3, EAGLE31):
         drafted = [r for r in results["rows"] if r["method"] == method]
         per_pass[method] = tokens_per_pass(sum(r["tokens"] - r["runs"] for r in drafted), sum(r["steps"] for r in drafted))
-    more = [d for d, r in sorted(own.items()) if r["differences"][0]["ci"][0] > 0]
-    where = "at every depth it drafts after the first" if len(more) == len(own) else \
-        f"at depth{'s' * (len(more) > 1)} {', '.join(map(str, more))}"
-    deepest = max(own)
-    prompts = results["config"]["per_category"] * len({row["category"] for row in results["rows"]})
-    change = (f"Over the stored suite ({prompts} prompts), EAGLE 3.1's switches hold the state it feeds itself at one "
-              f"scale (RMS {min(m[EAGLE31] for m in rms.values()):.1f} to {max(m[EAGLE31] for m in rms.values()):.1f} "
-              f"at every depth, where EAGLE 3's grows from {rms[min(rms)][EAGLE3]:.1f} to {rms[max(rms)][EAGLE3]:.1f}) "
-              f"and it makes {per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's {per_pass[EAGLE3]:.2f}.")
-    if not more:
+        speedups[method] = (min(r["speedup_vs_none"] for r in drafted), max(r["speedup_vs_none"] for r in drafted))
+    return SuiteFigures(
+        prompts=results["config"]["per_category"] * len({row["category"] for row in results["rows"]}),
+        rms31=(min(m[EAGLE31] for m in rms.values()), max(m[EAGLE31] for m in rms.values())),
+        rms3=(rms[min(rms)][EAGLE3], rms[max(rms)][EAGLE3]), per_pass=per_pass,
+        more_own=tuple(d for d, r in sorted(own.items()) if r["differences"][0]["ci"][0] > 0), own_depths=len(own),
+        deepest=max(own), own_deepest=own[max(own)]["mean"], speedups=speedups)
+
+
+def claim(results: dict) -> str:
+    """The page's one-line claim under its title: what the switches change and what they do not, with the
+    speed over no speculation, all from the stored suite ("" without one)."""
+    f = suite_figures(results)
+    if f is None:
+        return ""
+    not_less = " They do not make it attend less to its own drafts." if f.more_own else ""
+    lo, hi = f.speedups[EAGLE31]
+    return (f"EAGLE 3.1 is EAGLE 3 with two switches. On SmolLM2-135M, over {f.prompts} stored prompts, they hold "
+            f"the state the drafter feeds itself at one scale (RMS {f.rms31[0]:.1f}-{f.rms31[1]:.1f}; EAGLE 3's grows "
+            f"{f.rms3[0]:.1f} → {f.rms3[1]:.1f}) and give {f.per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's "
+            f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation (on "
+            f"{results['machine']['cpu']}, {results['machine']['threads']} threads).{not_less}")
+
+
+def headline(results: dict) -> str:
+    """What EAGLE 3.1's switches change on the shipped drafters, and what they do not, over the stored suite:
+    the fed-back state's scale, tokens per target pass, and attention to their own drafts."""
+    f = suite_figures(results)
+    if f is None:
+        return ""
+    where = "at every depth it drafts after the first" if len(f.more_own) == f.own_depths else \
+        f"at depth{'s' * (len(f.more_own) > 1)} {', '.join(map(str, f.more_own))}"
+    change = (f"Over the stored suite ({f.prompts} prompts), EAGLE 3.1's switches hold the state it feeds itself at one "
+              f"scale (RMS {f.rms31[0]:.1f} to {f.rms31[1]:.1f} at every depth, where EAGLE 3's grows from "
+              f"{f.rms3[0]:.1f} to {f.rms3[1]:.1f}) and it makes {f.per_pass[EAGLE31]:.2f} tokens per target pass to "
+              f"EAGLE 3's {f.per_pass[EAGLE3]:.2f}.")
+    if not f.more_own:
         return change
     return (f"{change} What they do not do on these drafters: EAGLE 3.1 puts *more* of its attention on its own "
-            f"drafts than EAGLE 3, {where} ({own[deepest]['mean'][EAGLE31]:.2f} against "
-            f"{own[deepest]['mean'][EAGLE3]:.2f} at depth {deepest}: the dotted lines), so the page makes no claim "
-            "that its attention drifts less.")
+            f"drafts than EAGLE 3, {where} ({f.own_deepest[EAGLE31]:.2f} against {f.own_deepest[EAGLE3]:.2f} at depth "
+            f"{f.deepest}: the dotted lines), so the page makes no claim that its attention drifts less.")
 
 
 def stored_speedups(results: dict) -> str:

@@ -34,8 +34,8 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     initial = update(stored[0], first_screen.DRAFTERS[0], f"A stored run of this example ({stored[1]}). Press Run to "
                      "run it live.", LivePlots(), True, True, stored=True) if stored else {}
     shown_steps = len(initial.get("events", []))
-    with gr.Row(equal_height=False):
-        with gr.Column(scale=2, min_width=300):
+    with gr.Row(equal_height=False, elem_id="pg-layout"):
+        with gr.Column(scale=2, min_width=300, elem_id="pg-controls"):
             c = {"prompt": prompt_box(limits, "pg")}
             with gr.Row():
                 c["preset"] = preset_dropdown("pg")
@@ -49,14 +49,15 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                 stop = gr.Button("Stop", variant="secondary", elem_id="stop", min_width=80)
             c |= settings_panel(limits, backends, "pg")
             follow_backend(c, backends, "drafter", keep_or(default_drafter))
-            with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True):
+            with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True,
+                              elem_id="pg-inspector"):
                 with gr.Row():
                     previous = gr.Button("◀ previous", size="sm", min_width=60, elem_id="step-previous")
                     view["step"] = gr.Slider(0, max(1, shown_steps - 1), value=0, step=1, label="verify step",
                                              elem_id="step", scale=4)
                     following = gr.Button("next ▶", size="sm", min_width=60, elem_id="step-next")
                 view["inspector"] = gr.HTML(render.inspector_html(None), elem_id="inspector")
-        with gr.Column(scale=3, min_width=300):
+        with gr.Column(scale=3, min_width=300, elem_id="pg-output"):
             view["cards"] = gr.HTML(initial.get("cards", render.figures_html(None)), elem_id="cards")
             answer_header("pg")
             view["answer"] = gr.HTML(initial.get("answer", render.answer_html([])), elem_id="answer",

@@ -22,7 +22,7 @@ from playground.errors import PlaygroundError
 from playground.evaluation import prompt_report
 from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.evaluation.runner import PromptResult
-from playground.plots import label, placeholder
+from playground.plots import label
 from playground.prompts.files import PromptFile, PromptFileError, PromptLimits, check_size, \
     read_prompt_file, read_prompts
 from playground.ui import unchecked
@@ -39,7 +39,7 @@ HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `syste
         "`conversations`; CSV with a `prompt` column; or plain text with prompts separated by blank lines. "
         "Greedy: both drafters answer each prompt with the same tokens, so tau compares the same text.")
 SAMPLES = Path(__file__).resolve().parents[2] / "assets" / "prompts"
-NOT_YET = placeholder("drawn as the study's prompts finish")
+NOT_YET = None   # a plot not drawn yet: the page hides an empty plot (render.CSS)
 
 
 def prompt_limits(limits: Limits) -> PromptLimits:

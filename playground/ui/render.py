@@ -112,13 +112,19 @@ def inspector_html(event: StepEvent | None) -> str:
         return ('<div class="inspector empty">Click a token of the answer: its step opens here, each draft with '
                 'its probability, verdict and attention.</div>')
     times = f" · draft {event.draft_ms:.1f} ms · verify {event.verify_ms:.1f} ms" if timed(event.verify_ms) else ""
+    shown = max(event.drafted, len(event.draft_ids))
+    unverified = f", {shown - event.drafted} not verified" if shown > event.drafted else ""
     head = (f'<div class="inspector-head" data-step="{event.step}">step {event.step} · position {event.position} · '
-            f'{event.accepted}/{event.drafted} drafts accepted{times}</div>')
+            f'{event.accepted} of {event.drafted} drafts accepted{unverified}{times}</div>')
     if event.step == 0:
         return head + '<div class="inspector empty">Step 0 is the prefill: the target reads the prompt and ' \
                       'emits the first token; nothing is drafted.</div>'
+    if not shown:
+        return head + ('<div class="inspector empty">Nothing was drafted at this step (a stop rule ended the chain '
+                       'before its first draft, or the answer had no room left): the target wrote '
+                       f'<code>{escape(visible(event.token_texts[-1]))}</code> alone.</div>')
     rows = []
-    for d in range(max(event.drafted, len(event.draft_ids))):
+    for d in range(shown):
         draft = escape(visible(event.draft_texts[d])) if d < len(event.draft_texts) else "(not reported)"
         verdict = event.draft_verdicts[d]
         cells = [str(d + 1), f"<code>{draft}</code>", _num(event.draft_probs, d, "{:.3f}"),
@@ -267,9 +273,22 @@ table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-c
                                          white-space: nowrap; }
 .verdict.accepted { color: #15803d; } .verdict.rejected { color: #b91c1c; } .verdict.not-reached { color: #52525b; }
 .inspector-head, .inspector-foot { font-size: 13px; margin: 4px 0; }
-/* a phone shows all four tabs (Gradio hides those that do not fit behind a menu; see also PAGE_HEAD) */
+/* a phone shows all four tabs (Gradio hides those that do not fit behind a menu; see also PAGE_HEAD); on the
+   Playground the answer and its figures come right after the prompt and Run, the settings and the inspector
+   after them (the controls' column gives its children to the stacked row, which orders them) */
 @media (max-width: 520px) {
     #tabs .tab-container button { padding: 0 6px !important; font-size: 12.5px !important; }
+    #pg-layout { flex-direction: column !important; }
+    #pg-controls { display: contents !important; }
+    #pg-output { order: 1; }
+    #pg-settings, #pg-inspector { order: 2; }
+    #claim p { font-size: 13px; line-height: 1.4; }
+    #pg-count { display: none; }
+    #cards .cards { gap: 6px; }
+    #cards .card { padding: 3px 8px; min-width: 0; }
+    #cards .card .v { font-size: 16px; }
+    #cards .card .k { font-size: 11px; }
+    #cards .pair { font-size: 12px; }
 }
 /* a report's tables keep every cell on one line and scroll sideways when wider than the page */
 .prose table { display: block; width: max-content; max-width: 100%; overflow-x: auto; }
@@ -287,6 +306,9 @@ table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-c
     .js-plotly-plot text { fill: #d4d4d8 !important; }
     .js-plotly-plot .gridlayer path, .js-plotly-plot .zerolinelayer path { stroke: #3f3f46 !important; }
 }
+/* an output with nothing in it takes no room until a value fills it: an empty plot or download box, a table
+   with no rows (none shows as an empty frame before a run) */
+.block:has(> .empty[aria-label="Empty value"]), .block:has(> .table-container.no-rows) { display: none !important; }
 .error-box { padding: 8px 12px; border-radius: 8px; background: rgba(239, 68, 68, 0.12); color: #b91c1c; }
 """
 
