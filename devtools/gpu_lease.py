@@ -183,11 +183,15 @@ def run_finish(plan: LeasePlan, work: Path, out: Path) -> list[Path]:
 
 def unpack(parts: Path, runs: Path) -> list[Path]:
     """The parts `finish` wrote, joined and unpacked into `runs`: one run folder per variant."""
-    found = sorted(parts.glob(f"{ARCHIVE}.part-*"))
-    if not found:
-        raise FileNotFoundError(f"no {ARCHIVE}.part-* files in {parts}")
-    _unpack_parts(found, runs)
+    _unpack_parts(_parts(parts, ARCHIVE), runs)
     return [runs / variant for variant in SHIPPED]
+
+
+def _parts(folder: Path, archive: str) -> list[Path]:
+    found = sorted(folder.glob(f"{archive}.part-*"))
+    if not found:
+        raise FileNotFoundError(f"no {archive}.part-* files in {folder}")
+    return found
 
 
 def _unpack_parts(parts: list[Path], into: Path) -> None:
@@ -233,19 +237,15 @@ def send_data(plan: LeasePlan, work: Path, out: Path, corpus: Path = CORPUS, par
                 add(f"{name}/{shard.stem}.u16.xz", packed)
                 add(f"{name}/{shard.stem}.json", json.dumps(lengths).encode())
                 sent.append(f"{name}/{shard.name}")
-        for extra in ("rates.jsonl",):
-            if (work / extra).exists():
-                add(extra, (work / extra).read_bytes())
+        if (work / "rates.jsonl").exists():
+            add("rates.jsonl", (work / "rates.jsonl").read_bytes())
         add("send.json", json.dumps({"sent": sent, "left_behind": left}).encode())
     return _split(archive, PART_BYTES, lambda i, n: out / f"{DATA_ARCHIVE}.part-{i:02d}")
 
 
 def unpack_data(parts: Path, into: Path) -> list[Path]:
     """The parts `send` wrote, back as data folders (shard files `train drafter --data` reads) under `into`."""
-    found = sorted(parts.glob(f"{DATA_ARCHIVE}.part-*"))
-    if not found:
-        raise FileNotFoundError(f"no {DATA_ARCHIVE}.part-* files in {parts}")
-    _unpack_parts(found, into)
+    _unpack_parts(_parts(parts, DATA_ARCHIVE), into)
     folders = []
     for packed in sorted(into.glob("*/shard-*.u16.xz")):
         stem = packed.name.removesuffix(".u16.xz")
