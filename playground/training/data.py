@@ -210,6 +210,7 @@ def generate(config: DataConfig, deadline: float | None = None, target: Target |
     target = target or Target.load(None, config.dtype, config.device)
     decode = functools.partial(continue_slots, slots=config.slots) if config.slots else continue_batch
     chunks, pastes = corpus.read(Path(config.corpus)) if config.source in ("long", "people") else ([], [])
+    listed = read_prompt_file(config.prompt_file).prompts if config.source == "file" else ()
     if config.source == "long":
         decode = functools.partial(continue_by_length, rows=config.long_rows)
     num_shards = (config.prompts + config.batch - 1) // config.batch
@@ -227,8 +228,7 @@ def generate(config: DataConfig, deadline: float | None = None, target: Target |
         elif config.source == "long":
             convs = [corpus.long_conversation(chunks, i, config.seed) for i in range(first, first + count)]
         elif config.source == "file":
-            convs = [chat.build_messages(p.prompt, p.system, p.history)
-                     for p in read_prompt_file(config.prompt_file).prompts[first:first + count]]
+            convs = [chat.build_messages(p.prompt, p.system, p.history) for p in listed[first:first + count]]
         else:
             convs = list(prompts.conversations(count, config.seed, start=first))
         sampled = [(first + i) % 2 == 1 for i in range(len(convs))]

@@ -40,10 +40,8 @@ MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TRE
          ("fixed k vs a stop rule, one drafter", CHAIN_VS_STOP)]
 ONE_DRAFTER = (CHAIN_VS_TREE, CHAIN_VS_STOP)
 STORED_BENCHMARK = STORED_RESULTS.with_name("results.md")   # the table of the results the explainer quotes
-TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "decode speedup", "tokens/pass", "tau (vLLM's)",
-                 "draft ms/step",
-                 "verify ms/step",
-                 "steps", "tokens", "acceptance by depth"]
+TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "decode speedup", "tokens/pass",
+                 "tau (vLLM's)", "draft ms/step", "verify ms/step", "steps", "tokens", "acceptance by depth"]
 
 
 def noise_note() -> str:

@@ -112,17 +112,16 @@ def suite_figures(results: dict) -> SuiteFigures | None:
     own = {depth: r for (signal, depth), r in rows.items() if signal == "self_attention"}
     if not rms or not own:
         return None
-    per_pass, speedups = {}, {}
+    per_pass = {}
     for method in (EAGLE3, EAGLE31):
         drafted = [r for r in results["rows"] if r["method"] == method]
         per_pass[method] = tokens_per_pass(sum(r["tokens"] - r["runs"] for r in drafted), sum(r["steps"] for r in drafted))
-        speedups[method] = (min(r["speedup_vs_none"] for r in drafted), max(r["speedup_vs_none"] for r in drafted))
     return SuiteFigures(
         prompts=results["config"]["per_category"] * len({row["category"] for row in results["rows"]}),
         rms31=(min(m[EAGLE31] for m in rms.values()), max(m[EAGLE31] for m in rms.values())),
         rms3=(rms[min(rms)][EAGLE3], rms[max(rms)][EAGLE3]), per_pass=per_pass,
         more_own=tuple(d for d, r in sorted(own.items()) if r["differences"][0]["ci"][0] > 0), own_depths=len(own),
-        deepest=max(own), own_deepest=own[max(own)]["mean"], speedups=speedups)
+        deepest=max(own), own_deepest=own[max(own)]["mean"], speedups=speedup_ranges(results))
 
 
 def claim(results: dict) -> str:
@@ -159,13 +158,19 @@ def headline(results: dict) -> str:
             f"{f.deepest}: the dotted lines), so the page makes no claim that its attention drifts less.")
 
 
-def stored_speedups(results: dict) -> str:
-    """The range of speedups over no speculation the stored benchmark measured, by drafter, in a sentence."""
+def speedup_ranges(results: dict) -> dict[str, tuple[float, float]]:
+    """By drafter, the lowest and highest speed-up over no speculation the stored benchmark measured over
+    its categories."""
     by_method: dict[str, list[float]] = {}
     for row in results["rows"]:
         if row["method"] in (EAGLE3, EAGLE31) and row.get("speedup_vs_none"):
             by_method.setdefault(row["method"], []).append(row["speedup_vs_none"])
-    ranges = ", ".join(f"{LABELS[m]} {min(v):.2f}x to {max(v):.2f}x" for m, v in sorted(by_method.items()))
+    return {method: (min(v), max(v)) for method, v in sorted(by_method.items())}
+
+
+def stored_speedups(results: dict) -> str:
+    """The range of speedups over no speculation the stored benchmark measured, by drafter, in a sentence."""
+    ranges = ", ".join(f"{LABELS[m]} {lo:.2f}x to {hi:.2f}x" for m, (lo, hi) in speedup_ranges(results).items())
     categories = len({row["category"] for row in results["rows"]})
     return (f"The stored benchmark measured, over its {categories} prompt categories, the speed without speculation "
             f"times {ranges} ({described(results['machine'])}).") if ranges else ""
