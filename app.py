@@ -19,7 +19,7 @@ import sys
 
 from playground.errors import PlaygroundError
 from playground.model.variants import SHIPPED
-from playground.options import add_vllm_options, launch_spec
+from playground.options import add_vllm_options, add_weights_option, launch_spec
 from playground.settings import server_host, server_port
 from playground.ui.streams import Limits
 
@@ -32,6 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=None, help="default: $PLAYGROUND_PORT, $GRADIO_SERVER_PORT, 7860")
     p.add_argument("--target", default=None, help="a local Llama-family folder (default: embedded SmolLM2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_weights_option(p)
     p.add_argument("--max-tokens", type=int, default=int(env("PLAYGROUND_MAX_TOKENS", Limits.max_tokens)))
     p.add_argument("--max-prompt-chars", type=int,
                    default=int(env("PLAYGROUND_MAX_PROMPT_CHARS", Limits.max_prompt_chars)))
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
                     sessions=args.sessions, study_prompts=args.study_prompts, watch_any_url=args.watch_any_url)
     watched = parse_servers(args.watch_url, "--watch-url")   # bad URLs stop here, before the model loads
-    engine = ReferenceEngine.load(args.target, args.dtype, max_tokens_limit=limits.max_tokens)
+    engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights, max_tokens_limit=limits.max_tokens)
     for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
     backends = {}

@@ -7,6 +7,7 @@ import os
 import shlex
 
 from playground.model.variants import SHIPPED
+from playground.model.weight_formats import WEIGHTS, WEIGHTS_ENV, default_weights
 
 
 def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value, choose_backend: bool = True) -> None:
@@ -33,6 +34,12 @@ def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value, ch
     p.add_argument("--vllm-args", default=default(""), metavar="'ARGS'",
                    help="with --launch: more `vllm serve` arguments for every server, as one value, e.g. "
                         "--vllm-args='--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")
+
+
+def add_weights_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", default=default_weights(), choices=WEIGHTS,
+                   help=f"the embedded target's projections: f32 matrices, or the GGUF's own Q4_1/Q8_0 blocks read by "
+                        f"our CPU kernels (the same tokens, a fifth of the bytes); default ${WEIGHTS_ENV}, else f32")
 
 
 def add_api_key_option(p: argparse.ArgumentParser, default=lambda value: value) -> None:

@@ -160,8 +160,12 @@ def test_verify_argmax_refuses_what_it_cannot_verify():
 def test_rows_linear_refuses_what_it_cannot_compute():
     with pytest.raises(RuntimeError, match="multiple of 8"):
         torch.ops.playground.rows_linear(torch.randn(1, 12), torch.randn(4, 12))
-    with pytest.raises(RuntimeError, match="float32 x, float32 or bfloat16 w only"):
+    with pytest.raises(RuntimeError, match="float32 x; w a contiguous float32 or bfloat16"):
         torch.ops.playground.rows_linear(torch.randn(1, 16).double(), torch.randn(4, 16).double())
+    with pytest.raises(RuntimeError, match="GGUF blocks"):   # 30 bytes a row: not whole Q4_1 blocks
+        torch.ops.playground.rows_linear(torch.randn(1, 32), torch.zeros(4, 30, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="last dimension must be w's"):   # one Q8_0 block: 32 weights, not 16
+        torch.ops.playground.rows_linear(torch.randn(1, 16), torch.zeros(4, 34, dtype=torch.int8))
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

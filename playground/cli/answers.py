@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from playground.model.variants import EAGLE31, NAMES, NONE, SHIPPED
-from playground.options import (add_draft_stop_option, add_tree_options, add_vllm_options, draft_stop, launch_spec,
-                                tree_shape)
+from playground.options import (add_draft_stop_option, add_tree_options, add_vllm_options, add_weights_option,
+                                draft_stop, launch_spec, tree_shape)
 from playground.terminal import to_stderr
 
 
@@ -37,6 +37,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="float32 is bit-exact greedy; bfloat16 is faster where supported, not bit-exact")
     p.add_argument("--target", default=None, help="a local transformers Llama-family folder (default: embedded SmolLM2)")
+    add_weights_option(p)
     p.add_argument("--json", action="store_true", help="JSON lines: one per verify step, then a summary")
     add_tree_options(p)
     add_draft_stop_option(p)
@@ -54,7 +55,7 @@ def generate(args: argparse.Namespace) -> int:
                                 drafter=args.drafter, k=args.k, temperature=args.temperature,
                                 top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
                                 tree=tree_shape(args), draft_stop=draft_stop(args)).validate()
-    engine = ReferenceEngine.load(args.target, args.dtype)
+    engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights)
     if args.backend == "vllm":
         from playground.engines.vllm.backend import vllm_backend
         from playground.engines.vllm.client import chains_only

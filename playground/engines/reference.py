@@ -44,9 +44,10 @@ class ReferenceEngine:
 
     @classmethod
     def load(cls, target_path: str | None = None, dtype: str = "float32", kernels: bool | None = None,
-             **kwargs) -> "ReferenceEngine":
-        """`kernels`: whether our CPU kernels run the target and its drafters (None: where they run here)."""
-        return cls(Target.load(target_path, dtype, kernels=kernels), **kwargs)
+             weights: str | None = None, **kwargs) -> "ReferenceEngine":
+        """`kernels`: whether our CPU kernels run the target and its drafters (None: where they run here);
+        `weights`: what the target's projections are read from (Target.load)."""
+        return cls(Target.load(target_path, dtype, kernels=kernels, weights=weights), **kwargs)
 
     def drafter_info(self, name: str) -> DrafterInfo:
         return self.drafters.get(name)[1]

@@ -56,7 +56,7 @@ class Ceiling:
 
 def measure(target: Target, token_counts: tuple[int, ...] = (1, 6), context: int = 128) -> Ceiling:
     weight_bytes = target.weight_bytes()
-    flops_per_token = 2 * weight_bytes // target.dtype.itemsize
+    flops_per_token = 2 * target.multiply_adds()
     bandwidth, flops = memory_bandwidth(), matmul_flops()
     floor = {t: 1e3 * max(weight_bytes / bandwidth, t * flops_per_token / flops) for t in token_counts}
     measured = {}

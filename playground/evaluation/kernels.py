@@ -1,11 +1,12 @@
 """`python -m playground bench kernels`: the embedded engine on our CPU kernels against PyTorch's,
 and against llama.cpp where scripts/build-llama-cpp.sh has built it.
 
-Two engines in one process, one built on playground/model/kernels (the default where they run),
-one on PyTorch's own (oneDNN's linear, the op-by-op stack), and llama.cpp's server on the same
-float32 weights, run interleaved on the same prompts (chat and code, greedy): decode tokens/s and
-tau of each method, whether every run emitted the same tokens, and the target's forward for 1 and
-k + 1 tokens against the roofline floor.
+Three engines in one process: two on playground/model/kernels, reading the target's float32
+matrices (f32) or the GGUF file's own Q4_1 / Q8_0 blocks (gguf), one on PyTorch's own kernels
+(oneDNN's linear, the op-by-op stack); and llama.cpp's server on the float32 weights and on the
+GGUF file the target comes from. All run interleaved on the same prompts (chat and code, greedy):
+decode tokens/s and tau of each method, whether every run of ours emitted the same tokens, and the
+target's forward for 1 and k + 1 tokens against each weight format's roofline floor.
 
     python -m playground bench kernels --drafters none eagle3 eagle3.1 --k 5 --max-tokens 128
 """
@@ -24,12 +25,14 @@ from playground.model import kernels
 from playground.model.variants import EAGLE3, NONE
 from playground.prompts.sets import CHAT, CODING
 
-SYSTEMS = ("ours", "pytorch", "llama.cpp")
+OURS = {"ours f32": "f32", "ours gguf": "gguf"}           # our kernels on each weight format
+LLAMA = {"llama.cpp f32": "f32", "llama.cpp Q4_1": "gguf"}  # llama.cpp on the same two files
+SYSTEMS = (*OURS, "pytorch", *LLAMA)
 
 
 @dataclass(frozen=True)
 class Row:
-    system: str          # our kernels, PyTorch's, or llama.cpp
+    system: str          # one of SYSTEMS
     drafter: str
     tokens_per_s: float  # decode (after the first token), mean over the runs
     tau: float           # mean over the runs
@@ -40,22 +43,24 @@ class Row:
 @dataclass(frozen=True)
 class Result:
     rows: list[Row]
-    same_tokens: bool                # both engines, every method, every run
-    llama_same: tuple[int, int]      # llama.cpp runs whose tokens equal ours, of all its runs
+    same_tokens: bool                # our engines, every method, every run
+    llama_same: dict[str, tuple[int, int]]   # llama.cpp system -> runs whose tokens equal ours, all its runs
     forward_ms: dict[str, dict[int, float]]  # engine -> tokens in the forward -> median ms
-    roof: ceiling.Ceiling
+    roofs: dict[str, ceiling.Ceiling]        # our kernels' engines: the floor of their weights' bytes
 
 
 def _engines(drafters: list[str]) -> dict[str, ReferenceEngine]:
-    """Both engines with their drafters loaded."""
+    """Our three engines with their drafters loaded."""
     if not kernels.status().loaded:
         raise SystemExit(f"bench kernels: our kernels do not run here: {kernels.status().note}")
-    ours, pytorch = ReferenceEngine.load(kernels=True), ReferenceEngine.load(kernels=False)
-    for drafter in drafters:
-        ours.drafters.get(drafter)
-        pytorch.drafters.get(drafter)
-    assert ours.target.stack_weights is not None and pytorch.target.stack_weights is None
-    return {"ours": ours, "pytorch": pytorch}
+    engines = {name: ReferenceEngine.load(kernels=True, weights=weights) for name, weights in OURS.items()}
+    engines["pytorch"] = ReferenceEngine.load(kernels=False, weights="f32")
+    for engine in engines.values():
+        for drafter in drafters:
+            engine.drafters.get(drafter)
+    assert all(engines[name].target.stack_weights is not None for name in OURS)
+    assert engines["pytorch"].target.stack_weights is None
+    return engines
 
 
 def _mean(values) -> float:
@@ -68,12 +73,13 @@ def run(drafters: list[str], k: int, max_tokens: int, prompts_per_kind: int = 2,
     peers = [d for d in (NONE, EAGLE3) if d in drafters] if llama_cpp.available() else []
     prompts = CHAT[:prompts_per_kind] + CODING[:prompts_per_kind]
     runs: dict[tuple[str, str], list] = {}
-    llama_same = [0, 0]
+    llama_same = {system: [0, 0] for system in LLAMA} if peers else {}
     with contextlib.ExitStack() as stack:
         servers = {}
-        for drafter in peers:
-            servers[drafter] = llama_cpp.LlamaServer(None if drafter == NONE else k)
-            stack.callback(servers[drafter].close)
+        for system, weights in LLAMA.items():
+            for drafter in peers:
+                servers[system, drafter] = llama_cpp.LlamaServer(None if drafter == NONE else k, weights)
+                stack.callback(servers[system, drafter].close)
         for _ in range(rounds):
             for prompt in prompts:
                 for drafter in drafters:
@@ -81,11 +87,12 @@ def run(drafters: list[str], k: int, max_tokens: int, prompts_per_kind: int = 2,
                     for name, engine in engines.items():
                         summary = summarize(list(engine.generate(request)))
                         runs.setdefault((name, drafter), []).append(summary)
-                    if drafter in servers:
-                        peer = servers[drafter].complete(engines["ours"].prompt_ids(request), max_tokens)
-                        runs.setdefault(("llama.cpp", drafter), []).append(peer)
-                        llama_same[0] += peer.token_ids[:len(summary.token_ids)] == summary.token_ids
-                        llama_same[1] += 1
+                    for system in LLAMA:
+                        if (system, drafter) in servers:
+                            peer = servers[system, drafter].complete(engines["ours f32"].prompt_ids(request), max_tokens)
+                            runs.setdefault((system, drafter), []).append(peer)
+                            llama_same[system][0] += peer.token_ids[:len(summary.token_ids)] == summary.token_ids
+                            llama_same[system][1] += 1
     ours_tokens = {tuple(s.token_ids for s in runs[(name, d)]) for name in engines for d in drafters}
     rows = [Row(name, drafter, _mean(s.decode_tokens_per_s for s in summaries),
                 _mean(s.mean_acceptance_length for s in summaries),
@@ -93,8 +100,8 @@ def run(drafters: list[str], k: int, max_tokens: int, prompts_per_kind: int = 2,
                   if name in engines else (None, None)))
             for (name, drafter), summaries in runs.items()]
     forwards = {name: ceiling.measure(engine.target, (1, k + 1)) for name, engine in engines.items()}
-    return Result(rows, len(ours_tokens) == 1, tuple(llama_same), {n: c.measured_ms for n, c in forwards.items()},
-                  forwards["ours"])
+    return Result(rows, len(ours_tokens) == 1, {system: tuple(n) for system, n in llama_same.items()},
+                  {n: c.measured_ms for n, c in forwards.items()}, {n: forwards[n] for n in OURS})
 
 
 def _ms(value: float | None) -> str:
@@ -105,24 +112,24 @@ def table(result: Result) -> str:
     rows = sorted(result.rows, key=lambda r: (SYSTEMS.index(r.system), r.drafter))
     plain = {row.system: row.tokens_per_s for row in rows if row.drafter == NONE}
     pytorch = {row.drafter: row.tokens_per_s for row in rows if row.system == "pytorch"}
-    llama = {row.drafter: row.tokens_per_s for row in rows if row.system == "llama.cpp"}
     ratio = lambda value, base: f"{value / base:.2f}x" if base else "-"
     head = ["system", "method", "decode tok/s", "tau", "draft ms/step", "verify ms/step", "vs none, same system",
-            "vs PyTorch's kernels", "vs llama.cpp none", "vs llama.cpp eagle3"]
+            "vs PyTorch's kernels", *(f"vs {system} none" for system in LLAMA)]
     lines = [markdown_table(head, ([row.system, row.drafter, f"{row.tokens_per_s:.1f}", f"{row.tau:.2f}",
                                     _ms(row.draft_ms), _ms(row.verify_ms), ratio(row.tokens_per_s, plain.get(row.system)),
                                     ratio(row.tokens_per_s, pytorch.get(row.drafter)),
-                                    ratio(row.tokens_per_s, llama.get(NONE)), ratio(row.tokens_per_s, llama.get(EAGLE3))]
+                                    *(ratio(row.tokens_per_s, plain.get(system)) for system in LLAMA)]
                                    for row in rows))]
-    roof = result.roof
-    forward = [[f"{name} kernels, ms", *(f"{measured[t]:.1f}" for t in roof.floor_ms)]
-               for name, measured in result.forward_ms.items()]
-    forward.append([f"roofline floor, ms ({roof.bandwidth_gb_s:.1f} GB/s, {roof.matmul_gflop_s:.0f} GFLOP/s)",
-                    *(f"{roof.floor_ms[t]:.1f}" for t in roof.floor_ms)])
-    lines += ["", markdown_table(["target forward", *(f"{t} token{'s' * (t > 1)}" for t in roof.floor_ms)], forward)]
+    tokens = next(iter(result.roofs.values())).floor_ms
+    forward = [[f"{name}, ms", *(f"{measured[t]:.1f}" for t in tokens)] for name, measured in result.forward_ms.items()]
+    for name, roof in result.roofs.items():
+        forward.append([f"roofline floor of {name}'s {roof.weight_bytes / 2**20:.0f} MiB, ms "
+                        f"({roof.bandwidth_gb_s:.1f} GB/s, {roof.matmul_gflop_s:.0f} GFLOP/s)",
+                        *(f"{roof.floor_ms[t]:.1f}" for t in tokens)])
+    lines += ["", markdown_table(["target forward", *(f"{t} token{'s' * (t > 1)}" for t in tokens)], forward)]
     lines += ["", f"our engines emitted the same tokens in every run: {'yes' if result.same_tokens else 'NO'}"]
-    if result.llama_same[1]:
-        lines.append(f"llama.cpp's tokens equal ours in {result.llama_same[0]} of {result.llama_same[1]} runs")
-    else:
+    for system, (same, total) in result.llama_same.items():
+        lines.append(f"{system}'s tokens equal ours in {same} of {total} runs")
+    if not result.llama_same:
         lines.append("llama.cpp: not built here (bash scripts/build-llama-cpp.sh)")
     return "\n".join(lines)

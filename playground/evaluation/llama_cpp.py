@@ -1,9 +1,11 @@
 """llama.cpp as a peer in `bench kernels`, where scripts/build-llama-cpp.sh has built it.
 
 llama-server runs the same float32 weights (the embedded target converted by llama.cpp's own
-converter) with no speculation, and with the shipped EAGLE 3 drafter (`--spec-type draft-eagle3`,
-k drafts a step); each completion gets the prompt as our token ids, greedy, and reports its decode
-rate, tokens drafted and accepted. llama.cpp's EAGLE-3 has no EAGLE 3.1 switches: EAGLE 3 only.
+converter), or the GGUF file the target comes from (Q4_1 layers, a Q8_0 head), with no speculation
+and with the shipped EAGLE 3 drafter (`--spec-type draft-eagle3`, k drafts a step); each completion
+gets the prompt as our token ids, greedy, and reports its decode rate, tokens drafted and accepted.
+llama.cpp's EAGLE-3 has no EAGLE 3.1 switches: EAGLE 3 only. On the Q4_1 file its tokens may differ
+from ours: it rounds the activations to 8 bits for its integer dot products, we keep them in float32.
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ from pathlib import Path
 
 import httpx
 
-from playground.model.target import cache_root
+from playground.model.target import EMBEDDED_GGUF, cache_root, embedded_gguf_dir
 
 START_TIMEOUT_S = 120
 
 
 def root() -> Path:
     return cache_root() / "llama.cpp"
+
+
+def model_file(weights: str) -> Path:
+    """The target as llama.cpp reads it: converted to float32 ("f32"), or the shipped file ("gguf")."""
+    return root() / "models/target-f32.gguf" if weights == "f32" else embedded_gguf_dir() / EMBEDDED_GGUF
 
 
 def available() -> bool:
@@ -39,16 +46,16 @@ class Completion:
 class LlamaServer:
     """One llama-server on a free local port, two threads, one slot; stopped by close()."""
 
-    def __init__(self, k: int | None):
+    def __init__(self, k: int | None, weights: str = "f32"):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        command = [str(root() / "bin/llama-server"), "-m", str(root() / "models/target-f32.gguf"), "-t", "2",
+        command = [str(root() / "bin/llama-server"), "-m", str(model_file(weights)), "-t", "2",
                    "-c", "8192", "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-webui"]
         if k is not None:
             command += ["-md", str(root() / "models/eagle3.gguf"), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
                         "-td", "2"]
-        self.log = (root() / f"server-{'eagle3' if k else 'none'}.log").open("w")
+        self.log = (root() / f"server-{weights}-{'eagle3' if k else 'none'}.log").open("w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + START_TIMEOUT_S

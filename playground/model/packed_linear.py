@@ -54,6 +54,24 @@ class PackedLinear(nn.Module):
         else:
             self.weight = weight.contiguous()
 
+    @classmethod
+    def of_blocks(cls, *blocks: torch.Tensor, in_features: int) -> "PackedLinear":
+        """x @ w.T over the GGUF blocks of each w (gguf_blocks.py), packed like weights: our kernels read them."""
+        linear = cls.__new__(cls)
+        nn.Module.__init__(linear)
+        linear.weight = torch.cat(blocks).contiguous()
+        linear.split_sizes = [b.shape[0] for b in blocks]
+        linear.out_features, linear.in_features = linear.weight.shape[0], in_features
+        linear.rows_kernel, linear.onednn = True, False
+        return linear
+
+    @property
+    def nbytes(self) -> int:
+        """What one forward reads of the weight."""
+        if self.weight.dtype in (torch.uint8, torch.int8):
+            return self.weight.numel()
+        return self.out_features * self.in_features * self.weight.element_size()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rows_kernel:
             return torch.ops.playground.rows_linear(x, self.weight)

@@ -23,10 +23,12 @@ import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
 from playground.model.kernels import ROWS_KERNEL_MAX, status as kernel_status
+from playground.model.gguf_blocks import GGUFBlocks
 from playground.model.huge_pages import move_into_huge_pages
 from playground.model.kv_cache import KVCache
 from playground.model.packed_linear import PackedLinear
 from playground.model.rope import apply_rope
+from playground.model.weight_formats import WEIGHTS, default_weights
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -131,8 +133,17 @@ class DecodeLayer:
     act: torch.nn.Module
 
     @classmethod
-    def of(cls, layer, kernels: bool) -> "DecodeLayer":
+    def of(cls, layer, kernels: bool, blocks: dict[str, torch.Tensor] | None = None) -> "DecodeLayer":
+        """From a transformers layer; its projections from `blocks` (GGUFBlocks.layer) where given."""
         attn, mlp = layer.self_attn, layer.mlp
+        if blocks is not None:
+            H, inner = attn.q_proj.in_features, mlp.down_proj.in_features
+            return cls(input_norm=_owning(layer.input_layernorm),
+                       qkv=PackedLinear.of_blocks(blocks["q"], blocks["k"], blocks["v"], in_features=H),
+                       o=PackedLinear.of_blocks(blocks["o"], in_features=attn.o_proj.in_features),
+                       post_norm=_owning(layer.post_attention_layernorm),
+                       gate_up=PackedLinear.of_blocks(blocks["gate"], blocks["up"], in_features=H),
+                       down=PackedLinear.of_blocks(blocks["down"], in_features=inner), act=mlp.act_fn)
         return cls(input_norm=_owning(layer.input_layernorm),
                    qkv=PackedLinear(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, kernels=kernels),
                    o=PackedLinear(attn.o_proj.weight, kernels=kernels), post_norm=_owning(layer.post_attention_layernorm),
@@ -143,10 +154,12 @@ class DecodeLayer:
 class Target:
     """A Llama-family causal LM with a static KV cache and EAGLE-3 feature taps."""
 
-    def __init__(self, model, tokenizer, name: str, path: str | None = None, kernels: bool | None = None):
+    def __init__(self, model, tokenizer, name: str, path: str | None = None, kernels: bool | None = None,
+                 blocks: GGUFBlocks | None = None):
         """Takes what it needs from a transformers Llama `model`, which it does not keep. `kernels`: whether
         our CPU kernels run it (None: where they run here, kernels.status()), chosen once for the
-        target and the drafters that draft for it."""
+        target and the drafters that draft for it. `blocks`: the GGUF the model was dequantized from,
+        whose blocks our kernels then read for every projection and the head (weights "gguf")."""
         self.path = path
         self.device = next(model.parameters()).device
         if kernels and not kernel_status().loaded:
@@ -167,8 +180,13 @@ class Target:
         if eos is None:
             eos = self.config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos)
-        self.layers = [DecodeLayer.of(layer, self.kernels) for layer in model.model.layers]
-        self.lm_head = PackedLinear(model.lm_head.weight, kernels=self.kernels)
+        if blocks is not None and not (self.kernels and self.device.type == "cpu"):
+            raise PlaygroundError("the GGUF's blocks are read by our CPU kernels alone: weights f32 here")
+        self.weights = "f32" if blocks is None else "gguf"
+        self.layers = [DecodeLayer.of(layer, self.kernels, None if blocks is None else blocks.layer(i))
+                       for i, layer in enumerate(model.model.layers)]
+        self.lm_head = (PackedLinear(model.lm_head.weight, kernels=self.kernels) if blocks is None
+                        else PackedLinear.of_blocks(blocks.head(), in_features=self.hidden_size))
         self.embed_tokens = _owning(model.model.embed_tokens)
         self.norm = _owning(model.model.norm)
         self.rotary_emb = model.model.rotary_emb
@@ -177,11 +195,23 @@ class Target:
 
     @classmethod
     def load(cls, path: str | None = None, dtype: str = "float32", device: str = "cpu",
-             kernels: bool | None = None) -> "Target":
+             kernels: bool | None = None, weights: str | None = None) -> "Target":
+        """`weights`: "f32", or "gguf" for the embedded target on our CPU kernels (float32 activations);
+        None: default_weights()."""
+        weights = default_weights() if weights is None else weights
         if dtype not in DTYPES:
             raise PlaygroundError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        if weights not in WEIGHTS:
+            raise PlaygroundError(f"unknown weights {weights!r}; choose from {', '.join(WEIGHTS)}")
+        if weights == "gguf" and (path is not None or dtype != "float32"):
+            raise PlaygroundError("weights gguf: the embedded target's GGUF, in float32 (no target path, dtype float32)")
         model, tokenizer = load_hf_target(path, dtype)
-        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path), path, kernels)
+        blocks = None
+        if weights == "gguf":
+            config = model.config
+            blocks = GGUFBlocks(embedded_gguf_dir() / EMBEDDED_GGUF, config.num_attention_heads,
+                                config.num_key_value_heads)
+        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path), path, kernels, blocks)
 
     def reference(self):
         """The same target as transformers' own model (loaded once, on first use)."""
@@ -190,12 +220,17 @@ class Target:
             self._reference = load_hf_target(self.path, dtype)[0].to(self.device)
         return self._reference
 
+    def _linears(self) -> list[PackedLinear]:
+        return [self.lm_head] + [x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+
     def weight_bytes(self) -> int:
         """What one forward reads: every projection, the head and the norms."""
-        linears = [self.lm_head] + [x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         norms = [self.norm] + [x for layer in self.layers for x in (layer.input_norm, layer.post_norm)]
-        return (sum(x.out_features * x.in_features for x in linears) * self.dtype.itemsize
-                + sum(n.weight.numel() * n.weight.element_size() for n in norms))
+        return sum(x.nbytes for x in self._linears()) + sum(n.weight.numel() * n.weight.element_size() for n in norms)
+
+    def multiply_adds(self) -> int:
+        """A token's multiply-adds in the projections and the head."""
+        return sum(x.out_features * x.in_features for x in self._linears())
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         return KVCache(self.num_layers, self.num_kv_heads, self.head_dim, capacity, self.dtype, batch, self.device)

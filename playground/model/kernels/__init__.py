@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w"]
 BUILD_TIMEOUT_S = 300
 ROWS_KERNEL_MAX = 64  # rows_linear.h's kRowsKernelMax: the most rows of x its kernels take
 

@@ -42,10 +42,10 @@ std::vector<at::Tensor> decoder_layers(const at::Tensor& h_in, at::TensorList we
                   cos_in.numel() == T * head_dim && sin_in.numel() == T * head_dim,
               "decoder_layers: h [B, T, H], equal key and value caches, head_dim a multiple of 8, cos / sin [T, head_dim]");
   for (const at::Tensor& w : weights)
-    TORCH_CHECK(w.is_contiguous() && (w.scalar_type() == at::kFloat || (w.dim() == 2 && w.scalar_type() == at::kBFloat16)),
-                "decoder_layers: contiguous weights, float32 (or bfloat16 projections)");
+    TORCH_CHECK(w.is_contiguous() && (w.scalar_type() == at::kFloat || weight_columns(w) > 0),
+                "decoder_layers: contiguous weights, float32 (projections also bfloat16 or GGUF blocks)");
   const auto matrix = [](const at::Tensor& w, int64_t rows, int64_t cols) {
-    return w.dim() == 2 && w.size(0) == rows && w.size(1) == cols;
+    return w.dim() == 2 && w.size(0) == rows && weight_columns(w) == cols;
   };
   for (int64_t layer = 0; layer < num_layers; ++layer) {
     const at::Tensor* w = &weights[layer * kWeightsPerLayer];

@@ -1,6 +1,12 @@
 // y = x @ w.T in float32 for a few rows of x (decode: 1, verify: k + 1) with AVX2 + FMA, the weights
-// in float32 or bfloat16 (widened exactly: half the bytes, the same products); oneDNN's or MKL's
-// gemm for more rows than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
+// in float32, bfloat16 (widened exactly: half the bytes, the same products) or a GGUF file's own
+// Q4_1 / Q8_0 blocks (a fifth or a quarter of float32's bytes); oneDNN's or MKL's gemm for more rows
+// than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
+//
+// Blocks are dequantized a few weight rows at a time into a buffer that stays in L1, each weight
+// computed as gguf's dequantize computes it (d * q is exact in float32; Q4_1's + m rounds once, as
+// one FMA does), and the rows of x then pass over that buffer as over float32 weights: every output
+// is bit for bit what the float32 kernel gives for the dequantized model.
 //
 // A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
 // of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
@@ -14,8 +20,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "layer_ops.h"
@@ -110,13 +118,162 @@ void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, in
   }
 }
 
-// f(the weights' data as float32 or as bfloat16's raw halves)
+inline float half_at(const uint8_t* p) {
+  uint16_t half;
+  std::memcpy(&half, p, sizeof half);
+  return _cvtsh_ss(half);
+}
+
+// A GGUF block type: Q::Block(bytes).group(g) is weights 8g..8g+7 of the block, each as gguf's
+// dequantize computes it; a block holds little in registers, so that tiles of several weight rows
+// keep their sums in registers too
+struct Q4_1 {
+  static constexpr int64_t kBytes = kQ4_1BlockBytes;
+  struct Block {
+    const uint8_t* q;
+    __m256 d, m;
+    Block() = default;
+    explicit Block(const uint8_t* bytes)
+        : q(bytes + 4), d(_mm256_set1_ps(half_at(bytes))), m(_mm256_set1_ps(half_at(bytes + 2))) {}
+    __m256 group(int g) const {  // d * q + m: d * q is exact, + m rounds once
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * (g & 1))));
+      const __m256i nibbles = g < 2 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(bytes, 4);
+      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(nibbles), d, m);
+    }
+  };
+};
+
+struct Q8_0 {
+  static constexpr int64_t kBytes = kQ8_0BlockBytes;
+  struct Block {
+    const uint8_t* q;
+    __m256 d;
+    Block() = default;
+    explicit Block(const uint8_t* bytes) : q(bytes + 2), d(_mm256_set1_ps(half_at(bytes))) {}
+    __m256 group(int g) const {  // d * q, exact
+      const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * g));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), d);
+    }
+  };
+};
+
+// A matrix of blocks of type Q, row by row
+template <typename Q>
+struct BlockRows {
+  const uint8_t* data;
+  int64_t row_bytes;
+  const uint8_t* row(int64_t n) const { return data + n * row_bytes; }
+  void dequantize(int64_t n, int64_t k, float* out) const {
+    const uint8_t* block = row(n);
+    for (int64_t i = 0; i < k; i += kBlockWeights, block += Q::kBytes) {
+      const typename Q::Block weights(block);
+      for (int g = 0; g < 4; ++g) _mm256_storeu_ps(out + i + 8 * g, weights.group(g));
+    }
+  }
+};
+
+// ROWS rows of x against COLS weight rows of blocks from n on, dequantized in registers: the same
+// FMAs in the same order as tile<ROWS, COLS> over the dequantized rows
+template <int ROWS, int COLS, typename Q>
+inline void block_tile(const float* x, int64_t x_stride, const BlockRows<Q>& w, int64_t k, float* y, int64_t y_stride,
+                       int64_t n) {
+  __m256 acc[ROWS][COLS];
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
+  const uint8_t* block = w.row(n);
+  for (int64_t i = 0; i < k; i += kBlockWeights, block += Q::kBytes) {
+    typename Q::Block blocks[COLS];
+    for (int c = 0; c < COLS; ++c) blocks[c] = typename Q::Block(block + c * w.row_bytes);
+    for (int g = 0; g < 4; ++g) {
+      __m256 wv[COLS];
+      for (int c = 0; c < COLS; ++c) wv[c] = blocks[c].group(g);
+      for (int r = 0; r < ROWS; ++r) {
+        const __m256 xv = _mm256_loadu_ps(x + r * x_stride + i + 8 * g);
+        for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int c = 0; c < COLS; ++c) y[r * y_stride + c] = lane_sum(acc[r][c]);
+}
+
+// weight rows a block tile takes for `rows` rows of x: two sums in flight for one row (three or four
+// spill the blocks' registers: slower here), a sum per row beyond
+constexpr int block_tile_cols(int64_t rows) { return rows <= 2 ? 2 : 1; }
+
+template <int ROWS, typename Q>
+void block_pass(const float* x, int64_t k, const BlockRows<Q>& w, float* y, int64_t y_stride, int64_t first,
+                int64_t begin, int64_t end) {
+  constexpr int COLS = block_tile_cols(ROWS);
+  int64_t n = begin;
+  for (; n + COLS <= end; n += COLS) block_tile<ROWS, COLS>(x, k, w, k, y + n - first, y_stride, n);
+  for (; n < end; ++n) block_tile<ROWS, 1>(x, k, w, k, y + n - first, y_stride, n);
+}
+
+constexpr int64_t kDequantizedBytes = 16 * 1024;  // weight rows dequantized at a time: in L1 beside x
+
+// rows_pass over blocks. Up to six rows of x, each weight row is dequantized in registers once for
+// all of them; more, a few weight rows are dequantized into L1 and every group of six passes over them.
+template <typename Q>
+void rows_pass(int64_t rows, const float* x, int64_t k, const BlockRows<Q>& w, float* y, int64_t y_stride,
+               int64_t first, int64_t begin, int64_t end) {
+  switch (rows) {
+    case 1: return block_pass<1>(x, k, w, y, y_stride, first, begin, end);
+    case 2: return block_pass<2>(x, k, w, y, y_stride, first, begin, end);
+    case 3: return block_pass<3>(x, k, w, y, y_stride, first, begin, end);
+    case 4: return block_pass<4>(x, k, w, y, y_stride, first, begin, end);
+    case 5: return block_pass<5>(x, k, w, y, y_stride, first, begin, end);
+    case 6: return block_pass<6>(x, k, w, y, y_stride, first, begin, end);
+  }
+  const int64_t chunk = std::max<int64_t>(2, kDequantizedBytes / (4 * k));
+  thread_local std::vector<float> dequantized;
+  dequantized.resize(chunk * k);
+  for (int64_t n = begin; n < end; n += chunk) {
+    const int64_t stop = std::min(n + chunk, end);
+    for (int64_t j = n; j < stop; ++j) w.dequantize(j, k, dequantized.data() + (j - n) * k);
+    rows_pass(rows, x, k, dequantized.data(), y + (n - first), y_stride, 0, 0, stop - n);
+  }
+}
+
+// x [k] . weight row n
+template <typename W>
+float row_dot(const float* x, int64_t k, const W* w, int64_t n) {
+  float y;
+  tile<1, 1>(x, k, w, k, &y, 0, n);
+  return y;
+}
+
+template <typename Q>
+float row_dot(const float* x, int64_t k, const BlockRows<Q>& w, int64_t n) {
+  float y;
+  block_tile<1, 1>(x, k, w, k, &y, 0, n);
+  return y;
+}
+
+// f(the weights' data: float32, bfloat16's raw halves, or BlockRows)
 template <typename F>
 void with_weights(const at::Tensor& w, F&& f) {
-  if (w.scalar_type() == at::kBFloat16)
-    f(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()));
-  else
-    f(w.data_ptr<float>());
+  switch (w.scalar_type()) {
+    case at::kBFloat16: f(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>())); break;
+    case at::kByte: f(BlockRows<Q4_1>{w.data_ptr<uint8_t>(), w.size(1)}); break;
+    case at::kChar: f(BlockRows<Q8_0>{reinterpret_cast<const uint8_t*>(w.data_ptr<int8_t>()), w.size(1)}); break;
+    default: f(w.data_ptr<float>());
+  }
+}
+
+// w as a float32 matrix [n, k]: itself, bfloat16 widened, blocks dequantized
+at::Tensor as_float(const at::Tensor& w, int64_t k) {
+  if (w.scalar_type() == at::kFloat) return w;
+  if (w.scalar_type() == at::kBFloat16) return w.to(at::kFloat);
+  at::Tensor out = at::empty({w.size(0), k}, at::TensorOptions().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  with_weights(w, [&](const auto& wp) {
+    if constexpr (!std::is_pointer_v<std::decay_t<decltype(wp)>>)
+      at::parallel_for(0, w.size(0), 64, [&](int64_t begin, int64_t end) {
+        for (int64_t n = begin; n < end; ++n) wp.dequantize(n, k, op + n * k);
+      });
+  });
+  return out;
 }
 
 // grain: at least 64 weight rows a task, so a small matrix is not split into slivers
@@ -153,12 +310,12 @@ constexpr int64_t kScoredBeforeLooking = 256;  // weight rows a core scores befo
 // exactly the logits'. Returns the argmax of every row still needed, -1 for the others.
 at::Tensor verify_argmax(const at::Tensor& x_in, const at::Tensor& w, at::IntArrayRef tokens, at::IntArrayRef parents) {
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(0) >= 1 &&
-                  x_in.size(0) <= kRowsKernelMax && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16) &&
-                  w.dim() == 2 && w.is_contiguous() && x_in.size(1) == w.size(1) && w.size(1) % kLanes == 0,
-              "verify_argmax: float32 x [1 to ", kRowsKernelMax, " rows, k], a contiguous float32 or bfloat16 w [vocab, k], "
-              "k a multiple of ", kLanes);
+                  x_in.size(0) <= kRowsKernelMax && weight_columns(w) > 0 && w.is_contiguous() &&
+                  x_in.size(1) == weight_columns(w) && x_in.size(1) % kLanes == 0,
+              "verify_argmax: float32 x [1 to ", kRowsKernelMax, " rows, k], a contiguous float32, bfloat16 or GGUF-block "
+              "w [vocab, k], k a multiple of ", kLanes);
   const at::Tensor x = x_in.contiguous();
-  const int64_t rows = x.size(0), k = w.size(1), vocab = w.size(0);
+  const int64_t rows = x.size(0), k = x.size(1), vocab = w.size(0);
   TORCH_CHECK(static_cast<int64_t>(tokens.size()) == rows - 1 && static_cast<int64_t>(parents.size()) == rows - 1,
               "verify_argmax: a token and a parent for each row but the first");
   for (int64_t i = 0; i < rows - 1; ++i) {
@@ -170,8 +327,8 @@ at::Tensor verify_argmax(const at::Tensor& x_in, const at::Tensor& w, at::IntArr
   std::vector<Best> best(rows);
   std::atomic<RowSet> needed{rows == std::numeric_limits<RowSet>::digits ? ~RowSet{0} : bit(rows) - 1};
   std::mutex merging;
-  with_weights(w, [&](const auto* wp) {
-    for (int64_t r = 1; r < rows; ++r) tile<1, 1>(xp + parents[r - 1] * k, k, wp, k, &token_score[r], 0, tokens[r - 1]);
+  with_weights(w, [&](const auto& wp) {
+    for (int64_t r = 1; r < rows; ++r) token_score[r] = row_dot(xp + parents[r - 1] * k, k, wp, tokens[r - 1]);
     at::parallel_for(0, vocab, kWeightRowsGrain, [&](int64_t begin, int64_t end) {
       std::vector<Best> mine(rows);
       std::vector<float> gathered(rows * k), scores(rows * kScoredBeforeLooking);
@@ -229,7 +386,7 @@ const std::optional<c10::OperatorHandle>& onednn_linear() {
 // Many rows (a prompt) are arithmetic, not reading: oneDNN's gemm takes them (2.3x MKL's sgemm for a
 // prompt's projections on an AVX-512 EPYC), else MKL's sgemm.
 void many_rows_into(const at::Tensor& x, const at::Tensor& w_in, at::Tensor& y) {
-  const at::Tensor w = w_in.scalar_type() == at::kFloat ? w_in : w_in.to(at::kFloat);
+  const at::Tensor w = as_float(w_in, x.size(1));
   if (onednn_linear() && at::globalContext().userEnabledMkldnn()) {
     torch::jit::Stack stack{x.contiguous(), w, c10::IValue(), std::string("none"), c10::List<std::optional<at::Scalar>>(),
                             c10::IValue()};
@@ -242,15 +399,29 @@ void many_rows_into(const at::Tensor& x, const at::Tensor& w_in, at::Tensor& y) 
 
 }  // namespace
 
+int64_t weight_columns(const at::Tensor& w) {
+  if (w.dim() != 2) return 0;
+  const auto whole_blocks = [&](int64_t block_bytes) {
+    return w.size(1) % block_bytes == 0 ? w.size(1) / block_bytes * kBlockWeights : 0;
+  };
+  switch (w.scalar_type()) {
+    case at::kFloat:
+    case at::kBFloat16: return w.size(1);
+    case at::kByte: return whole_blocks(kQ4_1BlockBytes);
+    case at::kChar: return whole_blocks(kQ8_0BlockBytes);
+    default: return 0;
+  }
+}
+
 void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
-  const int64_t rows = x.size(0), k = w.size(1), n_out = w.size(0);
+  const int64_t rows = x.size(0), k = x.size(1), n_out = w.size(0);
   if (rows > kRowsKernelMax) {
     many_rows_into(x, w, y);
     return;
   }
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  with_weights(w, [&](const auto* wp) {
+  with_weights(w, [&](const auto& wp) {
     at::parallel_for(0, n_out, kWeightRowsGrain,
                      [&](int64_t begin, int64_t end) { rows_pass(rows, xp, k, wp, yp, n_out, 0, begin, end); });
   });
@@ -259,10 +430,9 @@ void linear_into(const at::Tensor& x, const at::Tensor& w, at::Tensor& y) {
 namespace {
 
 at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& w) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16),
-              "rows_linear: float32 x, float32 or bfloat16 w only");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "rows_linear: w must be a contiguous [n, k] matrix");
-  const int64_t k = w.size(1);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight_columns(w) > 0 && w.is_contiguous(),
+              "rows_linear: float32 x; w a contiguous float32 or bfloat16 [n, k] matrix, or GGUF blocks [n, bytes]");
+  const int64_t k = weight_columns(w);
   TORCH_CHECK(x.size(-1) == k && k % kLanes == 0, "rows_linear: x's last dimension must be w's, a multiple of ", kLanes);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(0);

@@ -1,0 +1,101 @@
+"""The target read from its GGUF file's own blocks: the same numbers as the float32 model, so the same
+outputs bit for bit and the same greedy tokens as transformers' decoding of the dequantized model."""
+
+import pytest
+import torch
+
+from playground.engines.reference import ReferenceEngine
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.errors import PlaygroundError
+from playground.evaluation.generate_baseline import transformers_greedy
+from playground.model import kernels
+from playground.model.target import Target
+
+PROMPTS = [
+    "Write a detailed essay about the history of the printing press.",
+    "Write a Python class for a bank account with deposit, withdraw and a transaction history, and explain it.",
+    "Explain step by step how vaccines train the immune system, with examples.",
+    "Tell me a long story about a lighthouse keeper and a storm.",
+]
+
+
+@pytest.fixture(scope="module")
+def gguf_engine() -> ReferenceEngine:
+    if not kernels.status().loaded:
+        pytest.skip(f"the GGUF's blocks are read by our kernels, which do not run here: {kernels.status().note}")
+    return ReferenceEngine.load(weights="gguf")
+
+
+def _linears(target: Target, layer: int) -> dict:
+    block = target.layers[layer]
+    return {"qkv": block.qkv, "o": block.o, "gate_up": block.gate_up, "down": block.down, "head": target.lm_head}
+
+
+def test_the_blocks_hold_the_dequantized_models_own_weights(target, gguf_engine):
+    """x = the identity reads the weights back: every one equals transformers' dequantized value,
+    in its row order (q and k un-permuted as transformers does), for both block types."""
+    for name, f32 in _linears(target, 7).items():
+        blocks = _linears(gguf_engine.target, 7)[name]
+        assert blocks.weight.dtype == (torch.int8 if name == "head" else torch.uint8)
+        read_back = blocks(torch.eye(f32.in_features))   # one row per weight column: the many-rows path
+        assert torch.equal(read_back.T, f32.weight), name
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 24, 25, 64])
+def test_every_output_equals_the_float32_kernels_bit_for_bit(target, gguf_engine, rows):
+    """Whatever the rows' count (the tiles of one to six rows, the dequantized-in-L1 passes beyond),
+    each output is the float32 kernel's own: a row's result never depends on the rows beside it."""
+    torch.manual_seed(rows)
+    for name, f32 in _linears(target, 3).items():
+        x = torch.randn(rows, f32.in_features)
+        y = _linears(gguf_engine.target, 3)[name](x)
+        assert torch.equal(y, f32(x)), name
+        assert torch.equal(y[-1:], _linears(gguf_engine.target, 3)[name](x[-1:])), name
+
+
+def test_the_verify_head_over_q8_0_blocks_picks_the_float32_heads_tokens(target, gguf_engine):
+    torch.manual_seed(0)
+    final = torch.randn(6, target.hidden_size)
+    greedy = target.lm_head(final).argmax(-1).tolist()
+    for drafts in (greedy[:5], [greedy[0], greedy[1], 7, 8, 9], [11, 12, 13, 14, 15]):
+        assert gguf_engine.target.greedy_tokens(final, drafts, [0, 1, 2, 3, 4]) == \
+            target.greedy_tokens(final, drafts, [0, 1, 2, 3, 4])
+
+
+def test_the_gguf_target_reads_a_fifth_of_the_bytes(target, gguf_engine):
+    assert gguf_engine.target.weights == "gguf" and target.weights == "f32"
+    assert gguf_engine.target.multiply_adds() == target.multiply_adds()
+    assert gguf_engine.target.weight_bytes() < target.weight_bytes() / 5   # 92 MiB against 513
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_on_the_blocks_equals_transformers_generate(gguf_engine, prompt):
+    expected = transformers_greedy(gguf_engine, GenerationRequest(prompt=prompt, max_tokens=64))[0]
+    for drafter, k in (("none", 1), ("eagle3.1", 5), ("eagle3", 3)):
+        request = GenerationRequest(prompt=prompt, max_tokens=64, drafter=drafter, k=k)
+        assert list(summarize(list(gguf_engine.generate(request))).token_ids) == expected, drafter
+
+
+def test_gguf_weights_are_the_embedded_targets_on_our_kernels_and_say_so():
+    with pytest.raises(PlaygroundError, match="embedded target's GGUF"):
+        Target.load("/tmp", weights="gguf")
+    with pytest.raises(PlaygroundError, match="embedded target's GGUF"):
+        Target.load(dtype="bfloat16", weights="gguf")
+    with pytest.raises(PlaygroundError, match="unknown weights 'q4'"):
+        Target.load(weights="q4")
+    with pytest.raises(PlaygroundError, match="read by our CPU kernels alone"):
+        Target.load(weights="gguf", kernels=False)
+
+
+def test_the_page_and_the_cli_take_their_weights_from_the_environment_unless_told(monkeypatch):
+    import app
+    from playground.cli import build_parser
+
+    monkeypatch.setenv("PLAYGROUND_WEIGHTS", "gguf")   # as the Space image sets it
+    assert app.parse_args([]).weights == "gguf"
+    assert app.parse_args(["--weights", "f32"]).weights == "f32"
+    assert build_parser().parse_args(["generate", "--prompt", "hi"]).weights == "gguf"
+    monkeypatch.delenv("PLAYGROUND_WEIGHTS")
+    assert app.parse_args([]).weights == "f32"
+    assert build_parser().parse_args(["generate", "--prompt", "hi", "--weights", "gguf"]).weights == "gguf"
