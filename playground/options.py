@@ -36,6 +36,16 @@ def add_vllm_options(p: argparse.ArgumentParser, default=lambda value: value, ch
                         "--vllm-args='--tensor-parallel-size 4' (after $PLAYGROUND_VLLM_ARGS)")
 
 
+def k_or_auto(value: str) -> int | str:
+    """--k: a whole number, or "auto"."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"k must be a whole number or auto, got {value!r}") from None
+
+
 def add_weights_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=default_weights(), choices=WEIGHTS,
                    help=f"the embedded target's projections: f32 matrices, or the GGUF's own Q4_1/Q8_0 blocks read by "

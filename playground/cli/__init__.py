@@ -1,5 +1,5 @@
 """Command line: `python -m playground generate | convert | train data|drafter|validate|eval|ship |
-bench [prompts|ui|vllm|trees|rejection|draft-stop|chunked-prefill|profile|kernels|memory|probe] | watch | diff`.
+bench [prompts|ui|vllm|trees|rejection|draft-stop|chunked-prefill|profile|kernels|k-choice|memory|probe] | watch | diff`.
 
     python -m playground generate --prompt "Write a haiku about the sea." --drafter eagle3.1 --k 5
     python -m playground generate --prompt "Hi" --json          # one JSON object per verify step

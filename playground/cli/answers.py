@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from playground.errors import PlaygroundError
 from playground.model.variants import EAGLE31, NAMES, NONE, SHIPPED
 from playground.options import (add_draft_stop_option, add_tree_options, add_vllm_options, add_weights_option,
-                                draft_stop, launch_spec, tree_shape)
+                                draft_stop, k_or_auto, launch_spec, tree_shape)
 from playground.terminal import to_stderr
 
 
@@ -29,7 +31,10 @@ def _add_generate(sub) -> None:
     p.add_argument("--template", default="model", choices=list(TEMPLATES), help="prompt format")
     p.add_argument("--drafter", default=EAGLE31, help=f"{' | '.join(NAMES)} | a checkpoint folder; on vLLM, the "
                                                         "name of a server (--vllm-url NAME=URL, --vllm-drafter)")
-    p.add_argument("--k", type=int, default=5, help="draft tokens per step (1..10)")
+    p.add_argument("--k", type=k_or_auto, default=5,
+                   help="draft tokens per step (1..10), or auto: the k this host's measured costs and the drafter's "
+                        "stored acceptance expect to be fastest (the embedded engine's chains; none where plain "
+                        "decoding is)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
@@ -51,11 +56,23 @@ def generate(args: argparse.Namespace) -> int:
     from playground.engines.request import GenerationRequest
     from playground.engines.stats import summarize
 
+    auto = args.k == "auto"
+    if auto and (args.backend == "vllm" or args.tree or args.draft_stop):
+        raise PlaygroundError("--k auto chooses a chain's k on the embedded engine: not with --backend vllm, "
+                              "--tree or --draft-stop")
     request = GenerationRequest(prompt=args.prompt, system=args.system, template=args.template,
-                                drafter=args.drafter, k=args.k, temperature=args.temperature,
+                                drafter=args.drafter, k=5 if auto else args.k, temperature=args.temperature,
                                 top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
                                 tree=tree_shape(args), draft_stop=draft_stop(args)).validate()
     engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights)
+    k_choice = None
+    if auto and request.drafter != NONE:
+        from playground.engines import k_choice as choosing
+
+        context = len(engine.prompt_ids(request)) + request.max_tokens // 2
+        k_choice = choosing.choice_for(engine, request.drafter, context)
+        request = replace(request, k=k_choice.k or 1, drafter=request.drafter if k_choice.k else NONE)
+        print(f"note: --k auto chose {k_choice.reason}", file=sys.stderr)
     if args.backend == "vllm":
         from playground.engines.vllm.backend import vllm_backend
         from playground.engines.vllm.client import chains_only
@@ -74,7 +91,10 @@ def generate(args: argparse.Namespace) -> int:
         for event in engine.generate(request):
             events.append(event)
             print(json.dumps(event.to_json()), flush=True)
-        print(json.dumps({"summary": summarize(events).to_json()}), flush=True)
+        summary = summarize(events).to_json()
+        if k_choice is not None:
+            summary["k_choice"] = k_choice.to_json()
+        print(json.dumps({"summary": summary}), flush=True)
     else:
         color = sys.stdout.isatty()
         print(terminal.legend(color), file=sys.stderr)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from playground.errors import PlaygroundError
-from playground.options import add_tree_options, add_vllm_options, launch_spec, tree_shape
+from playground.options import add_tree_options, add_vllm_options, add_weights_option, launch_spec, tree_shape
 from playground.terminal import to_stderr
 
 def _given(value):
@@ -158,6 +158,11 @@ def add_parsers(sub) -> None:
     c.add_argument("--flood-rounds", type=int, default=4, help="rounds of streams under a flood of calls (0: none)")
     c.add_argument("--load", type=int, default=40, help="requests sent at once, recorded and not (0: none)")
     c.set_defaults(func=bench_probe)
+
+    q = suites.add_parser("k-choice", help="this host's measured step costs by k (measured once, cached) and the k "
+                                           "each shipped drafter's stored acceptance makes fastest")
+    add_weights_option(q)
+    q.set_defaults(func=bench_k_choice)
 
     m = suites.add_parser("memory", help="the app's RSS over consecutive runs through its API (both drafters loaded)")
     m.add_argument("--runs", type=int, default=200)
@@ -313,6 +318,14 @@ def bench_kernels(args: argparse.Namespace) -> int:
     result = kernels.run(drafters, args.k, args.max_tokens, args.prompts_per_kind, args.rounds)
     print(kernels.table(result))
     return 0 if result.same_tokens else 1
+
+
+def bench_k_choice(args: argparse.Namespace) -> int:
+    from playground.engines import k_choice
+    from playground.engines.reference import ReferenceEngine
+
+    print(k_choice.report(ReferenceEngine.load(weights=args.weights)))
+    return 0
 
 
 def bench_memory(args: argparse.Namespace) -> int:

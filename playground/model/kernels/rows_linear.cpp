@@ -3,10 +3,11 @@
 // Q4_1 / Q8_0 blocks (a fifth or a quarter of float32's bytes); oneDNN's or MKL's gemm for more rows
 // than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
 //
-// Blocks are dequantized a few weight rows at a time into a buffer that stays in L1, each weight
-// computed as gguf's dequantize computes it (d * q is exact in float32; Q4_1's + m rounds once, as
-// one FMA does), and the rows of x then pass over that buffer as over float32 weights: every output
-// is bit for bit what the float32 kernel gives for the dequantized model.
+// Blocks are dequantized in registers, eight weights at a time, each weight computed as gguf's
+// dequantize computes it (d * q is exact in float32; Q4_1's + m rounds once, as one FMA does), and
+// go into the same FMAs in the same order as float32 weights do: every output is bit for bit what
+// the float32 kernel gives for the dequantized model. Reading them costs arithmetic, not memory: a
+// one-row forward is bound by the dequantizing (about five vector operations per eight weights).
 //
 // A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
 // of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
@@ -210,29 +211,28 @@ void block_pass(const float* x, int64_t k, const BlockRows<Q>& w, float* y, int6
   for (; n < end; ++n) block_tile<ROWS, 1>(x, k, w, k, y + n - first, y_stride, n);
 }
 
-constexpr int64_t kDequantizedBytes = 16 * 1024;  // weight rows dequantized at a time: in L1 beside x
+constexpr int64_t kBlockChunkBytes = 16 * 1024;  // float32 bytes of the weight rows more than six rows of x share
 
-// rows_pass over blocks. Up to six rows of x, each weight row is dequantized in registers once for
-// all of them; more, a few weight rows are dequantized into L1 and every group of six passes over them.
+// rows_pass over blocks: each weight row dequantized once for up to six rows of x; more rows of x,
+// every group of six passes over a few weight rows in turn, the later groups reading them from L1.
 template <typename Q>
 void rows_pass(int64_t rows, const float* x, int64_t k, const BlockRows<Q>& w, float* y, int64_t y_stride,
                int64_t first, int64_t begin, int64_t end) {
-  switch (rows) {
-    case 1: return block_pass<1>(x, k, w, y, y_stride, first, begin, end);
-    case 2: return block_pass<2>(x, k, w, y, y_stride, first, begin, end);
-    case 3: return block_pass<3>(x, k, w, y, y_stride, first, begin, end);
-    case 4: return block_pass<4>(x, k, w, y, y_stride, first, begin, end);
-    case 5: return block_pass<5>(x, k, w, y, y_stride, first, begin, end);
-    case 6: return block_pass<6>(x, k, w, y, y_stride, first, begin, end);
-  }
-  const int64_t chunk = std::max<int64_t>(2, kDequantizedBytes / (4 * k));
-  thread_local std::vector<float> dequantized;
-  dequantized.resize(chunk * k);
-  for (int64_t n = begin; n < end; n += chunk) {
-    const int64_t stop = std::min(n + chunk, end);
-    for (int64_t j = n; j < stop; ++j) w.dequantize(j, k, dequantized.data() + (j - n) * k);
-    rows_pass(rows, x, k, dequantized.data(), y + (n - first), y_stride, 0, 0, stop - n);
-  }
+  const auto group = [&](int64_t group_rows, const float* xg, float* yg, int64_t from, int64_t to) {
+    switch (group_rows) {
+      case 1: return block_pass<1>(xg, k, w, yg, y_stride, first, from, to);
+      case 2: return block_pass<2>(xg, k, w, yg, y_stride, first, from, to);
+      case 3: return block_pass<3>(xg, k, w, yg, y_stride, first, from, to);
+      case 4: return block_pass<4>(xg, k, w, yg, y_stride, first, from, to);
+      case 5: return block_pass<5>(xg, k, w, yg, y_stride, first, from, to);
+      default: return block_pass<6>(xg, k, w, yg, y_stride, first, from, to);
+    }
+  };
+  if (rows <= kMaxRowsPerPass) return group(rows, x, y, begin, end);
+  const int64_t chunk = std::max<int64_t>(2, kBlockChunkBytes / (4 * k));
+  for (int64_t n = begin; n < end; n += chunk)
+    for (int64_t r = 0; r < rows; r += kMaxRowsPerPass)
+      group(std::min(kMaxRowsPerPass, rows - r), x + r * k, y + r * y_stride, n, std::min(n + chunk, end));
 }
 
 // x [k] . weight row n

@@ -1,0 +1,185 @@
+"""k chosen by measured cost: the chain length that maximises expected tokens/s on this host.
+
+A decode step with k drafts emits 1 + a_1 + ... + a_k tokens on average, a_d being the share of
+drafting steps that accepted at least d drafts (vLLM's acceptance by depth), and costs what this
+host takes to draft k tokens and verify k + 1 rows over the context, with the step's event and
+Python around them. The costs are measured once per host, weights and kernels, by running the
+engine itself (a chain at every k, plain decoding for k = 0) and timing the target's forward over
+a longer context, then cached beside the kernels; the acceptance is the drafter's in the stored
+benchmark (every category pooled). k = 0, plain decoding, is chosen whenever no k is expected to
+be faster.
+
+    python -m playground bench k-choice       # the costs measured here and each drafter's choice
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from playground.engines.request import K_RANGE, GenerationRequest
+from playground.engines.stats import summarize
+from playground.evaluation.machine import described, machine
+from playground.model.target import cache_root
+from playground.model.variants import EAGLE31, NONE, SHIPPED
+
+STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
+SHORT_CONTEXT = 64           # about the prompt the step costs are measured at
+LONG_CONTEXT = SHORT_CONTEXT + 1024
+MEASURED_TOKENS = 48
+COSTS_VERSION = 1            # bump when what is measured changes: older caches are measured again
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """One host's cost of a decode step, by k, measured with the engine."""
+    host: str
+    weights: str
+    step_ms: tuple[float, ...]              # k = 0 .. K_RANGE[1]: a step's wall time after the first token
+    context_ms_per_1k: tuple[float, ...]    # rows = 1 .. K_RANGE[1] + 1: a forward's extra ms per 1,000 context tokens
+
+    def at(self, k: int, context: int) -> float:
+        """A step of k drafts at `context` tokens of context, in ms."""
+        return self.step_ms[k] + self.context_ms_per_1k[k] * max(0, context - SHORT_CONTEXT) / 1000
+
+
+@dataclass(frozen=True)
+class KChoice:
+    k: int                               # 0: no speculation
+    tokens_per_s: tuple[float, ...]      # expected at k = 0, 1, ...
+    reason: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def expected_tokens(acceptance: tuple[float, ...], k: int) -> float:
+    """Tokens a step of k drafts emits on average: 1 + the acceptance of its first k depths."""
+    return 1 + sum(acceptance[:k])
+
+
+def stored_acceptance(drafter: str, results: Path = STORED_RESULTS) -> tuple[float, ...] | None:
+    """The drafter's acceptance by depth in the stored benchmark, every category's chain rows pooled
+    by their steps, carried on past the stored depths at the last two depths' ratio; None where the
+    benchmark has no chain rows of it (a checkpoint folder)."""
+    rows = [row for row in json.loads(results.read_text())["rows"] if row["method"] == drafter and row["acceptance"]]
+    if not rows:
+        return None
+    steps = sum(row["steps"] for row in rows)
+    pooled = [sum(row["acceptance"][d] * row["steps"] for row in rows) / steps
+              for d in range(min(len(row["acceptance"]) for row in rows))]
+    while len(pooled) < K_RANGE[1]:
+        ratio = pooled[-1] / pooled[-2] if len(pooled) > 1 and pooled[-2] > 0 else 0.0
+        pooled.append(pooled[-1] * min(1.0, ratio))
+    return tuple(pooled)
+
+
+def choose(costs: StepCosts, acceptance: tuple[float, ...], context: int) -> KChoice:
+    """The k (0 .. K_RANGE[1]) with the most expected tokens/s at `context` tokens; the smaller on a tie."""
+    rates = tuple(1000 * expected_tokens(acceptance, k) / costs.at(k, context) for k in range(K_RANGE[1] + 1))
+    best = max(range(len(rates)), key=lambda k: (round(rates[k], 6), -k))
+    plain = rates[0]
+    if best == 0:
+        runner_up = max(range(1, len(rates)), key=lambda k: rates[k])
+        reason = (f"no speculation: plain decoding is expected at {plain:.0f} tokens/s here, the best k "
+                  f"({runner_up}) at {rates[runner_up]:.0f}")
+    else:
+        reason = (f"k={best}: {expected_tokens(acceptance, best):.2f} tokens a step of {costs.at(best, context):.1f} ms "
+                  f"= {rates[best]:.0f} tokens/s expected, against {plain:.0f} without speculation "
+                  f"({costs.at(0, context):.1f} ms a token) at {context} tokens of context on {costs.host}")
+    return KChoice(best, rates, reason)
+
+
+def cache_path(engine) -> Path:
+    """Where this host's costs for the engine's weights and kernels (their build, when ours) are kept."""
+    from playground.model import kernels
+
+    built = kernels.status().note if engine.target.kernels else "PyTorch's kernels"
+    key = f"{COSTS_VERSION} {described(machine())} {engine.target.weights} {built}"
+    return cache_root() / "step-costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _step_ms(engine, k: int, prompt: str) -> float:
+    request = GenerationRequest(prompt=prompt, drafter=NONE if k == 0 else EAGLE31, k=max(1, k),
+                                max_tokens=MEASURED_TOKENS)
+    summary = summarize(list(engine.generate(request)))
+    return 1000 * (summary.elapsed_s - summary.time_to_first_token_s) / max(1, summary.steps)
+
+
+def _context_ms_per_1k(target, rows: int, repeats: int = 5) -> float:
+    """A forward of `rows` rows over LONG_CONTEXT less over SHORT_CONTEXT tokens, per 1,000 tokens (medians)."""
+    cache = target.new_cache(LONG_CONTEXT + rows)
+    target.forward(torch.arange(LONG_CONTEXT)[None] % 1000 + 100, cache, head=False)
+    times = {}
+    for context in (SHORT_CONTEXT, LONG_CONTEXT):
+        samples = []
+        for _ in range(repeats):
+            cache.truncate(context)
+            start = time.perf_counter()
+            target.forward(torch.arange(rows)[None] + 300, cache, head=False)
+            samples.append(time.perf_counter() - start)
+        times[context] = statistics.median(samples)
+    return max(0.0, 1e6 * (times[LONG_CONTEXT] - times[SHORT_CONTEXT]) / (LONG_CONTEXT - SHORT_CONTEXT))
+
+
+def measure(engine) -> StepCosts:
+    """This host's step costs with the engine's target and EAGLE 3.1 (about 15 s): each k's median of two runs."""
+    from playground.prompts.sets import CHAT
+
+    prompt = CHAT[0]
+    step_ms = tuple(statistics.median(_step_ms(engine, k, prompt) for _ in range(2)) for k in range(K_RANGE[1] + 1))
+    measured_rows = (1, 6, K_RANGE[1] + 1)
+    slopes = {rows: _context_ms_per_1k(engine.target, rows) for rows in measured_rows}
+    per_rows = tuple(_interpolated(slopes, rows) for rows in range(1, K_RANGE[1] + 2))
+    return StepCosts(described(machine()), engine.target.weights, step_ms, per_rows)
+
+
+def _interpolated(points: dict[int, float], x: int) -> float:
+    xs = sorted(points)
+    for low, high in zip(xs, xs[1:]):
+        if low <= x <= high:
+            return points[low] + (points[high] - points[low]) * (x - low) / (high - low)
+    return points[xs[0]] if x < xs[0] else points[xs[-1]]
+
+
+def costs(engine) -> StepCosts:
+    """This host's step costs: cached, else measured now and cached."""
+    path = cache_path(engine)
+    if path.exists():
+        data = json.loads(path.read_text())
+        return StepCosts(data["host"], data["weights"], tuple(data["step_ms"]), tuple(data["context_ms_per_1k"]))
+    measured = measure(engine)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(measured), indent=1))
+    tmp.replace(path)
+    return measured
+
+
+def choice_for(engine, drafter: str, context: int) -> KChoice:
+    """The k for a chain of `drafter` at `context` tokens; 5 where no acceptance is stored for it."""
+    acceptance = stored_acceptance(drafter)
+    if acceptance is None:
+        return KChoice(5, (), f"k=5: no stored acceptance of {drafter} to choose by")
+    return choose(costs(engine), acceptance, context)
+
+
+def report(engine, contexts: tuple[int, ...] = (128, 1024, 4096)) -> str:
+    """The measured costs and each shipped drafter's choice at a few contexts, as markdown."""
+    measured = costs(engine)
+    lines = [f"Step costs on {measured.host}, {measured.weights} weights (ms; k = 0 is plain decoding):", "",
+             "| k | step ms | + ms per 1k context |", "|---:|---:|---:|"]
+    lines += [f"| {k} | {ms:.1f} | {measured.context_ms_per_1k[k]:.2f} |" for k, ms in enumerate(measured.step_ms)]
+    lines += ["", "| drafter | context | chosen k | expected tok/s | plain tok/s | k=5 tok/s |", "|---|---:|---:|---:|---:|---:|"]
+    for drafter in SHIPPED:
+        for context in contexts:
+            picked = choice_for(engine, drafter, context)
+            rates = picked.tokens_per_s
+            lines.append(f"| {drafter} | {context} | {picked.k} | {rates[picked.k]:.0f} | {rates[0]:.0f} | {rates[5]:.0f} |")
+    return "\n".join(lines)
