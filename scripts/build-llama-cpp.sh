@@ -33,11 +33,13 @@ if [ ! -x "$ROOT/bin/llama-server" ]; then
   cp "$ROOT/build/bin/llama-server" "$ROOT/build/bin/llama-bench" "$ROOT/bin/"
 fi
 
-# llama.cpp's converter imports sentencepiece even for a byte-level BPE vocabulary like the target's
-.venv/bin/python -c "import sentencepiece" 2> /dev/null || \
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check sentencepiece
+# llama.cpp's converter imports sentencepiece even for a byte-level BPE vocabulary like the target's: it goes
+# into a folder of its own, on the converter's path alone (in .venv it would bring a second OpenMP runtime
+# into every process that imports transformers)
+[ -d "$ROOT/converter-packages/sentencepiece" ] || \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --target "$ROOT/converter-packages" sentencepiece
 TARGET=$(.venv/bin/python -c "from playground.model.target import embedded_target_folder; print(embedded_target_folder())")
-convert() { .venv/bin/python "$SOURCE/convert_hf_to_gguf.py" "$@" > /dev/null 2>> "$ROOT/convert.log"; }
+convert() { PYTHONPATH="$ROOT/converter-packages" .venv/bin/python "$SOURCE/convert_hf_to_gguf.py" "$@" > /dev/null 2>> "$ROOT/convert.log"; }
 [ -f "$ROOT/models/target-f32.gguf" ] || convert "$TARGET" --outtype f32 --outfile "$ROOT/models/target-f32.gguf"
 [ -f "$ROOT/models/eagle3.gguf" ] || \
   convert assets/drafters/eagle3 --target-model-dir "$TARGET" --outtype f32 --outfile "$ROOT/models/eagle3.gguf"

@@ -147,3 +147,20 @@ def test_the_page_claim_and_the_readme_say_what_the_stored_data_measured():
             f"{e3.mean_hidden_norm[-1]:.1f}, and EAGLE 3.1's go from {e31.mean_sink_attention[0]:.3f} to "
             f"{e31.mean_sink_attention[-1]:.3f} and from {e31.mean_hidden_norm[0]:.1f} to "
             f"{e31.mean_hidden_norm[-1]:.1f}") in readme
+
+
+def test_what_to_watch_after_see_attention_drift_is_what_the_first_screen_measured_on_that_example():
+    from playground.ui.compare_tab import DRIFT_NOTE
+    from playground.ui.presets import DRIFT_EXAMPLE
+
+    runs = {name: run for name, run in first_screen.load()[0].items()}
+    assert all(run.request.prompt == DRIFT_EXAMPLE.prompt and run.request.k == 5 for run in runs.values())
+    old, new = runs["eagle3"].summary, runs["eagle3.1"].summary
+    assert "EAGLE 3.1's runs higher from depth 2" in DRIFT_NOTE
+    assert all(n > o for n, o in zip(new.mean_self_attention[1:], old.mean_self_attention[1:]))
+    assert "EAGLE 3's grows with depth, EAGLE 3.1's stays near 2" in DRIFT_NOTE
+    assert all(b > a for a, b in zip(old.mean_hidden_norm, old.mean_hidden_norm[1:]))
+    assert all(1.5 <= rms <= 2.5 for rms in new.mean_hidden_norm)
+    assert "the solid sink lines mostly overlap" in DRIFT_NOTE
+    gaps = [abs(n - o) for n, o in zip(new.mean_sink_attention, old.mean_sink_attention)]
+    assert max(gaps) < 0.02 and sorted(gaps)[len(gaps) // 2] < 0.005

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from playground.engines import k_choice
-from playground.engines.k_choice import KChoice, StepCosts, choose, expected_tokens, stored_acceptance
+from playground.evaluation import k_choice
+from playground.evaluation.k_choice import KChoice, StepCosts, choose, expected_tokens, stored_acceptance
 from playground.engines.request import K_RANGE
 
 

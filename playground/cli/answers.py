@@ -67,7 +67,7 @@ def generate(args: argparse.Namespace) -> int:
     engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights)
     k_choice = None
     if auto and request.drafter != NONE:
-        from playground.engines import k_choice as choosing
+        from playground.evaluation import k_choice as choosing
 
         context = len(engine.prompt_ids(request)) + request.max_tokens // 2
         k_choice = choosing.choice_for(engine, request.drafter, context)

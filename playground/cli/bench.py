@@ -321,7 +321,7 @@ def bench_kernels(args: argparse.Namespace) -> int:
 
 
 def bench_k_choice(args: argparse.Namespace) -> int:
-    from playground.engines import k_choice
+    from playground.evaluation import k_choice
     from playground.engines.reference import ReferenceEngine
 
     print(k_choice.report(ReferenceEngine.load(weights=args.weights)))

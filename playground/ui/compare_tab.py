@@ -44,6 +44,12 @@ TABLE_HEADERS = ["run", "tokens/s", "decode tokens/s", "speedup vs none", "decod
                  "tau (vLLM's)", "draft ms/step", "verify ms/step", "steps", "tokens", "acceptance by depth"]
 
 
+# what to watch after "See attention drift" (tests/test_explainer.py holds it to the first screen's runs of that example)
+DRIFT_NOTE = ("*See attention drift* runs EAGLE 3 beside EAGLE 3.1 on the coding example at k=5. Where they differ: "
+              "the plots' dotted lines (attention to a drafter's own drafts, by depth: EAGLE 3.1's runs higher from "
+              "depth 2) and the fed-back RMS (EAGLE 3's grows with depth, EAGLE 3.1's stays near 2); the solid sink "
+              "lines mostly overlap.")
+
 def noise_note() -> str:
     """How far one run's speeds can be trusted, and what the stored benchmark measured over many."""
     results = stored(STORED_RESULTS)
@@ -274,6 +280,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         run = gr.Button("Compare", variant="primary", elem_id="compare-run", min_width=80)
         guided = gr.Button("See attention drift", elem_id="see-drift", min_width=80)
         stop = gr.Button("Stop", variant="secondary", elem_id="compare-stop", min_width=80)
+    gr.Markdown(DRIFT_NOTE, elem_id="see-drift-note", elem_classes=["note"])
     c |= settings_panel(limits, backends, "cmp")
     for slot in ("first", "second", "baseline"):
         follow_backend(c, backends, slot, keep_or(lambda names: ""), partial(run_choices, slot=slot))
