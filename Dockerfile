@@ -36,7 +36,7 @@ RUN PIP="pip install ${CA_BUNDLE:+--cert /tmp/docker/$CA_BUNDLE} --find-links /t
 
 USER user
 ENV HOME=/home/user PLAYGROUND_CACHE=/home/user/.cache/eagle-playground GRADIO_ANALYTICS_ENABLED=False \
-    TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 PLAYGROUND_WEIGHTS=gguf \
+    TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 \
     PLAYGROUND_BACKEND=${VLLM:+vllm} PLAYGROUND_VLLM_LAUNCH=${VLLM:+1} PLAYGROUND_VLLM_PYTHON=/opt/vllm/bin/python \
     PLAYGROUND_VLLM_ARGS="${VLLM:+--dtype bfloat16 --gpu-memory-utilization 0.28 --no-async-scheduling}"
 WORKDIR /home/user/app

@@ -49,7 +49,8 @@ def k_or_auto(value: str) -> int | str:
 def add_weights_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=default_weights(), choices=WEIGHTS,
                    help=f"the embedded target's projections: f32 matrices, or the GGUF's own Q4_1/Q8_0 blocks read by "
-                        f"our CPU kernels (the same tokens, a fifth of the bytes); default ${WEIGHTS_ENV}, else f32")
+                        f"our CPU kernels (the same tokens, a fifth of the bytes); auto: gguf where it runs; default "
+                        f"${WEIGHTS_ENV}, else auto")
 
 
 def add_api_key_option(p: argparse.ArgumentParser, default=lambda value: value) -> None:

@@ -27,6 +27,12 @@ def gguf_engine() -> ReferenceEngine:
     return ReferenceEngine.load(weights="gguf")
 
 
+@pytest.fixture(scope="module")
+def target(gguf_engine) -> Target:
+    """The same target on float32 matrices."""
+    return Target.load(weights="f32")
+
+
 def _linears(target: Target, layer: int) -> dict:
     block = target.layers[layer]
     return {"qkv": block.qkv, "o": block.o, "gate_up": block.gate_up, "down": block.down, "head": target.lm_head}
@@ -97,5 +103,11 @@ def test_the_page_and_the_cli_take_their_weights_from_the_environment_unless_tol
     assert app.parse_args(["--weights", "f32"]).weights == "f32"
     assert build_parser().parse_args(["generate", "--prompt", "hi"]).weights == "gguf"
     monkeypatch.delenv("PLAYGROUND_WEIGHTS")
-    assert app.parse_args([]).weights == "f32"
-    assert build_parser().parse_args(["generate", "--prompt", "hi", "--weights", "gguf"]).weights == "gguf"
+    assert app.parse_args([]).weights == "auto"
+    assert build_parser().parse_args(["generate", "--prompt", "hi", "--weights", "f32"]).weights == "f32"
+
+
+def test_auto_weights_are_the_blocks_where_our_kernels_read_them_and_float32_elsewhere(engine):
+    assert engine.target.weights == ("gguf" if kernels.status().loaded else "f32")   # the tests' default engine
+    assert Target.load(weights="auto", kernels=False).weights == "f32"
+    assert Target.load(dtype="bfloat16", weights="auto").weights == "f32"

@@ -196,13 +196,16 @@ class Target:
     @classmethod
     def load(cls, path: str | None = None, dtype: str = "float32", device: str = "cpu",
              kernels: bool | None = None, weights: str | None = None) -> "Target":
-        """`weights`: "f32", or "gguf" for the embedded target on our CPU kernels (float32 activations);
-        None: default_weights()."""
+        """`weights`: "f32"; "gguf" for the embedded target on our CPU kernels (float32 activations); "auto"
+        for gguf where it runs, else f32; None: default_weights()."""
         weights = default_weights() if weights is None else weights
         if dtype not in DTYPES:
             raise PlaygroundError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
         if weights not in WEIGHTS:
             raise PlaygroundError(f"unknown weights {weights!r}; choose from {', '.join(WEIGHTS)}")
+        if weights == "auto":
+            ours = kernel_status().loaded if kernels is None else kernels
+            weights = "gguf" if path is None and dtype == "float32" and device == "cpu" and ours else "f32"
         if weights == "gguf" and (path is not None or dtype != "float32"):
             raise PlaygroundError("weights gguf: the embedded target's GGUF, in float32 (no target path, dtype float32)")
         model, tokenizer = load_hf_target(path, dtype)
