@@ -138,6 +138,7 @@ def test_the_page_claim_and_the_readme_say_what_the_stored_data_measured():
     assert (f"give {per_pass['eagle3.1']:.2f} tokens per target pass to EAGLE 3's {per_pass['eagle3']:.2f}: "
             f"{min(speedups):.2f}x to {max(speedups):.2f}x the speed of no speculation") in line
     assert "They do not make it attend less to its own drafts." in line and "drift" not in line
+    assert f"threads, k={results['config']['k']}, float32 weights)" in line   # stored before the blocks were read
     runs = {name: run.summary for name, run in first_screen.load()[0].items()}
     e3, e31 = runs["eagle3"], runs["eagle3.1"]
     readme = " ".join((STORED_RESULTS.parents[3] / "README.md").read_text().split())

@@ -50,7 +50,7 @@ def test_the_stored_acceptance_pools_every_category_and_carries_on_past_the_stor
 def test_the_costs_are_measured_once_on_the_engine_and_read_back(engine, monkeypatch):
     k_choice.cache_path(engine).unlink(missing_ok=True)   # measured again here, and kept for what follows
     measured = k_choice.costs(engine)
-    assert k_choice.cache_path(engine).exists() and measured.weights == "f32"
+    assert k_choice.cache_path(engine).exists() and measured.weights == engine.target.weights
     assert len(measured.step_ms) == K_RANGE[1] + 1 and all(ms > 0 for ms in measured.step_ms)
     assert all(ms >= 0 for ms in measured.context_ms_per_1k)
 

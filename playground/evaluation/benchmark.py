@@ -157,6 +157,7 @@ def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple
         config = config.runnable_on(reference)
         measured_ceiling = measure_ceiling(reference.target, (1, config.k + 1))
         res = results(collect(reference, reference, config, progress), config, measured_ceiling)
+        res["weights"] = reference.target.weights
     paths = report.write(res, out)
     progress.unlink(missing_ok=True)
     return res, paths

@@ -124,6 +124,10 @@ def suite_figures(results: dict) -> SuiteFigures | None:
         deepest=max(own), own_deepest=own[max(own)]["mean"], speedups=speedup_ranges(results))
 
 
+# how the claim names the weights a stored benchmark read (results.json's `weights`; float32 before it had one)
+WEIGHT_NAMES = {"f32": "float32 weights", "gguf": "the GGUF's Q4_1 weights"}
+
+
 def claim(results: dict) -> str:
     """The page's one-line claim under its title: what the switches change and what they do not, with the
     speed over no speculation, all from the stored suite ("" without one)."""
@@ -136,7 +140,8 @@ def claim(results: dict) -> str:
             f"the state the drafter feeds itself at one scale (RMS {f.rms31[0]:.1f}-{f.rms31[1]:.1f}; EAGLE 3's grows "
             f"{f.rms3[0]:.1f} → {f.rms3[1]:.1f}) and give {f.per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's "
             f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation (on "
-            f"{results['machine']['cpu']}, {results['machine']['threads']} threads).{not_less}")
+            f"{results['machine']['cpu']}, {results['machine']['threads']} threads, k={results['config']['k']}, "
+            f"{WEIGHT_NAMES[results.get('weights', 'f32')]}).{not_less}")
 
 
 def headline(results: dict) -> str:
