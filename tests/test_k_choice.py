@@ -75,7 +75,7 @@ def test_generate_with_k_auto_says_which_k_it_chose_and_why(engine):
     assert 0 <= picked["k"] <= K_RANGE[1] and len(picked["tokens_per_s"]) == K_RANGE[1] + 1
     refused = subprocess.run([sys.executable, "-m", "playground", "generate", "--prompt", "hi", "--k", "auto", "--tree"],
                              capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "--k auto chooses a chain's k on the embedded engine" in refused.stderr
+    assert refused.returncode == 2 and "chooses a chain's k on the embedded engine: not on vLLM, with a tree" in refused.stderr
     bad = subprocess.run([sys.executable, "-m", "playground", "generate", "--prompt", "hi", "--k", "many"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "k must be a whole number or auto, got 'many'" in bad.stderr

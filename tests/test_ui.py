@@ -86,6 +86,20 @@ def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
             client.predict(*args, api_name="/run")
 
 
+def test_k_by_this_hosts_costs_runs_the_chosen_k_and_says_why(client, engine):
+    from playground.engines.request import GenerationRequest
+    from playground.evaluation import k_choice
+
+    k_choice.costs(engine)   # where not cached yet, measured in this process: the page's run reads the same file
+    request = GenerationRequest(prompt=PROMPT, max_tokens=24)
+    picked = k_choice.choice_for(engine, "eagle3.1", len(engine.prompt_ids(request)) + 12)
+    final = named(client.predict(*run_args(max_tokens=24), "chain", 2, 2, 4, -1, False, "", True, api_name="/run"))
+    assert html.escape(f"k by this host's costs: {picked.reason}.") in final["answer"]
+    assert final["text"] == cli_text(PROMPT, 24)   # greedy: the same answer at whatever k
+    with pytest.raises(Exception, match="chooses a chain's k on the embedded engine"):
+        client.predict(*run_args(max_tokens=8), "tree", 2, 2, 4, -1, False, "", True, api_name="/run")
+
+
 @pytest.mark.slow
 def test_comparison_streams_both_drafters_side_by_side(client):
     expected = cli_text(PROMPT, 24)
@@ -133,7 +147,7 @@ def api_parameters(client, endpoint: str) -> list[str]:
 def test_run_and_inspect_take_their_values_in_a_fixed_order(client):
     assert api_parameters(client, "/run") == ["prompt", "system", "template", "drafter", "k", "temperature", "top_p",
                                               "max_tokens", "backend_name", "draft", "tree_top_k", "tree_depth",
-                                              "tree_nodes", "seed", "beside", "draft_stop"]
+                                              "tree_nodes", "seed", "beside", "draft_stop", "k_auto"]
     assert api_parameters(client, "/inspect") == ["i"]
     run = named(client.predict("Name a colour.", "Answer in one word.", "model", "eagle3", 3, 0.5, 0.9, 6,
                                "reference", "tree", 3, 2, 5, api_name="/run"))
@@ -269,7 +283,7 @@ def joined(url: str, fn_index: int, data: list) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("api_name, valid", [
-    ("/run", ["Hi", "", "model", "eagle3.1", 2, 0.0, 1.0, 1, "reference", "chain", 2, 2, 4, -1, True, ""]),
+    ("/run", ["Hi", "", "model", "eagle3.1", 2, 0.0, 1.0, 1, "reference", "chain", 2, 2, 4, -1, True, "", False]),
     ("/compare", ["Hi", "", "model", 2, 0.0, 1.0, 1, False, "reference", "chain", 2, 2, 4, "drafters", "eagle3.1",
                   -1, "", "", "", ""]),
     ("/study", [None, "Hi", "reference", ["eagle3"], 2, "chain", 1, 0]),

@@ -57,22 +57,20 @@ def generate(args: argparse.Namespace) -> int:
     from playground.engines.stats import summarize
 
     auto = args.k == "auto"
-    if auto and (args.backend == "vllm" or args.tree or args.draft_stop):
-        raise PlaygroundError("--k auto chooses a chain's k on the embedded engine: not with --backend vllm, "
-                              "--tree or --draft-stop")
+    if auto and args.backend == "vllm":
+        raise PlaygroundError("--k auto chooses a chain's k on the embedded engine: not with --backend vllm")
     request = GenerationRequest(prompt=args.prompt, system=args.system, template=args.template,
                                 drafter=args.drafter, k=5 if auto else args.k, temperature=args.temperature,
                                 top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
                                 tree=tree_shape(args), draft_stop=draft_stop(args)).validate()
     engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights)
     k_choice = None
-    if auto and request.drafter != NONE:
+    if auto:
         from playground.evaluation import k_choice as choosing
 
-        context = len(engine.prompt_ids(request)) + request.max_tokens // 2
-        k_choice = choosing.choice_for(engine, request.drafter, context)
-        request = replace(request, k=k_choice.k or 1, drafter=request.drafter if k_choice.k else NONE)
-        print(f"note: --k auto chose {k_choice.reason}", file=sys.stderr)
+        request, k_choice = choosing.chosen(engine, request)
+        if k_choice is not None:
+            print(f"note: --k auto chose {k_choice.reason}", file=sys.stderr)
     if args.backend == "vllm":
         from playground.engines.vllm.backend import vllm_backend
         from playground.engines.vllm.client import chains_only

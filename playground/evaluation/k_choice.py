@@ -18,13 +18,14 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from playground.engines.request import K_RANGE, GenerationRequest
 from playground.engines.stats import summarize
+from playground.errors import PlaygroundError
 from playground.evaluation.machine import described, machine
 from playground.model.target import cache_root
 from playground.model.variants import EAGLE31, NONE, SHIPPED
@@ -168,6 +169,18 @@ def choice_for(engine, drafter: str, context: int) -> KChoice:
     if acceptance is None:
         return KChoice(5, (), f"k=5: no stored acceptance of {drafter} to choose by")
     return choose(costs(engine), acceptance, context)
+
+
+def chosen(engine, request: GenerationRequest) -> tuple[GenerationRequest, KChoice | None]:
+    """The request at the k chosen for its drafter at its context (the prompt and half the answer), without its
+    drafter where plain decoding is expected to be faster; a request without a drafter as it is."""
+    if not hasattr(engine, "target") or request.tree is not None or request.draft_stop is not None:
+        raise PlaygroundError("k by this host's costs chooses a chain's k on the embedded engine: not on vLLM, "
+                              "with a tree or with a stop rule", "k_auto")
+    if request.drafter == NONE:
+        return request, None
+    picked = choice_for(engine, request.drafter, len(engine.prompt_ids(request)) + request.max_tokens // 2)
+    return replace(request, k=picked.k or 1, drafter=request.drafter if picked.k else NONE), picked
 
 
 def report(engine, contexts: tuple[int, ...] = (128, 1024, 4096)) -> str:

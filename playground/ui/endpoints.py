@@ -43,6 +43,7 @@ class RunSettings:
     seed: float = -1      # streams.NEW_SEED: a new seed every run
     beside: bool = True   # also run the drafter paired with this one (controls.beside_name), for the plots
     draft_stop: str = ""  # a chain ends at the first draft meeting this rule (engines/draft_stop.py); empty: none
+    k_auto: bool = False  # k chosen by this host's measured costs (evaluation/k_choice.py), not the slider
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class CompareSettings:
         """One column: the run /run would make of these settings with this drafter, drafting this way
         (`stop` False: k drafts every step, whatever the stop rule)."""
         shared = {f.name: getattr(self, f.name) for f in fields(RunSettings)
-                  if f.name not in ("drafter", "draft", "beside", "draft_stop")}
+                  if f.name not in ("drafter", "draft", "beside", "draft_stop", "k_auto")}
         return RunSettings(**shared, drafter=drafter, draft=draft, beside=False,
                            draft_stop=self.draft_stop if stop else "")
 

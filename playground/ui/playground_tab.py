@@ -13,6 +13,8 @@ from playground.engines.events import StepEvent
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.errors import PlaygroundError
+from playground.evaluation import k_choice
+from playground.evaluation.k_choice import KChoice
 from playground.ui import first_screen, render, tree_view, unchecked
 from playground.ui.controls import (answer_header, beside_label, beside_name, default_drafter, drafter_choices,
                                     follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
@@ -47,7 +49,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
                 stop = gr.Button("Stop", variant="secondary", elem_id="stop", min_width=80)
-            c |= settings_panel(limits, backends, "pg")
+            c |= settings_panel(limits, backends, "pg", k_auto=True)
             follow_backend(c, backends, "drafter", keep_or(default_drafter))
             with gr.Accordion("Step inspector: click a token of the answer to open its step", open=True,
                               elem_id="pg-inspector"):
@@ -77,8 +79,9 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         stops.take(session)   # a Stop pressed before this run started is not for it
         try:
             engine = backend(backends, settings.backend_name)
-            requests = run_requests(settings, engine)
-            note = run_note(engine, requests[0])
+            requests, picked = run_requests(settings, engine)
+            chose = f"k by this host's costs: {picked.reason}." if picked else ""
+            note = " ".join(filter(None, (chose, run_note(engine, requests[0]))))
             failed: dict[str, str] = {}
             streams = {requests[0].drafter: engine.generate(requests[0]),
                        **{r.drafter: beside_events(engine, r, failed) for r in requests[1:]}}
@@ -98,18 +101,25 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                 yield update(logs, main, note, live, True, True, error.message)
                 raise error from None
 
-    def run_requests(settings: RunSettings, engine: Engine) -> list[GenerationRequest]:
-        """The run the answer shows, then the one drawn beside it in the plots (when asked for and paired)."""
+    def run_requests(settings: RunSettings, engine: Engine,
+                     choose_k: bool = True) -> tuple[list[GenerationRequest], KChoice | None]:
+        """The run the answer shows, then the one drawn beside it in the plots (when asked for and paired), and
+        the k chosen for them where this host's costs choose it (`choose_k`: not when only checking)."""
         main = make_request(limits, settings, engine)
         if not isinstance(settings.beside, bool):
             raise PlaygroundError("beside must be true or false", "beside")
+        if not isinstance(settings.k_auto, bool):
+            raise PlaygroundError("k_auto must be true or false", "k_auto")
+        picked = None
+        if settings.k_auto and choose_k:   # measured on its first use on this host (about 25 s), then cached
+            main, picked = k_choice.chosen(engine, main)
         other = beside_name(main.drafter, engine.drafter_names) if settings.beside else ""
-        return [main, *([replace(main, drafter=other)] if other else [])]
+        return [main, *([replace(main, drafter=other)] if other else [])], picked
 
     handler = stream_handler(RunSettings, OUTPUTS, stream)
     def check(settings: RunSettings) -> None:   # the run beside the answer may fail alone, at run time
         engine = backend(backends, settings.backend_name)
-        engine.check(run_requests(settings, engine)[0])
+        engine.check(run_requests(settings, engine, choose_k=False)[0][0])
 
     validator = input_validator(RunSettings, check)
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
