@@ -130,7 +130,7 @@ def _context_ms_per_1k(target, rows: int, repeats: int = 5) -> float:
 
 
 def measure(engine) -> StepCosts:
-    """This host's step costs with the engine's target and EAGLE 3.1 (about 15 s): each k's median of two runs."""
+    """This host's step costs with the engine's target and EAGLE 3.1 (22-28 s here): each k's median of two runs."""
     from playground.prompts.sets import CHAT
 
     prompt = CHAT[0]
