@@ -18,6 +18,7 @@ import signal
 import sys
 
 from playground.errors import PlaygroundError
+from playground.malloc_arenas import limit_arenas
 from playground.model.variants import SHIPPED
 from playground.options import add_vllm_options, add_weights_option, launch_spec
 from playground.settings import server_host, server_port
@@ -72,6 +73,7 @@ def exit_on_sigterm() -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     exit_on_sigterm()
+    limit_arenas()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from playground.engines.reference import ReferenceEngine
