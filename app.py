@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     limit_arenas()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from playground.engines.compute_thread import ComputeThread
     from playground.engines.reference import ReferenceEngine
     from playground.engines.vllm.watch import parse_servers
     from playground.ui.app import create_ui, launch
@@ -83,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
                     sessions=args.sessions, study_prompts=args.study_prompts, watch_any_url=args.watch_any_url)
     watched = parse_servers(args.watch_url, "--watch-url")   # bad URLs stop here, before the model loads
-    engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights, max_tokens_limit=limits.max_tokens)
+    compute = ComputeThread()   # this thread: it loads the model and then runs every step Gradio's threads hand it
+    engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights, max_tokens_limit=limits.max_tokens,
+                                  compute=compute)
     for name in SHIPPED:
         engine.drafter_info(name)   # load both drafters before the first visitor arrives
     backends = {}
@@ -100,7 +103,12 @@ def main(argv: list[str] | None = None) -> None:
             lambda status: vllm_backend(engine, args.vllm_url, spec, status=status, api_key=args.vllm_api_key)[0],
             names)
     backends["reference"] = engine   # after vllm: the page runs on the backend it was started with unless told
-    launch(create_ui(backends, limits, watched), args.host, args.port, limits)
+    demo = create_ui(backends, limits, watched)
+    launch(demo, args.host, args.port, limits, prevent_thread_lock=True)
+    try:
+        compute.serve_forever()
+    finally:
+        demo.close()
 
 
 if __name__ == "__main__":

@@ -232,6 +232,7 @@ def test_every_tab_shows_its_tables_whole_its_plots_fitted_and_no_error_state(br
     page.get_by_role("tab", name="Your servers").click()
     page.wait_for_timeout(500)
     assert_tab_is_clean(page, "Your servers")
+    expect(page.locator("#watch-acceptance")).to_be_hidden()   # no empty plot frames before a reading
     page.locator("#watch-servers textarea").fill("")
     page.locator("#watch-start").click()
     expect(page.locator("#watch-status .watch-error")).to_have_text("stopped: name a server per line: NAME=URL",

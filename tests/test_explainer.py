@@ -126,7 +126,7 @@ def test_the_page_claim_and_the_readme_say_what_the_stored_data_measured():
     """The claim under the page's title from the stored suite, and the README's figures for the coding
     preset from the stored first screen (the same run "See attention drift" makes): a figure that
     disagrees with its data fails here."""
-    from playground.ui.explainer import claim
+    from playground.ui.explainer import WEIGHT_NAMES, claim
     from playground.engines.stats import tokens_per_pass
 
     results = json.loads(STORED_RESULTS.read_text())
@@ -138,7 +138,10 @@ def test_the_page_claim_and_the_readme_say_what_the_stored_data_measured():
     assert (f"give {per_pass['eagle3.1']:.2f} tokens per target pass to EAGLE 3's {per_pass['eagle3']:.2f}: "
             f"{min(speedups):.2f}x to {max(speedups):.2f}x the speed of no speculation") in line
     assert "They do not make it attend less to its own drafts." in line and "drift" not in line
-    assert f"threads, k={results['config']['k']}, float32 weights)" in line   # stored before the blocks were read
+    sweep = max((r for r in results["sweep"] if r["drafter"] == "eagle3.1"), key=lambda r: r["tokens_per_s"])
+    assert (f"the speed of no speculation at k={results['config']['k']}, {sweep['speedup_vs_none']:.2f}x on chat and "
+            f"coding at k={sweep['k']}, the fastest k there") in line
+    assert f"{results['machine']['threads']} threads, {WEIGHT_NAMES[results['weights']]})" in line and results["weights"] == "gguf"
     runs = {name: run.summary for name, run in first_screen.load()[0].items()}
     e3, e31 = runs["eagle3"], runs["eagle3.1"]
     readme = " ".join((STORED_RESULTS.parents[3] / "README.md").read_text().split())

@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 from torch.profiler import record_function
 
+from playground.engines.compute_thread import ComputeThread
 from playground.engines.drafters import DrafterInfo, DrafterStore
 from playground.engines.events import StepEvent
 from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Proposer
@@ -28,13 +29,18 @@ from playground.model.packed_linear import drafting_dtype
 from playground.model.target import Target, TargetOutput
 from playground.model.variants import NAMES
 
+T = TypeVar("T")
+
 
 class ReferenceEngine:
     name = "reference"
     drafter_names = NAMES
 
-    def __init__(self, target: Target, max_tokens_limit: int | None = None):
+    def __init__(self, target: Target, max_tokens_limit: int | None = None, compute: ComputeThread | None = None):
+        """`compute`: the thread every step and drafter load runs on (a server's, compute_thread says why);
+        None: the caller's."""
         self.target = target
+        self.compute = compute
         self.tokenizer = target.tokenizer
         self.drafters = DrafterStore(target, drafting_dtype(target.dtype, target.device, target.kernels))
         self.max_tokens_limit = max_tokens_limit
@@ -44,17 +50,23 @@ class ReferenceEngine:
 
     @classmethod
     def load(cls, target_path: str | None = None, dtype: str = "float32", kernels: bool | None = None,
-             weights: str | None = None, **kwargs) -> "ReferenceEngine":
+             weights: str | None = None, compute: ComputeThread | None = None, **kwargs) -> "ReferenceEngine":
         """`kernels`: whether our CPU kernels run the target and its drafters (None: where they run here);
-        `weights`: what the target's projections are read from (Target.load)."""
-        return cls(Target.load(target_path, dtype, kernels=kernels, weights=weights), **kwargs)
+        `weights`: what the target's projections are read from (Target.load); `compute`: the thread the
+        model loads on and every step runs on (None: the caller's)."""
+        build = lambda: cls(Target.load(target_path, dtype, kernels=kernels, weights=weights), compute=compute, **kwargs)
+        return compute.call(build) if compute else build()
+
+    def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """fn(*args, **kwargs) where the engine computes: on its compute thread, if it has one."""
+        return self.compute.call(fn, *args, **kwargs) if self.compute else fn(*args, **kwargs)
 
     def drafter_info(self, name: str) -> DrafterInfo:
-        return self.drafters.get(name)[1]
+        return self.call(self.drafters.get, name)[1]
 
     def drafter(self, name: str) -> Eagle3Drafter | None:
         """The loaded drafter of that name (None for `none`)."""
-        return self.drafters.get(name)[0]
+        return self.call(self.drafters.get, name)[0]
 
     def limitations(self, drafter: str) -> str:
         return ""
@@ -75,7 +87,7 @@ class ReferenceEngine:
         Errors in the request raise PlaygroundError here, before anything is yielded."""
         prompt_ids = self._checked_prompt_ids(request)
         with self.lock:
-            drafter, _ = self.drafters.get(request.drafter)
+            drafter, _ = self.call(self.drafters.get, request.drafter)
         return self._stream(request, prompt_ids, drafter)
 
     def _stream(self, request: GenerationRequest, prompt_ids: list[int],
@@ -84,7 +96,7 @@ class ReferenceEngine:
         steps = self._run(request, prompt_ids, drafter, clock)
         while True:
             with self.lock, clock:
-                event = next(steps, None)
+                event = self.call(next, steps, None)
             if event is None:
                 return
             yield event

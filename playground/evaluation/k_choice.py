@@ -14,6 +14,7 @@ be faster.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import statistics
@@ -65,10 +66,12 @@ def expected_tokens(acceptance: tuple[float, ...], k: int) -> float:
     return 1 + sum(acceptance[:k])
 
 
+@functools.lru_cache(maxsize=8)
 def stored_acceptance(drafter: str, results: Path = STORED_RESULTS) -> tuple[float, ...] | None:
     """The drafter's acceptance by depth in the stored benchmark, every category's chain rows pooled
     by their steps, carried on past the stored depths at the last two depths' ratio; None where the
-    benchmark has no chain rows of it (a checkpoint folder)."""
+    benchmark has no chain rows of it (a checkpoint folder). Read once per process, like the page's
+    other shipped reports."""
     rows = [row for row in json.loads(results.read_text())["rows"] if row["method"] == drafter and row["acceptance"]]
     if not rows:
         return None
@@ -155,7 +158,7 @@ def costs(engine) -> StepCosts:
     if path.exists():
         data = json.loads(path.read_text())
         return StepCosts(data["host"], data["weights"], tuple(data["step_ms"]), tuple(data["context_ms_per_1k"]))
-    measured = measure(engine)
+    measured = engine.call(measure, engine)   # where the engine computes, as its runs do
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(measured), indent=1))

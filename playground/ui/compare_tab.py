@@ -360,7 +360,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         out["table"] = summary_table(summaries, baseline)
         out["note"] = outputs_note(logs, steps, baseline) if final else ""
         out["step_plot"] = step_figure(logs, steps)
-        out["files"] = export(logs, (*shown, *((out["step_plot"],) if steps else ()))) if final else None
+        out["files"] = export(logs, (*live.figures, *((out["step_plot"],) if steps else ()))) if final else None
         return out
 
     handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)

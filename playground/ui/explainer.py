@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 from string import Template
 
@@ -136,12 +137,30 @@ def claim(results: dict) -> str:
         return ""
     not_less = " They do not make it attend less to its own drafts." if f.more_own else ""
     lo, hi = f.speedups[EAGLE31]
+    fastest = fastest_k(results)
+    at_fastest = (f", {fastest.speedup_vs_none:.2f}x on {' and '.join(fastest.categories)} at k={fastest.k}, the fastest k "
+                  f"there" if fastest and fastest.k != results["config"]["k"] else "")
     return (f"EAGLE 3.1 is EAGLE 3 with two switches. On SmolLM2-135M, over {f.prompts} stored prompts, they hold "
             f"the state the drafter feeds itself at one scale (RMS {f.rms31[0]:.1f}-{f.rms31[1]:.1f}; EAGLE 3's grows "
             f"{f.rms3[0]:.1f} → {f.rms3[1]:.1f}) and give {f.per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's "
-            f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation (on "
-            f"{results['machine']['cpu']}, {results['machine']['threads']} threads, k={results['config']['k']}, "
+            f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation at k={results['config']['k']}"
+            f"{at_fastest} ({results['machine']['cpu']}, {results['machine']['threads']} threads, "
             f"{WEIGHT_NAMES[results.get('weights', 'f32')]}).{not_less}")
+
+
+class FastestK(NamedTuple):
+    k: int
+    speedup_vs_none: float
+    categories: tuple[str, ...]
+
+
+def fastest_k(results: dict) -> FastestK | None:
+    """EAGLE 3.1's fastest k in the stored benchmark's k sweep, and its speed-up over no speculation there."""
+    sweep = [row for row in results.get("sweep", []) if row["drafter"] == EAGLE31 and row.get("speedup_vs_none")]
+    if not sweep:
+        return None
+    best = max(sweep, key=lambda row: row["tokens_per_s"])
+    return FastestK(best["k"], best["speedup_vs_none"], tuple(results["config"]["sweep_categories"]))
 
 
 def headline(results: dict) -> str:

@@ -175,7 +175,7 @@ def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, re
             **dict(zip(PLOTS, figures)),
             "step": gr.update(maximum=max(1, last), value=last) if final else 0,
             "inspector": inspect(steps[-1] if final else None),
-            "files": export(logs, figures) if final and not stored else None,
+            "files": export(logs, live.figures) if final and not stored else None,
             "events": steps,
             "tree": tree_view.tree_html(steps[-1] if steps else None)}
 

@@ -128,12 +128,11 @@ def build(app_servers: Callable[[], dict[str, str]], has_servers: bool, any_url:
         with gr.Column(scale=3, min_width=300):
             status = gr.HTML(status_html([], False) if any_url or has_servers else NOTHING_TO_WATCH,
                              elem_id="watch-status")
-    views, waiting = {}, placeholder("press Watch: drawn from the servers' readings")
+    views = {}
     for row in (PLOTS[:2], PLOTS[2:]):
         with gr.Row(visible=any_url or has_servers):   # nothing to watch: the tab is its one line of why
-            for name in row:
-                views[name] = gr.Plot(waiting, show_label=False, min_width=300,
-                                      elem_id=f"watch-{name.replace('_', '-')}")
+            for name in row:   # empty, so hidden, until the first reading (the status says to press Watch)
+                views[name] = gr.Plot(None, show_label=False, min_width=300, elem_id=f"watch-{name.replace('_', '-')}")
     session = gr.State(None, time_to_live=TTL_S, delete_callback=lambda s: s and s.close())
     timer = gr.Timer(EVERY_S, active=False)
 

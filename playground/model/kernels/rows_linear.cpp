@@ -80,6 +80,19 @@ inline void tile(const float* x, int64_t x_stride, const W* w, int64_t k, float*
 // weight rows a tile takes for `rows` rows of x: sixteen registers hold rows x cols sums, cols weights and x
 constexpr int tile_cols(int64_t rows) { return rows <= 2 ? 4 : 2; }
 
+// f(std::integral_constant<int, rows>{}) for 1 to kMaxRowsPerPass rows: a pass's row count is a template argument
+template <typename F>
+void with_row_count(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    default: return f(std::integral_constant<int, kMaxRowsPerPass>{});
+  }
+}
+
 // y holds the outputs of weight rows first.. (row r's at y + r * y_stride)
 template <int ROWS, typename W>
 void pass(const float* x, int64_t k, const W* w, float* y, int64_t y_stride, int64_t first, int64_t begin,
@@ -107,14 +120,8 @@ void rows_pass(int64_t rows, const float* x, int64_t k, const W* w, float* y, in
     for (int64_t r = 0; r < rows; r += kMaxRowsPerPass) {
       const float* xr = x + r * k;
       float* yr = y + r * y_stride;
-      switch (std::min(kMaxRowsPerPass, rows - r)) {
-        case 1: pass<1>(xr, k, w, yr, y_stride, first, n, stop); break;
-        case 2: pass<2>(xr, k, w, yr, y_stride, first, n, stop); break;
-        case 3: pass<3>(xr, k, w, yr, y_stride, first, n, stop); break;
-        case 4: pass<4>(xr, k, w, yr, y_stride, first, n, stop); break;
-        case 5: pass<5>(xr, k, w, yr, y_stride, first, n, stop); break;
-        default: pass<6>(xr, k, w, yr, y_stride, first, n, stop); break;
-      }
+      with_row_count(std::min(kMaxRowsPerPass, rows - r),
+                     [&](auto count) { pass<count()>(xr, k, w, yr, y_stride, first, n, stop); });
     }
   }
 }
@@ -219,14 +226,7 @@ template <typename Q>
 void rows_pass(int64_t rows, const float* x, int64_t k, const BlockRows<Q>& w, float* y, int64_t y_stride,
                int64_t first, int64_t begin, int64_t end) {
   const auto group = [&](int64_t group_rows, const float* xg, float* yg, int64_t from, int64_t to) {
-    switch (group_rows) {
-      case 1: return block_pass<1>(xg, k, w, yg, y_stride, first, from, to);
-      case 2: return block_pass<2>(xg, k, w, yg, y_stride, first, from, to);
-      case 3: return block_pass<3>(xg, k, w, yg, y_stride, first, from, to);
-      case 4: return block_pass<4>(xg, k, w, yg, y_stride, first, from, to);
-      case 5: return block_pass<5>(xg, k, w, yg, y_stride, first, from, to);
-      default: return block_pass<6>(xg, k, w, yg, y_stride, first, from, to);
-    }
+    with_row_count(group_rows, [&](auto count) { block_pass<count()>(xg, k, w, yg, y_stride, first, from, to); });
   };
   if (rows <= kMaxRowsPerPass) return group(rows, x, y, begin, end);
   const int64_t chunk = std::max<int64_t>(2, kBlockChunkBytes / (4 * k));
