@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     launch(demo, args.host, args.port, limits, prevent_thread_lock=True)
     try:
         compute.serve_forever()
+    except KeyboardInterrupt:
+        print("Ctrl-C: closing the playground")
     finally:
         demo.close()
 
