@@ -8,7 +8,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "playground"
 # lowest first; a module sits in the layer of its first path part under playground/
 # (app_process.py, the app in a subprocess for tests and benchmarks, and the CLI's options.py, terminal.py
 # and healthcheck.py are beside the layers the README names)
-LAYERS = [("errors", "settings", "local_server", "app_process"), ("model",), ("engines",), ("prompts",), ("plots",),
+LAYERS = [("errors", "settings", "local_server", "app_process", "malloc_arenas"), ("model",), ("engines",), ("prompts",), ("plots",),
           ("evaluation",), ("studies",), ("training",), ("ui",), ("cli", "__main__", "options", "terminal", "healthcheck")]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
