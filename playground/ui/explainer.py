@@ -126,7 +126,7 @@ def suite_figures(results: dict) -> SuiteFigures | None:
 
 
 # how the claim names the weights a stored benchmark read (results.json's `weights`; float32 before it had one)
-WEIGHT_NAMES = {"f32": "float32 weights", "gguf": "the GGUF's Q4_1 weights"}
+WEIGHT_NAMES = {"f32": "float32 weights", "gguf": "Q4_1 GGUF weights"}
 
 
 def claim(results: dict) -> str:
@@ -138,10 +138,10 @@ def claim(results: dict) -> str:
     not_less = " They do not make it attend less to its own drafts." if f.more_own else ""
     lo, hi = f.speedups[EAGLE31]
     fastest = fastest_k(results)
-    at_fastest = (f", {fastest.speedup_vs_none:.2f}x on {' and '.join(fastest.categories)} at k={fastest.k}, the fastest k "
-                  f"there" if fastest and fastest.k != results["config"]["k"] else "")
+    at_fastest = (f", {fastest.speedup_vs_none:.2f}x at k={fastest.k}, the fastest on {' and '.join(fastest.categories)}"
+                  if fastest and fastest.k != results["config"]["k"] else "")
     return (f"EAGLE 3.1 is EAGLE 3 with two switches. On SmolLM2-135M, over {f.prompts} stored prompts, they hold "
-            f"the state the drafter feeds itself at one scale (RMS {f.rms31[0]:.1f}-{f.rms31[1]:.1f}; EAGLE 3's grows "
+            f"the drafter's fed-back state at one scale (RMS {f.rms31[0]:.1f}-{f.rms31[1]:.1f}; EAGLE 3's grows "
             f"{f.rms3[0]:.1f} → {f.rms3[1]:.1f}) and give {f.per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's "
             f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation at k={results['config']['k']}"
             f"{at_fastest} ({results['machine']['cpu']}, {results['machine']['threads']} threads, "
