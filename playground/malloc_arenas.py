@@ -3,9 +3,9 @@
 glibc gives a thread that allocates while the other arenas are busy an arena of its own, up to eight
 per core, and each arena keeps the freed memory its threads left fragmented. Gradio runs each visitor's
 handler on a pool of worker threads, so concurrent runs spread their freed tensors over up to sixteen
-arenas on two cores: twenty visitors at once grew the app by 40-85 MiB a wave, eight waves on end.
-With one arena per core the same waves grew it once (+17 to +69 MiB) and then not at all. Only as
-many threads run at once as there are cores, so more arenas buy no speed.
+arenas on two cores: twenty visitors at once grew the app by 40-160 MiB a wave, eight waves on end.
+With one arena per core the same waves grew it once (+27 to +84 MiB) and then by 14 MiB a wave at
+most. Only as many threads run at once as there are cores, so more arenas buy no speed.
 """
 
 from __future__ import annotations
