@@ -8,7 +8,7 @@ from playground.engines.proposers import EagleProposer
 from playground.engines.sampling import SamplingParams
 from playground.model.drafter import Eagle3Drafter
 from playground.training.train import TrainConfig, pick_draft_vocab
-from playground.training.ttt import target_states, ttt_attend, ttt_loss
+from playground.training.ttt import counted_positions, loss_start, target_states, ttt_attend, ttt_backward, ttt_loss
 from tests.test_drafter_checkpoint import small_config
 
 
@@ -65,6 +65,59 @@ def test_a_few_steps_lower_the_loss():
         loss.backward()
         optimizer.step()
     assert len(losses) == 3 and float(loss.detach()) < 0.8 * first
+
+
+def small_batch(drafter, B: int, T: int, prompt_lens: list[int]) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    embed, head = torch.randn(500, 64), torch.randn(500, 48)
+    head[100:] -= 10  # the target mostly predicts draft-vocab tokens
+    batch = {"ids": torch.randint(0, 100, (B, T + 1)), "features": torch.randn(B, T, 144),
+             "final": torch.randn(B, T, 48), "answer": torch.zeros(B, T + 1, dtype=torch.bool)}
+    for b, n in enumerate(prompt_lens):
+        batch["answer"][b, n:] = True
+    batch["top"] = (batch["final"] @ head.T).argmax(-1)
+    return batch, embed, head
+
+
+def test_queries_from_where_the_answers_begin_give_the_loss_and_gradient_of_queries_everywhere():
+    """The loss counts answer positions only: the queries, head and loss before them are skipped (their
+    keys kept), which long prompts need, and nothing the loss or its gradient sees changes."""
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(small_config(True)).init_random(0)
+    drafter.set_draft_vocab(torch.arange(100))
+    batch, embed, head = small_batch(drafter, 3, 40, [25, 31, 28])
+    assert loss_start(batch["answer"], 4) == 20
+    measured = []
+    for first in (0, None):
+        drafter.zero_grad()
+        result = ttt_loss(drafter, embed, head, drafter.t2d.clone(), batch, 4, 0.8, first=first)
+        result.loss.backward()
+        measured.append((result, [p.grad.clone() for p in drafter.parameters()]))
+    (everywhere, grads_everywhere), (answers, grads_answers) = measured
+    torch.testing.assert_close(answers.loss, everywhere.loss)
+    assert answers.step_tokens == everywhere.step_tokens and min(answers.step_tokens) > 0
+    torch.testing.assert_close(answers.step_acc, everywhere.step_acc)
+    for a, b in zip(grads_answers, grads_everywhere):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_batch_trained_in_parts_gets_the_gradient_of_one_pass():
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(small_config(False)).init_random(0)
+    drafter.set_draft_vocab(torch.arange(100))
+    batch, embed, head = small_batch(drafter, 5, 24, [3, 20, 9, 14, 6])
+    measured = []
+    for part_tokens in (10_000, 48):   # one pass; parts of two sequences
+        drafter.zero_grad()
+        result = ttt_backward(drafter, embed, head, drafter.t2d.clone(), batch, 3, 0.8, bf16=False,
+                              part_tokens=part_tokens)
+        measured.append((result, [p.grad.clone() for p in drafter.parameters()]))
+    (whole, grads_whole), (parts, grads_parts) = measured
+    torch.testing.assert_close(parts.loss, whole.loss)
+    assert parts.step_tokens == whole.step_tokens == counted_positions(batch, drafter.t2d, 3)
+    torch.testing.assert_close(parts.step_loss, whole.step_loss)
+    torch.testing.assert_close(parts.step_acc, whole.step_acc)
+    for a, b in zip(grads_parts, grads_whole):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_batched_target_states_are_the_states_of_each_sequence_alone(target):

@@ -167,14 +167,19 @@ class DrafterAttention(nn.Module):
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
-        B, T, _ = x.shape  # x: [B, T, 2H]
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, 2H] -> q [B, heads, T, hd], k and v [B, kv, T, hd], RoPE applied to q and k."""
+        B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, k, cos, sin)  # cos/sin [T, hd] broadcast over batch and heads
-        out = attend(q, k, v)  # [B, heads, T, hd]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn) -> torch.Tensor:
+        out = attend(*self.project(x, cos, sin))  # [B, heads, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
 
 class DrafterMLP(nn.Module):
@@ -199,11 +204,12 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = DrafterMLP(c)
 
+    def attention_input(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+
     def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attend: AttendFn) -> torch.Tensor:
-        residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        h = residual + self.self_attn(x, cos, sin, attend)
+        h = hidden + self.self_attn(self.attention_input(hidden, embeds), cos, sin, attend)
         return h + self.mlp(self.post_attention_layernorm(h))  # h_pre
 
 
@@ -254,6 +260,14 @@ class Eagle3Drafter(nn.Module):
         h_pre = self.midlayer(hidden, embeds, cos, sin, attend)
         normed = self.norm(h_pre)
         return normed, (normed if self.config.norm_output else h_pre)
+
+    def keys_values(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values [B, kv, T, hd] that step() would compute at these positions, and nothing else:
+        the context that later positions' queries attend to."""
+        cos, sin = self.rope(positions, hidden.dtype)
+        _, k, v = self.midlayer.self_attn.project(self.midlayer.attention_input(hidden, embeds), cos, sin)
+        return k, v
 
     def step_weights(self) -> list[torch.Tensor] | None:
         """The weights in kernels/eagle_step.cpp's order, where its calls run the chain's and the tree's

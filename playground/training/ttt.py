@@ -14,17 +14,22 @@ from playground.model.drafter import Eagle3Drafter
 from playground.model.target import Target
 
 
-def ttt_attend(keys: list[torch.Tensor], values: list[torch.Tensor], group: int):
-    """Attention for unroll step i = len(keys) - 1: causal over step-0 keys, diagonal over steps 1..i."""
+def ttt_attend(keys: list[torch.Tensor], values: list[torch.Tensor], group: int,
+               context: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Attention for unroll step i = len(keys) - 1: causal over step-0 keys, diagonal over steps 1..i.
+    The queries may start past position 0: `context` is then step 0's keys and values [B, kv, first, hd]
+    at the positions before them, which step 0's queries see too."""
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        keys.append(k.repeat_interleave(group, dim=1))    # [B, heads, T, hd]
+        if not keys and context is not None:
+            k, v = torch.cat([context[0], k], dim=2), torch.cat([context[1], v], dim=2)
+        keys.append(k.repeat_interleave(group, dim=1))    # [B, heads, T or first + S, hd]
         values.append(v.repeat_interleave(group, dim=1))
-        T = q.shape[2]
+        S, T = q.shape[2], keys[0].shape[2]
         scale = q.shape[-1] ** -0.5
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        s0 = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, h, T, T]
-        diag = [((q * kj).sum(-1) * scale)[..., None] for kj in keys[1:]]                  # [B, h, T, 1] each
+        causal = torch.ones(S, T, dtype=torch.bool, device=q.device).tril(T - S)
+        s0 = (q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))  # [B, h, S, T]
+        diag = [((q * kj).sum(-1) * scale)[..., None] for kj in keys[1:]]                  # [B, h, S, 1] each
         probs = torch.cat([s0, *diag], dim=-1).softmax(-1)
         out = probs[..., :T] @ values[0]
         for j, vj in enumerate(values[1:]):
@@ -65,39 +70,88 @@ class TTTResult(NamedTuple):
     step_tokens: list[int]      # the positions each step counted (answer tokens with a draftable target argmax)
 
 
+# Sequences trained in one pass, at most this many positions of them (at least one sequence): a batch of
+# long contexts takes several passes, their gradients added up.
+PART_TOKENS = 16_384
+
+
+def loss_start(answer: torch.Tensor, ttt_steps: int) -> int:
+    """The first position any unroll step's loss counts: depth i at position t predicts token t + 2 + i,
+    so a query before the earliest answer token less ttt_steps + 1 positions counts for nothing."""
+    counted = answer.any(0).nonzero()
+    return max(0, int(counted[0]) - 1 - ttt_steps) if len(counted) else 0
+
+
+def counted_positions(batch: dict, in_vocab: torch.Tensor, ttt_steps: int) -> list[int]:
+    """Each unroll step's counted positions in the batch (what ttt_loss's per-step means divide by)."""
+    answer, ok_top = batch["answer"], in_vocab[batch["top"]]
+    T = ok_top.shape[1]
+    return [int((answer[:, 2 + i:T + 1] & ok_top[:, 1 + i:T]).sum()) for i in range(ttt_steps) if T - 1 - i > 0]
+
+
 def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
-             batch: dict, ttt_steps: int, decay: float) -> TTTResult:
-    """The unrolled loss of one batch, and its per-step loss and accuracy."""
-    ids, final, answer = batch["ids"], batch["final"], batch["answer"]
+             batch: dict, ttt_steps: int, decay: float, first: int | None = None,
+             counts: list[int] | None = None) -> TTTResult:
+    """The unrolled loss of one batch, and its per-step loss and accuracy. Queries, the head and the loss
+    run from position `first` on (default loss_start: where the answers begin); the positions before it
+    only give step 0's keys and values. With `counts` (counted_positions of a whole batch this one is a
+    part of), every per-step figure is divided by them instead: the parts' figures add up to the whole's."""
+    ids, answer = batch["ids"], batch["answer"]
     B, T, _ = batch["features"].shape
     c = drafter.config
+    first = loss_start(answer, ttt_steps) if first is None else first
     with torch.no_grad():
         # position t predicts token t+1; the target's distribution restricted to the draft vocab
-        target_p = (final @ head[drafter.t2d].T).softmax(-1)     # [B, T, draft_vocab]
-        ok_top = in_vocab[batch["top"]]                          # its full-vocab argmax is draftable
+        target_p = (batch["final"][:, first:] @ head[drafter.t2d].T).softmax(-1)   # [B, T - first, draft_vocab]
+        ok_top = in_vocab[batch["top"][:, first:]]                                # its full-vocab argmax is draftable
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     group = c.num_attention_heads // c.num_key_value_heads
     hidden = drafter.fuse(batch["features"])                 # [B, T, H]
+    context = (drafter.keys_values(hidden[:, :first], F.embedding(ids[:, 1:first + 1], embed),
+                                   torch.arange(first, device=ids.device)) if first else None)
+    hidden = hidden[:, first:]
+    positions = torch.arange(first, T, device=ids.device)
     total, stats = hidden.new_zeros(()), []
     for i in range(ttt_steps):
-        n = T - 1 - i                                        # positions t with a target at t + 1 + i
-        if n <= 0:
+        m = T - 1 - i - first                                # queries t = first.. with a target at t + 1 + i
+        if m <= 0:
             break
-        tokens = F.pad(ids[:, 1 + i:1 + i + n], (0, T - n))  # token t+1+i at position t
-        normed, fed = drafter.step(hidden, F.embedding(tokens, embed), torch.arange(T, device=ids.device) + i,
-                                   ttt_attend(keys, values, group))
-        logits = drafter.draft_logits(normed[:, :n])         # [B, n, draft_vocab]
-        p = target_p[:, 1 + i:1 + i + n]
-        mask = (answer[:, 2 + i:2 + i + n] & ok_top[:, 1 + i:1 + i + n]).float()
+        tokens = F.pad(ids[:, first + 1 + i:first + 1 + i + m], (0, T - first - m))  # token t+1+i at position t
+        normed, fed = drafter.step(hidden, F.embedding(tokens, embed), positions + i,
+                                   ttt_attend(keys, values, group, context))
+        logits = drafter.draft_logits(normed[:, :m])         # [B, m, draft_vocab]
+        p = target_p[:, 1 + i:1 + i + m]
+        mask = (answer[:, first + 2 + i:first + 2 + i + m] & ok_top[:, 1 + i:1 + i + m]).float()
+        divisor = mask.sum().clamp_min(1.0) if counts is None else max(1, counts[i])
         ce = -(p * logits.float().log_softmax(-1)).sum(-1)
-        loss_i = (ce * mask).sum() / mask.sum().clamp_min(1.0)
+        loss_i = (ce * mask).sum() / divisor
         total = total + decay ** i * loss_i
         hit = (logits.argmax(-1) == p.argmax(-1)).float()
-        stats.append(torch.stack([loss_i.detach().float(), (hit * mask).sum() / mask.sum().clamp_min(1.0), mask.sum()]))
+        stats.append(torch.stack([loss_i.detach().float(), (hit * mask).sum() / divisor, mask.sum()]))
         hidden = fed
-    losses, accs, counts = torch.stack(stats).T.tolist() if stats else ([], [], [])   # one wait for the device
-    return TTTResult(total, losses, accs, [int(c) for c in counts])
+    losses, accs, counted = torch.stack(stats).T.tolist() if stats else ([], [], [])   # one wait for the device
+    return TTTResult(total, losses, accs, [int(n) for n in counted])
+
+
+def ttt_backward(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
+                 batch: dict, ttt_steps: int, decay: float, bf16: bool, part_tokens: int = PART_TOKENS) -> TTTResult:
+    """ttt_loss of the batch with its gradient added to the drafter's, in parts of at most part_tokens
+    positions (one sequence at least): the gradient of one pass over the batch, in bounded memory.
+    The loss comes back detached."""
+    B, T = batch["top"].shape
+    per = max(1, part_tokens // T)
+    counts = counted_positions(batch, in_vocab, ttt_steps) if per < B else None
+    parts = []
+    for start in range(0, B, per):
+        part = {name: value[start:start + per] for name, value in batch.items()}
+        with torch.autocast(batch["ids"].device.type, dtype=torch.bfloat16, enabled=bf16):
+            result = ttt_loss(drafter, embed, head, in_vocab, part, ttt_steps, decay, counts=counts)
+        result.loss.backward()
+        parts.append(result)
+    depths = range(min(len(r.step_loss) for r in parts))
+    added = lambda field: [sum(getattr(r, field)[d] for r in parts) for d in depths]
+    return TTTResult(sum(r.loss.detach() for r in parts), added("step_loss"), added("step_acc"), added("step_tokens"))
 
 
 class Validator:
