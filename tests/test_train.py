@@ -8,7 +8,8 @@ from playground.engines.proposers import EagleProposer
 from playground.engines.sampling import SamplingParams
 from playground.model.drafter import Eagle3Drafter
 from playground.training.train import TrainConfig, pick_draft_vocab
-from playground.training.ttt import counted_positions, loss_start, target_states, ttt_attend, ttt_backward, ttt_loss
+from playground.training.ttt import (batch_parts, counted_positions, query_window, target_states, ttt_attend, ttt_loss,
+                                     ttt_pooled)
 from tests.test_drafter_checkpoint import small_config
 
 
@@ -67,29 +68,31 @@ def test_a_few_steps_lower_the_loss():
     assert len(losses) == 3 and float(loss.detach()) < 0.8 * first
 
 
-def small_batch(drafter, B: int, T: int, prompt_lens: list[int]) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def small_batch(B: int, T: int, answers: list[tuple[int, int]]) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Random ids and states, each row's answer at positions [start, end) of its ids."""
     embed, head = torch.randn(500, 64), torch.randn(500, 48)
     head[100:] -= 10  # the target mostly predicts draft-vocab tokens
     batch = {"ids": torch.randint(0, 100, (B, T + 1)), "features": torch.randn(B, T, 144),
              "final": torch.randn(B, T, 48), "answer": torch.zeros(B, T + 1, dtype=torch.bool)}
-    for b, n in enumerate(prompt_lens):
-        batch["answer"][b, n:] = True
+    for b, (start, end) in enumerate(answers):
+        batch["answer"][b, start:end] = True
     batch["top"] = (batch["final"] @ head.T).argmax(-1)
     return batch, embed, head
 
 
 def test_queries_from_where_the_answers_begin_give_the_loss_and_gradient_of_queries_everywhere():
     """The loss counts answer positions only: the queries, head and loss before them are skipped (their
-    keys kept), which long prompts need, and nothing the loss or its gradient sees changes."""
+    keys kept) and the positions after them too, which long prompts need, and nothing the loss or its
+    gradient sees changes."""
     torch.manual_seed(0)
     drafter = Eagle3Drafter(small_config(True)).init_random(0)
     drafter.set_draft_vocab(torch.arange(100))
-    batch, embed, head = small_batch(drafter, 3, 40, [25, 31, 28])
-    assert loss_start(batch["answer"], 4) == 20
+    batch, embed, head = small_batch(3, 40, [(25, 34), (31, 36), (28, 30)])
+    assert query_window(batch["answer"], 4) == (20, 34)
     measured = []
-    for first in (0, None):
+    for window in ((0, 40), None):
         drafter.zero_grad()
-        result = ttt_loss(drafter, embed, head, drafter.t2d.clone(), batch, 4, 0.8, first=first)
+        result = ttt_loss(drafter, embed, head, drafter.t2d.clone(), batch, 4, 0.8, window=window)
         result.loss.backward()
         measured.append((result, [p.grad.clone() for p in drafter.parameters()]))
     (everywhere, grads_everywhere), (answers, grads_answers) = measured
@@ -101,15 +104,19 @@ def test_queries_from_where_the_answers_begin_give_the_loss_and_gradient_of_quer
 
 
 def test_a_batch_trained_in_parts_gets_the_gradient_of_one_pass():
+    """A batch of long contexts is trained in parts of bounded attention, rows whose answers start near each
+    other together; the parts' losses and gradients add up to one pass's."""
     torch.manual_seed(0)
     drafter = Eagle3Drafter(small_config(False)).init_random(0)
     drafter.set_draft_vocab(torch.arange(100))
-    batch, embed, head = small_batch(drafter, 5, 24, [3, 20, 9, 14, 6])
+    batch, embed, head = small_batch(6, 24, [(3, 10), (20, 25), (9, 20), (14, 25), (6, 12), (0, 0)])
+    assert batch_parts(batch["answer"], 3, 10_000) == [[0, 4, 2, 3, 1]]   # the row without an answer left out
+    assert batch_parts(batch["answer"], 3, 600) == [[0, 4], [2], [3, 1]]
     measured = []
-    for part_tokens in (10_000, 48):   # one pass; parts of two sequences
+    for part_scores in (10_000, 600):
         drafter.zero_grad()
-        result = ttt_backward(drafter, embed, head, drafter.t2d.clone(), batch, 3, 0.8, bf16=False,
-                              part_tokens=part_tokens)
+        result = ttt_pooled(drafter, embed, head, drafter.t2d.clone(), batch, 3, 0.8, bf16=False, backward=True,
+                            part_scores=part_scores)
         measured.append((result, [p.grad.clone() for p in drafter.parameters()]))
     (whole, grads_whole), (parts, grads_parts) = measured
     torch.testing.assert_close(parts.loss, whole.loss)

@@ -44,7 +44,7 @@ from playground.model.drafter import DrafterConfig, Eagle3Drafter, load_drafter,
 from playground.model.target import Target, aux_layer_ids
 from playground.model.variants import SHIPPED, shipped_path
 from playground.training.data import describe, load_examples
-from playground.training.ttt import Validator, padded_batch, ttt_backward
+from playground.training.ttt import Validator, padded_batch, ttt_pooled
 
 
 @dataclass(frozen=True)
@@ -247,8 +247,8 @@ class Run:
     def train_step(self, step: int, batch: dict, embed: torch.Tensor, head: torch.Tensor) -> tuple[float, float]:
         """One optimizer step on the batch, logged; (loss, first-depth accuracy)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, losses, accs, _ = ttt_backward(self.drafter, embed, head, self.in_vocab, batch, self.config.ttt_steps,
-                                             self.config.decay, self.config.bf16)
+        loss, losses, accs, _ = ttt_pooled(self.drafter, embed, head, self.in_vocab, batch, self.config.ttt_steps,
+                                           self.config.decay, self.config.bf16, backward=True)
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), 0.5)
         self.optimizer.step()
         self.schedule.step()

@@ -40,18 +40,23 @@ def ttt_attend(keys: list[torch.Tensor], values: list[torch.Tensor], group: int,
 
 
 @torch.no_grad()
-def target_states(target: Target, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def target_states(target: Target, ids: torch.Tensor, top_from: int = 0) -> dict[str, torch.Tensor]:
     """The target's fused features [B, T, 3H], final normed states [B, T, H] and full-vocabulary
-    argmax [B, T] over right-padded ids [B, T] (attention is causal: padding changes no real position)."""
+    argmax [B, T] over right-padded ids [B, T] (attention is causal: padding changes no real position).
+    The argmax, a head over the whole vocabulary, only from position `top_from` on (0 before it)."""
     out = target.forward(ids, target.new_cache(ids.shape[1], batch=ids.shape[0]), last_only=True)
-    top = torch.stack([target.lm_head(final).argmax(-1) for final in out.final_hidden])  # a row's logits at a time
+    top = torch.zeros(ids.shape, dtype=torch.long, device=ids.device)
+    for b, final in enumerate(out.final_hidden):   # a row's logits at a time
+        top[b, top_from:] = target.lm_head(final[top_from:]).argmax(-1)
     # clones: the forward runs in inference mode, and autograd may not save inference tensors
-    return {"features": out.features.clone(), "final": out.final_hidden.clone(), "top": top.clone()}
+    return {"features": out.features.clone(), "final": out.final_hidden.clone(), "top": top}
 
 
 def padded_batch(chosen: list[dict], target: Target, max_len: int) -> dict:
     """Right-padded ids [B, T + 1] (cut at max_len + 1 tokens), the answer mask [B, T + 1], and the
-    target's states at positions 0..T-1, on the target's device."""
+    target's states at positions 0..T-1, on the target's device. Each sequence's states come from a
+    forward over it alone, as long as it is (a long context padding a short one would cost as much
+    again); padding positions get zeros, which no counted position sees."""
     T = min(max_len, max(len(ex["ids"]) - 1 for ex in chosen))
     ids = torch.zeros(len(chosen), T + 1, dtype=torch.long)
     answer = torch.zeros(len(chosen), T + 1, dtype=torch.bool)
@@ -60,7 +65,13 @@ def padded_batch(chosen: list[dict], target: Target, max_len: int) -> dict:
         ids[b, :n] = ex["ids"][:n].long()
         answer[b, ex["prompt_len"]:n] = True
     ids, answer = ids.to(target.device), answer.to(target.device)
-    return {"ids": ids, "answer": answer, **target_states(target, ids[:, :T])}
+    states = {}
+    for b, ex in enumerate(chosen):
+        n = min(T, len(ex["ids"]) - 1)
+        # the argmax counts where an answer token follows (ttt_loss's mask), from the prompt's last token on
+        for name, value in target_states(target, ids[b:b + 1, :n], top_from=max(0, ex["prompt_len"] - 1)).items():
+            states.setdefault(name, value.new_zeros(len(chosen), T, *value.shape[2:]))[b, :n] = value[0]
+    return {"ids": ids, "answer": answer, **states}
 
 
 class TTTResult(NamedTuple):
@@ -70,16 +81,20 @@ class TTTResult(NamedTuple):
     step_tokens: list[int]      # the positions each step counted (answer tokens with a draftable target argmax)
 
 
-# Sequences trained in one pass, at most this many positions of them (at least one sequence): a batch of
-# long contexts takes several passes, their gradients added up.
-PART_TOKENS = 16_384
+# A part of a batch trained in one pass holds at most this many query-key pairs of attention (sequences
+# times queries times keys; one sequence at least): a batch of long contexts takes several passes, their
+# gradients added up, in a few GiB.
+PART_SCORES = 4_000_000
 
 
-def loss_start(answer: torch.Tensor, ttt_steps: int) -> int:
-    """The first position any unroll step's loss counts: depth i at position t predicts token t + 2 + i,
-    so a query before the earliest answer token less ttt_steps + 1 positions counts for nothing."""
+def query_window(answer: torch.Tensor, ttt_steps: int) -> tuple[int, int]:
+    """The positions [first, end) whose queries some unroll step's loss counts: depth i at position t
+    predicts token t + 2 + i, so from the earliest answer token less ttt_steps + 1 to the last less one
+    ((0, 0) where no row has an answer)."""
     counted = answer.any(0).nonzero()
-    return max(0, int(counted[0]) - 1 - ttt_steps) if len(counted) else 0
+    if not len(counted):
+        return 0, 0
+    return max(0, int(counted[0]) - 1 - ttt_steps), max(0, int(counted[-1]) - 1)
 
 
 def counted_positions(batch: dict, in_vocab: torch.Tensor, ttt_steps: int) -> list[int]:
@@ -90,34 +105,36 @@ def counted_positions(batch: dict, in_vocab: torch.Tensor, ttt_steps: int) -> li
 
 
 def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
-             batch: dict, ttt_steps: int, decay: float, first: int | None = None,
+             batch: dict, ttt_steps: int, decay: float, window: tuple[int, int] | None = None,
              counts: list[int] | None = None) -> TTTResult:
     """The unrolled loss of one batch, and its per-step loss and accuracy. Queries, the head and the loss
-    run from position `first` on (default loss_start: where the answers begin); the positions before it
-    only give step 0's keys and values. With `counts` (counted_positions of a whole batch this one is a
-    part of), every per-step figure is divided by them instead: the parts' figures add up to the whole's."""
+    run at the positions of `window` only (default query_window: where the answers are); the positions
+    before it only give step 0's keys and values. With `counts` (counted_positions of a whole batch this
+    one is a part of), every per-step figure is divided by them instead: the parts' figures add up to the
+    whole's."""
     ids, answer = batch["ids"], batch["answer"]
-    B, T, _ = batch["features"].shape
+    T = batch["features"].shape[1]
     c = drafter.config
-    first = loss_start(answer, ttt_steps) if first is None else first
+    first, end = query_window(answer, ttt_steps) if window is None else window
+    stop = min(T, end + ttt_steps)                           # the last target a query at end - 1 predicts, + 1
     with torch.no_grad():
         # position t predicts token t+1; the target's distribution restricted to the draft vocab
-        target_p = (batch["final"][:, first:] @ head[drafter.t2d].T).softmax(-1)   # [B, T - first, draft_vocab]
-        ok_top = in_vocab[batch["top"][:, first:]]                                # its full-vocab argmax is draftable
+        target_p = (batch["final"][:, first:stop] @ head[drafter.t2d].T).softmax(-1)   # [B, stop - first, draft_vocab]
+        ok_top = in_vocab[batch["top"][:, first:stop]]                                # its full-vocab argmax is draftable
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     group = c.num_attention_heads // c.num_key_value_heads
-    hidden = drafter.fuse(batch["features"])                 # [B, T, H]
+    hidden = drafter.fuse(batch["features"][:, :end])        # [B, end, H]
     context = (drafter.keys_values(hidden[:, :first], F.embedding(ids[:, 1:first + 1], embed),
                                    torch.arange(first, device=ids.device)) if first else None)
     hidden = hidden[:, first:]
-    positions = torch.arange(first, T, device=ids.device)
+    positions = torch.arange(first, end, device=ids.device)
     total, stats = hidden.new_zeros(()), []
     for i in range(ttt_steps):
-        m = T - 1 - i - first                                # queries t = first.. with a target at t + 1 + i
+        m = min(end, T - 1 - i) - first                      # queries t = first.. with a target at t + 1 + i
         if m <= 0:
             break
-        tokens = F.pad(ids[:, first + 1 + i:first + 1 + i + m], (0, T - first - m))  # token t+1+i at position t
+        tokens = F.pad(ids[:, first + 1 + i:first + 1 + i + m], (0, end - first - m))  # token t+1+i at position t
         normed, fed = drafter.step(hidden, F.embedding(tokens, embed), positions + i,
                                    ttt_attend(keys, values, group, context))
         logits = drafter.draft_logits(normed[:, :m])         # [B, m, draft_vocab]
@@ -134,24 +151,40 @@ def ttt_loss(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in
     return TTTResult(total, losses, accs, [int(n) for n in counted])
 
 
-def ttt_backward(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
-                 batch: dict, ttt_steps: int, decay: float, bf16: bool, part_tokens: int = PART_TOKENS) -> TTTResult:
-    """ttt_loss of the batch with its gradient added to the drafter's, in parts of at most part_tokens
-    positions (one sequence at least): the gradient of one pass over the batch, in bounded memory.
-    The loss comes back detached."""
-    B, T = batch["top"].shape
-    per = max(1, part_tokens // T)
-    counts = counted_positions(batch, in_vocab, ttt_steps) if per < B else None
+def batch_parts(answer: torch.Tensor, ttt_steps: int, part_scores: int = PART_SCORES) -> list[list[int]]:
+    """The batch's rows with an answer, in parts of at most part_scores query-key pairs (one row at least):
+    rows in the order their answers start, so that a part's rows share a window."""
+    starts = [(int(row.nonzero()[0]), b) for b, row in enumerate(answer) if row.any()]
+    parts: list[list[int]] = []
+    for _, b in sorted(starts):
+        grown = parts[-1] + [b] if parts else None
+        first, end = query_window(answer[grown], ttt_steps) if grown else (0, 0)
+        if grown is not None and len(grown) * (end - first) * end <= part_scores:
+            parts[-1] = grown
+        else:
+            parts.append([b])
+    return parts
+
+
+def ttt_pooled(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
+               batch: dict, ttt_steps: int, decay: float, bf16: bool, backward: bool,
+               part_scores: int = PART_SCORES) -> TTTResult:
+    """ttt_loss of the whole batch, taken in parts of bounded memory (batch_parts), with (`backward`) its
+    gradient added to the drafter's: the loss and gradient of one pass over the batch. The loss comes back
+    detached."""
+    counts = counted_positions(batch, in_vocab, ttt_steps)
     parts = []
-    for start in range(0, B, per):
-        part = {name: value[start:start + per] for name, value in batch.items()}
+    for rows in batch_parts(batch["answer"], ttt_steps, part_scores):
+        part = {name: value[rows] for name, value in batch.items()}
         with torch.autocast(batch["ids"].device.type, dtype=torch.bfloat16, enabled=bf16):
             result = ttt_loss(drafter, embed, head, in_vocab, part, ttt_steps, decay, counts=counts)
-        result.loss.backward()
+        if backward and result.loss.requires_grad:
+            result.loss.backward()
         parts.append(result)
-    depths = range(min(len(r.step_loss) for r in parts))
+    depths = range(min((len(r.step_loss) for r in parts), default=0))
     added = lambda field: [sum(getattr(r, field)[d] for r in parts) for d in depths]
-    return TTTResult(sum(r.loss.detach() for r in parts), added("step_loss"), added("step_acc"), added("step_tokens"))
+    return TTTResult(sum((r.loss.detach() for r in parts), torch.zeros(())), added("step_loss"), added("step_acc"),
+                     added("step_tokens"))
 
 
 class Validator:
@@ -169,10 +202,8 @@ class Validator:
     @torch.no_grad()
     def __call__(self, drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
                  ttt_steps: int, decay: float, bf16: bool) -> dict:
-        results = []
-        for batch in self.batches:
-            with torch.autocast(batch["ids"].device.type, dtype=torch.bfloat16, enabled=bf16):
-                results.append(ttt_loss(drafter, embed, head, in_vocab, batch, ttt_steps, decay))
+        results = [ttt_pooled(drafter, embed, head, in_vocab, batch, ttt_steps, decay, bf16, backward=False)
+                   for batch in self.batches]
         depths = range(min(len(r.step_acc) for r in results))
         tokens = [sum(r.step_tokens[d] for r in results) for d in depths]
         pooled = lambda field: [sum(getattr(r, field)[d] * r.step_tokens[d] for r in results) / max(1, tokens[d])
