@@ -9,6 +9,7 @@ from html import escape
 from typing import Iterable, Mapping, Sequence
 
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from playground.engines.request import GenerationRequest
@@ -27,6 +28,13 @@ FEW_SAMPLES = 5              # a mean over fewer steps than this is drawn hollow
 DEPTH_COLORS = ("#1d4ed8", "#0891b2", "#16a34a", "#ca8a04", "#dc2626", "#7c3aed", "#db2777", "#52525b")
 DIFFERENCE_TITLES = {"fed_back_rms": "RMS", "sink_attention": "sink", "own_draft_attention": "own drafts",
                      "draft_probability": "probability"}
+
+
+# plotly_white with a toolbar of three buttons (save as PNG, reset the axes, plotly's mark): the full one runs
+# over the title of a plot a third of the page or a phone wide
+TEMPLATE = go.layout.Template(pio.templates["plotly_white"])
+TEMPLATE.layout.modebar.remove = ["zoom", "pan", "select", "lasso", "zoomin", "zoomout", "autoscale", "hovercompare",
+                                  "hoverclosest", "togglespikelines"]
 
 
 def label(name: str) -> str:
@@ -58,7 +66,7 @@ def layout(fig: go.Figure, title: str, y_title: str, y_range: list[float] | None
                                  pad=dict(t=10)),
                       height=300 + 17 * max(0, len(lines) - 1),
                       margin=dict(l=50, r=10, t=44 + 17 * len(lines), b=40),
-                      legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template="plotly_white",
+                      legend=dict(orientation="h", yanchor="top", y=-0.3, font=dict(size=11)), template=TEMPLATE,
                       barmode="group")
     fig.update_xaxes(title_text=x_title, dtick=x_step)
     # without a fixed range the axis still starts at 0, so that sizes compare at a glance: a line
@@ -72,7 +80,7 @@ def placeholder(text: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                        font=dict(size=13, color="#52525b"))
-    fig.update_layout(height=300, template="plotly_white", margin=dict(l=10, r=10, t=10, b=10),
+    fig.update_layout(height=300, template=TEMPLATE, margin=dict(l=10, r=10, t=10, b=10),
                       xaxis=dict(visible=False), yaxis=dict(visible=False))
     return fig
 
@@ -196,7 +204,7 @@ def step_differences(differences: Sequence[DepthDifferences], first: str, second
                                       "<br><span style='font-size:11px'>relative for RMS and probability; dotted: "
                                       "where they first part</span>", font=dict(size=14), y=1, yref="container",
                                  yanchor="top", pad=dict(t=10)),
-                      height=140 + 110 * len(rows), margin=dict(l=60, r=10, t=60, b=40), template="plotly_white",
+                      height=140 + 110 * len(rows), margin=dict(l=60, r=10, t=60, b=40), template=TEMPLATE,
                       legend=dict(orientation="h", yanchor="top", y=-0.08, font=dict(size=11)))
     fig.update_xaxes(title_text="answer position", row=len(rows), col=1)
     return fig

@@ -16,10 +16,17 @@ VIEWPORTS = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, 
 
 # Words (runs of non-space) of visible table cells that are wider than their cell's content box: a
 # word the table broke across lines or cut off. A table that scrolls sideways keeps its cells wide.
+# Download lists break their long file names across lines instead: none may run past its list's edge.
 BROKEN_CELLS_JS = """() => {
     const ctx = document.createElement('canvas').getContext('2d'), broken = [];
+    for (const name of document.querySelectorAll('.file-preview .filename')) {
+        const list = name.closest('.file-preview').parentElement.getBoundingClientRect();
+        if (name.checkVisibility() && (name.scrollWidth > name.clientWidth + 1
+                                       || name.getBoundingClientRect().right > list.right + 1))
+            broken.push(`a file name runs past its list: ${name.innerText}`);
+    }
     for (const cell of document.querySelectorAll('td, th')) {
-        if (!cell.checkVisibility() || !cell.innerText.trim()) continue;
+        if (!cell.checkVisibility() || !cell.innerText.trim() || cell.closest('.file-preview')) continue;
         const style = getComputedStyle(cell);
         ctx.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
         const room = cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
@@ -36,6 +43,27 @@ BROKEN_CELLS_JS = """() => {
         if (!box) broken.push(`a table runs off the page: ${table.innerText.slice(0, 40)}`);
     }
     return broken;
+}"""
+# Controls, blocks and texts that run past the right edge of what holds them: the nearest container that
+# does not let its contents spill (Gradio's blocks and forms: the rest is cut off, or scrolls inside a block
+# nobody would think to scroll), else the page; and blocks whose own contents are wider than they are.
+# Tables and code, which scroll sideways on purpose, are left out.
+CLIPPED_JS = """() => {
+    const clipped = [], page = document.documentElement.clientWidth;
+    for (const e of document.querySelectorAll('.block, button, label, input, textarea, span')) {
+        if (!e.checkVisibility({visibilityProperty: true, opacityProperty: true})
+            || e.closest('.js-plotly-plot, .answer, [aria-hidden=true], table, pre, .table-scroll, .table-wrap')) continue;
+        let holder = e.parentElement;
+        while (holder && getComputedStyle(holder).overflowX === 'visible') holder = holder.parentElement;
+        const right = e.getBoundingClientRect().right;
+        const edge = Math.min(page, holder ? holder.getBoundingClientRect().right : page);
+        const name = `${e.id || e.className || e.tagName}: ${(e.innerText || e.value || '').trim().slice(0, 30)}`;
+        if (right > edge + 1) clipped.push(`${name} (${Math.round(right - edge)} px past)`);
+        else if (e.classList.contains('block') && getComputedStyle(e).overflowX !== 'visible'
+                 && e.scrollWidth > e.clientWidth + 1)   // its own contents cut off inside it
+            clipped.push(`${name} (${e.scrollWidth - e.clientWidth} px of its contents cut off)`);
+    }
+    return clipped;
 }"""
 # Plots narrower or wider than the block they sit in (a plot drawn while its tab was hidden)
 MISFIT_PLOTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p => p.checkVisibility())

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, TimeoutError as PlaywrightTimeout, expect
 
-from tests.browser import (BROKEN_CELLS_JS, MISFIT_PLOTS_JS, VIEWPORTS, agreeing_column_texts, chromium, error_states,
-                           open_page, open_settings, screenshot, set_number, set_setting)
+from tests.browser import (BROKEN_CELLS_JS, CLIPPED_JS, MISFIT_PLOTS_JS, VIEWPORTS, agreeing_column_texts, chromium,
+                           error_states, open_page, open_settings, screenshot, set_number, set_setting)
 
 pytestmark = pytest.mark.slow   # Chromium against the running app
 
@@ -163,6 +163,7 @@ def assert_tab_is_clean(page: Page, tab: str) -> None:
     assert messages(page) == [], f"{tab}: {messages(page)}"
     assert page.evaluate(BROKEN_CELLS_JS) == [], f"{tab}: table cells break inside a word"
     assert page.evaluate(MISFIT_PLOTS_JS) == [], f"{tab}: plots that do not fit their block"
+    assert page.evaluate(CLIPPED_JS) == [], f"{tab}: cut off at the edge of their block or the page"
 
 
 @pytest.mark.parametrize("device", ["desktop", "phone"])
@@ -369,7 +370,9 @@ def test_comparison_tab_streams_both_columns(page, tmp_path):
     page.locator("#compare-run").click()
     for slot in ("first", "second", "none"):
         expect(page.locator(f"#answer-{slot} .finish")).to_be_visible(timeout=120_000)
-    expect(page.locator("#compare-note")).to_contain_text("All three answers are identical token for token")
+    # the note comes with the final update, after the columns' last steps, the exports and the plots
+    expect(page.locator("#compare-note")).to_contain_text("All three answers are identical token for token",
+                                                          timeout=30_000)
     texts = agreeing_column_texts(page)
     assert texts[0] and texts[0] == texts[1] == texts[2]
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible(timeout=20_000)
@@ -419,10 +422,10 @@ def test_the_draft_tree_is_drawn_and_can_be_hovered(page, tmp_path):
     # the last step has the target's token unless max_tokens ended the answer on a draft
     assert page.locator("#tree svg .node.rej").count() > 0 and page.locator("#tree svg .node.tgt").count() <= 1
     assert "drafter p" in page.locator("#tree svg .node.acc title").first.text_content()
-    set_number(page, "step", 1)   # the inspector draws the step's tree too
-    expect(page.locator("#inspector .tree-head")).to_contain_text("step 1", timeout=10_000)
-    expect(page.locator("#inspector .tree svg")).to_be_visible()
-    assert page.locator("#inspector .tree svg .node.tgt").count() == 1
+    set_number(page, "step", 1)   # the tree under the answer follows the step the inspector shows, drawn once
+    expect(page.locator("#tree .tree-head")).to_contain_text("step 1", timeout=10_000)
+    expect(page.locator("#inspector .inspector-head")).to_contain_text("step 1 ·")
+    assert page.locator("#tree svg .node.tgt").count() == 1 and page.locator("#inspector svg").count() == 0
     screenshot(page, tmp_path, "tree.png")
     page.locator("#pg-draft").get_by_label("chain", exact=True).check()
 

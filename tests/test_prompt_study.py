@@ -113,7 +113,7 @@ def test_closing_the_study_stops_it_within_a_step(engine):
     watched = CountingEngine(engine)
     updates = measure(watched, prompts, StudyConfig(max_tokens=64))
     first = next(updates)
-    assert first.result is None and first.current.startswith("prompt 1 · eagle3 · ") and watched.ended == []
+    assert first.result is None and first.current.startswith("prompt 1 · EAGLE 3 · ") and watched.ended == []
     updates.close()
     assert watched.calls == 1 and watched.ended == [1]   # the engine's stream was closed after its first step
 

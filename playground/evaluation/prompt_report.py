@@ -255,7 +255,7 @@ def _grouped(groups: list[dict], title: str, x_title: str) -> go.Figure:
                         hovertemplate=f"{label(m)}<br>%{{x}}: tau %{{y:.2f}} (%{{customdata}} prompts)<extra></extra>",
                         offsetgroup=m)
     # each drafter's points a little apart in their group, so that equal values do not hide one another
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=320, template="plotly_white",
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=320, template=plots.TEMPLATE,
                       margin=dict(l=50, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.3),
                       scattermode="group", scattergap=0.5)
     fig.update_xaxes(title_text=x_title, type="category")
@@ -274,7 +274,7 @@ def figure_set(res: dict) -> dict[str, go.Figure]:
                                 marker_color=[plots.color(p["method"]) for p in pooled],
                                 error_y=_error_bars(taus, [p["tau_ci"] for p in pooled])))
         bars.update_layout(title=dict(text="tau over the prompts (95% bootstrap interval)", font=dict(size=14)),
-                           height=320, template="plotly_white", margin=dict(l=50, r=10, t=40, b=40))
+                           height=320, template=plots.TEMPLATE, margin=dict(l=50, r=10, t=40, b=40))
         figs["tau"] = bars
         figs["length"] = _grouped(res["by_length"], "tau against prompt length", "prompt tokens")
     if res["by_category"]:
@@ -307,7 +307,7 @@ def _per_prompt(res: dict) -> go.Figure:
                     hovertemplate="%{customdata[0]} (%{customdata[1]} tokens)<br>" + f"{label(a)} %{{x:.2f}} · "
                                   f"{label(b)} %{{y:.2f}}<extra></extra>")
     fig.update_layout(title=dict(text=f"tau per prompt: {label(b)} against {label(a)}", font=dict(size=14)),
-                      height=320, template="plotly_white", margin=dict(l=50, r=10, t=40, b=40))
+                      height=320, template=plots.TEMPLATE, margin=dict(l=50, r=10, t=40, b=40))
     fig.update_xaxes(title_text=f"{label(a)} tau", range=[1, top])
     fig.update_yaxes(title_text=f"{label(b)} tau", range=[1, top])
     return fig

@@ -12,7 +12,7 @@ from playground.evaluation.machine import described
 from playground.evaluation.tables import markdown_table, write_results
 from playground.evaluation.trees import chain_vs_tree_table
 from playground.model.variants import NONE
-from playground.plots import color, html_page, label
+from playground.plots import TEMPLATE, color, html_page, label
 
 
 def _fmt(xs, f: str = "{:.2f}") -> str:
@@ -135,7 +135,7 @@ def charts(res: dict) -> list[go.Figure]:
                             yaxis_title="tokens/s", yaxis2=dict(title="tau", overlaying="y", side="right"))
         figs.append(sweep)
     for f in figs:
-        f.update_layout(template="plotly_white", height=360)
+        f.update_layout(template=TEMPLATE, height=360)
     return figs
 
 

@@ -25,6 +25,7 @@ from playground.engines.stats import RunTotals, VerifiedDraft, first_difference,
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation.checkpoint import Checkpoint
+from playground.plots import label
 
 
 class Prompt(Protocol):
@@ -68,7 +69,7 @@ class Progress:
     when a prompt has finished (in the order they finish)."""
     done: int
     total: int
-    current: str = ""                     # "prompt 12 · eagle3.1 · 40 tokens"
+    current: str = ""                     # "prompt 12 · EAGLE 3.1 · 40 tokens"
     result: PromptResult | None = None
 
 
@@ -146,12 +147,13 @@ def _prompt_runs(engine: Engine, index: int, prompt: Prompt, methods: Sequence[M
             return
         if answer is None and reference is not None:
             answer, seconds = reference(prompt)
-        events = []
+        events, made = [], 0
         for event in engine.generate(request):
             if stop is not None and stop.is_set():
                 raise Stopped
             events.append(event)
-            yield f"{prompt.id} · {method.name} · {sum(len(e.token_ids) for e in events)} tokens"
+            made += len(event.token_ids)
+            yield f"{prompt.id} · {label(method.name)} · {made} token{'s' * (made != 1)}"
         tokens = [t for e in events for t in e.token_ids]
         if answer is None:
             answer = tokens

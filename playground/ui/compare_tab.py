@@ -262,13 +262,13 @@ def divergence_marks(steps: ColumnsDiff | None) -> dict[str, tuple[int, str]]:
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     c = {"prompt": prompt_box(limits, "cmp")}
-    with gr.Row():
+    with gr.Row(elem_id="cmp-choices"):
         c["preset"] = preset_dropdown("cmp")
         c["compare"] = unchecked.Radio(MODES, value=DRAFTERS, label="compare", elem_id="cmp-mode", min_width=200, scale=2)
         c["with_none"] = gr.Checkbox(value=True, label="also run without speculation (speedup baseline)",
                                      min_width=160)
     first_engine = next(iter(backends.values()))
-    with gr.Row():
+    with gr.Row(elem_id="cmp-runs"):
         for slot in ("first", "second", "baseline"):
             c[slot] = unchecked.Dropdown(run_choices(first_engine, slot), value="", min_width=120,
                                          label="baseline (without speculation)" if slot == "baseline" else slot,

@@ -131,10 +131,10 @@ def settings_panel(limits: Limits, backends: Mapping[str, Engine], prefix: str, 
                                         label="max tokens", min_width=200, elem_id=eid("max-tokens"))
             c["k"] = unchecked.Slider(K_RANGE[0], K_RANGE[1], value=DEFAULT_K, step=1, label="k (drafts per step)",
                                       min_width=200, elem_id=eid("k"))
-            if k_auto:
-                c["k_auto"] = gr.Checkbox(False, label="k by this host's costs", min_width=160, elem_id=eid("k-auto"),
-                                          info="the k its measured step costs and the drafter's stored acceptance "
-                                               "expect to be fastest (embedded engine, chains)")
+        if k_auto:   # under the sliders: beside them, a narrow column squeezes it a word a line
+            c["k_auto"] = gr.Checkbox(False, label="k by this host's costs", elem_id=eid("k-auto"),
+                                      info="the k its measured step costs and the drafter's stored acceptance "
+                                           "expect to be fastest (embedded engine, chains)")
         with gr.Row():
             c["temperature"] = unchecked.Slider(0, MAX_TEMPERATURE, value=0.0, step=0.05, label="temperature (0 = greedy)",
                                          min_width=200, elem_id=eid("temperature"))

@@ -171,15 +171,13 @@ def headline(results: dict) -> str:
         return ""
     where = "at every depth it drafts after the first" if len(f.more_own) == f.own_depths else \
         f"at depth{'s' * (len(f.more_own) > 1)} {', '.join(map(str, f.more_own))}"
-    change = (f"Over the stored suite ({f.prompts} prompts), EAGLE 3.1's switches hold the state it feeds itself at one "
-              f"scale (RMS {f.rms31[0]:.1f} to {f.rms31[1]:.1f} at every depth, where EAGLE 3's grows from "
-              f"{f.rms3[0]:.1f} to {f.rms3[1]:.1f}) and it makes {f.per_pass[EAGLE31]:.2f} tokens per target pass to "
-              f"EAGLE 3's {f.per_pass[EAGLE3]:.2f}.")
+    change = (f"Measured over {f.prompts} stored prompts: EAGLE 3.1's fed-back state stays at RMS {f.rms31[0]:.1f} to "
+              f"{f.rms31[1]:.1f} at every depth, where EAGLE 3's grows from {f.rms3[0]:.1f} to {f.rms3[1]:.1f}, and it "
+              f"makes {f.per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's {f.per_pass[EAGLE3]:.2f}.")
     if not f.more_own:
         return change
-    return (f"{change} What they do not do on these drafters: EAGLE 3.1 puts *more* of its attention on its own "
-            f"drafts than EAGLE 3, {where} ({f.own_deepest[EAGLE31]:.2f} against {f.own_deepest[EAGLE3]:.2f} at depth "
-            f"{f.deepest}: the dotted lines), so the page makes no claim that its attention drifts less.")
+    return (f"{change} It does not attend less to its own drafts: *more* than EAGLE 3, {where} "
+            f"({f.own_deepest[EAGLE31]:.2f} against {f.own_deepest[EAGLE3]:.2f} at depth {f.deepest}, the dotted lines).")
 
 
 def speedup_ranges(results: dict) -> dict[str, tuple[float, float]]:

@@ -130,12 +130,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     c["drafter"].change(lambda name, backend_name: gr.update(label=beside_label(
                             name, backends[backend_name].drafter_names)) if backend_name in backends else gr.skip(),
                         [c["drafter"], c["backend_name"]], c["beside"], api_name=False, queue=False)
-    view["step"].input(lambda i, evs: inspect(evs[int(i)] if evs and 0 <= i < len(evs) else None),
-                       [view["step"], view["events"]], view["inspector"], api_name="inspect", queue=False,
-                       trigger_mode="always_last")
+    view["step"].input(lambda i, evs: render.inspector_html(event_at(i, evs)), [view["step"], view["events"]],
+                       view["inspector"], api_name="inspect", queue=False, trigger_mode="always_last"
+                       ).then(lambda i, evs: tree_view.tree_html(event_at(i, evs)), [view["step"], view["events"]],
+                              view["tree"], api_name=False, queue=False)
     for button, delta in ((previous, -1), (following, 1)):
         button.click(lambda i, evs, delta=delta: step_by(i, evs, delta), [view["step"], view["events"]],
-                     [view["step"], view["inspector"]], api_name=False, queue=False)
+                     [view["step"], view["inspector"], view["tree"]], api_name=False, queue=False)
     return c
 
 
@@ -174,19 +175,21 @@ def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, re
             "cards": render.figures_html(summaries.get(main)) + render.pair_html(summaries),
             **dict(zip(PLOTS, figures)),
             "step": gr.update(maximum=max(1, last), value=last) if final else 0,
-            "inspector": inspect(steps[-1] if final else None),
+            "inspector": render.inspector_html(steps[-1] if final else None),
             "files": export(logs, live.figures) if final and not stored else None,
             "events": steps,
             "tree": tree_view.tree_html(steps[-1] if steps else None)}
 
 
-def step_by(i: float, events: list, delta: int) -> tuple[int, str]:
-    """The step `delta` away from step i (kept within the run), and its inspector."""
+def event_at(i: float, events: list):
+    """The step event at slider position i; None outside the run."""
+    return events[int(i)] if events and 0 <= i < len(events) else None
+
+
+def step_by(i: float, events: list, delta: int) -> tuple[int, str, str]:
+    """The step `delta` away from step i (kept within the run), its inspector and its draft tree (a tree
+    is drawn once, full width under the answer, for the step the inspector shows)."""
     if not events:
-        return 0, inspect(None)
+        return 0, render.inspector_html(None), ""
     step = min(max(int(i) + delta, 0), len(events) - 1)
-    return step, inspect(events[step])
-
-
-def inspect(event) -> str:
-    return render.inspector_html(event) + (tree_view.tree_html(event) if event is not None and event.tree_ids else "")
+    return step, render.inspector_html(events[step]), tree_view.tree_html(events[step])

@@ -228,7 +228,7 @@ def table(results: list[PromptResult], methods: list[str], prompts: PromptFile) 
     and the start of its text."""
     head = ["#", "id", "category", "prompt tokens", *(f"{label(m)} tau" for m in methods), "prompt"]
     rows = [[r.index + 1, r.id, r.category or "", r.prompt_tokens if not r.skipped else "–",
-             *(round(r.runs[m].tau, 2) if m in r.runs else "–" for m in methods),
+             *(f"{r.runs[m].tau:.2f}" if m in r.runs else "–" for m in methods),   # 1.70, not 1.7
              prompt_report.preview(prompts.prompts[r.index].prompt) if not r.skipped else f"skipped: {r.skipped}"]
             for r in sorted(results, key=lambda r: r.index)]
     return pd.DataFrame(rows, columns=head)

@@ -171,7 +171,8 @@ def show_rejected_js(group: str) -> str:
 # start below the screen, and then the page scrolls with the answer as long as the reader follows its
 # end; clicking a token of the Playground's answer opens its verify step, and the step the inspector
 # shows is outlined in the answer. A tab's plots are drawn again when the tab is
-# shown: plots updated while their tab was hidden were laid out at a hidden element's size.
+# shown (plots updated while their tab was hidden were laid out at a hidden element's size), and when a plot
+# is wider or narrower than its block.
 PAGE_JS = """() => {
     const outline = () => {
         const shown = document.querySelector('#inspector .inspector-head')?.dataset.step;
@@ -196,10 +197,21 @@ PAGE_JS = """() => {
             setTimeout(() => message.scrollIntoView({block: 'center', behavior: 'smooth'}), 100);
         }, 500);
     });
+    // a plot drawn while the blocks beside it were still empty (and hidden) was laid out wider than its block
+    // is once they fill: a window resize draws it again at its block's size
+    let refitDue = false;
+    const misfit = () => [...document.querySelectorAll('.js-plotly-plot')].some((p) => p.checkVisibility() &&
+        Math.abs(p.querySelector('.main-svg')?.getBoundingClientRect().width - p.getBoundingClientRect().width) > 2);
+    const refitSoon = () => {
+        if (refitDue) return;
+        refitDue = true;
+        setTimeout(() => { refitDue = false; if (misfit()) window.dispatchEvent(new Event('resize')); }, 250);
+    };
     let streaming = false;
     new MutationObserver(() => {
         outline();
         openToMessages();
+        refitSoon();
         const cursor = document.querySelector('.answer .cursor');
         streaming = streaming && !!cursor;
         if (!cursor) return;
@@ -226,8 +238,9 @@ PAGE_JS = """() => {
 
 
 # Unscoped, unlike CSS (which Gradio confines to the app's contents): a phone's page margins, narrowed
-# so that the tabs fit in one row
-PAGE_HEAD = "<style>@media (max-width: 520px) { .gradio-container .main.app { padding-left: 8px; padding-right: 8px; } }</style>"
+# so that the tabs fit in one row; and the footer's dot, left without the links it divided
+PAGE_HEAD = ("<style>@media (max-width: 520px) { .gradio-container .main.app { padding-left: 8px; padding-right: 8px; } }"
+             " footer .divider { display: none; }</style>")
 
 CSS = """
 .answer { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
@@ -289,6 +302,9 @@ table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-c
     #cards .card .v { font-size: 16px; }
     #cards .card .k { font-size: 11px; }
     #cards .pair { font-size: 12px; }
+    #cmp-choices, #cmp-runs { flex-direction: column !important; }
+    table.inspector { font-size: 12px; }
+    table.inspector td, table.inspector th { padding: 3px 3px; }
 }
 /* a report's tables keep every cell on one line and scroll sideways when wider than the page */
 .prose table { display: block; width: max-content; max-width: 100%; overflow-x: auto; }
@@ -296,8 +312,15 @@ table.inspector td, table.inspector th { border-bottom: 1px solid var(--border-c
 /* data tables as wide as their cells' text on one line, scrolling sideways where the page is narrower */
 #study-table table, #compare-table table { width: max-content !important; min-width: 100%; }
 #study-table th, #study-table td, #compare-table th, #compare-table td { white-space: nowrap !important; }
-/* download lists show whole file names (they carry the runs and the time), scrolling on a narrow screen */
-.file-preview .filename, .file-preview .filename .stem { overflow: visible !important; text-overflow: clip !important; }
+/* download lists show whole file names (they carry the runs and the time), broken across lines on a narrow screen */
+.file-preview .filename { display: block !important; }
+.file-preview .filename, .file-preview .filename .stem { overflow: visible !important; text-overflow: clip !important;
+                                                         white-space: normal !important; overflow-wrap: anywhere; }
+/* an accordion's label wraps before its arrow */
+.label-wrap > span:first-child { flex: 1 1 auto; min-width: 0; text-align: left; }
+.label-wrap > .icon { flex: none; margin-left: 8px; align-self: center; }
+/* a dropdown's text ends before its arrow */
+.secondary-wrap input { min-width: 0; text-overflow: ellipsis; }
 /* dark mode (the system's): a brighter mark, and plots on the page's background */
 @media (prefers-color-scheme: dark) {
     .rej-mark { color: #f87171; }
