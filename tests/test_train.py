@@ -199,11 +199,13 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
     """The whole pipeline at toy scale with the real target: data, both variants trained with a
     resume in between, then shipped with model cards that load as drafters."""
     import json
+    import signal
     import subprocess
     import sys
 
     from playground.model.drafter import load_drafter
     from playground.training.ship import ship
+    from playground.training.train import checkpoint_step
 
     data, self_data = tmp_path / "data", tmp_path / "self"
     cli = [sys.executable, "-m", "playground", "train"]
@@ -243,6 +245,18 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
     assert refused(capsys, args + ["--steps", "3", "--data", str(data), "--val-data", str(data)], "must be held out")
     assert refused(capsys, ["validate", "--drafters", "eagle3.1", "--data", str(tmp_path / "nothing")],
                    "hold no sequences")
+    # SIGTERM ends the step in progress, saves and stops: the same command goes on from there
+    stopping = tmp_path / "stopping"
+    process = subprocess.Popen(cli + ["drafter", "--variant", "eagle3", "--out", str(stopping), *args[7:], "--steps",
+                                      "100000", "--save-every", "100000", "--data", str(data)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "train eagle3" not in seen:   # the progress bar: training has begun
+        seen += process.stderr.read(1)
+    process.send_signal(signal.SIGTERM)
+    said, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and "stopped at step" in said and "on SIGTERM" in said
+    assert 0 < checkpoint_step(stopping) < 100000
     # the same measure for a finished drafter: validating its exported checkpoint (bf16 weights)
     # gives what its run logged at that step
     val = json.loads((runs[0] / "val.jsonl").read_text().splitlines()[0])

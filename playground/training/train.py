@@ -8,7 +8,8 @@ order, with the same seed, steps and hyper-parameters: only the two 3.1 switches
 target runs beside them: every batch's features and target distribution come from one target
 forward over its token ids (target_states), shared by all the drafters, so the data is only token ids.
 Each run checkpoints every --save-every steps and resumes from its folder; --stop-at N ends a
-session at step N without changing the schedule. With --val-data, every save also measures each
+session at step N without changing the schedule, --budget-s after so many seconds, and SIGTERM or
+Ctrl-C after the step in progress, each saving first. With --val-data, every save also measures each
 drafter on held-out data (Validator: training's loss and accuracy, teacher-forced) into val.jsonl;
 `train validate` takes the same measure for finished drafters. A run resumed with other data folders records
 from which step it used them (train_config.json). With --init, new runs start from trained drafters
@@ -31,10 +32,12 @@ import math
 import os
 import random
 import shutil
+import signal
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -302,29 +305,51 @@ def train(configs: list[TrainConfig]) -> list[Path]:
     validator = Validator(load_examples(config.val_data), target, config.batch, config.max_len) if config.val_data else None
     end = min(config.steps, config.stop_at) if config.stop_at > 0 else config.steps
     first = min(run.start for run in runs)
-    bar = tqdm(range(first, end), desc="train " + " + ".join(c.variant for c in configs), initial=first,
-               total=config.steps)
     began = time.monotonic()
-    for step in bar:
-        batch = batcher.batch(step)   # the target's states in float32, outside autocast
-        # a run ahead of the others (interrupted between two runs' saves) skips the steps it has done
-        done = {run.config.variant: run.train_step(step, batch, embed, head) for run in runs if step >= run.start}
-        bar.set_postfix({variant: f"loss {loss:.3f} acc0 {acc:.2f}" for variant, (loss, acc) in done.items()})
-        out_of_time = 0 < config.budget_s < time.monotonic() - began
-        if (step + 1) % config.save_every == 0 or step + 1 == end or out_of_time:
-            for run in runs:
-                run.save(step + 1)
-                if validator is not None:
-                    measured = run.validate(step + 1, validator, embed, head)
-                    bar.write(f"step {step + 1} {run.config.variant}: held-out accuracy by depth "
-                              + " ".join(f"{a:.3f}" for a in measured["step_acc"]))
-        if out_of_time:
-            bar.write(f"stopped at step {step + 1} of {config.steps} after {config.budget_s:.0f} s; the same command "
-                      "goes on from there")
-            break
+    with stop_signals() as stopped:   # before the progress bar shows: from then on a signal saves first
+        bar = tqdm(range(first, end), desc="train " + " + ".join(c.variant for c in configs), initial=first,
+                   total=config.steps)
+        for step in bar:
+            batch = batcher.batch(step)   # the target's states in float32, outside autocast
+            # a run ahead of the others (interrupted between two runs' saves) skips the steps it has done
+            done = {run.config.variant: run.train_step(step, batch, embed, head) for run in runs if step >= run.start}
+            bar.set_postfix({variant: f"loss {loss:.3f} acc0 {acc:.2f}" for variant, (loss, acc) in done.items()})
+            if 0 < config.budget_s < time.monotonic() - began:
+                why = f"after {config.budget_s:.0f} s"
+            else:
+                why = f"on {stopped[0]}" if stopped else ""
+            if (step + 1) % config.save_every == 0 or step + 1 == end or why:
+                for run in runs:
+                    run.save(step + 1)
+                    if validator is not None and not stopped:
+                        measured = run.validate(step + 1, validator, embed, head)
+                        bar.write(f"step {step + 1} {run.config.variant}: held-out accuracy by depth "
+                                  + " ".join(f"{a:.3f}" for a in measured["step_acc"]))
+            if why:
+                bar.write(f"stopped at step {step + 1} of {config.steps} {why}; the same command goes on from there")
+                break
     for run in runs:
         run.log.close()
     return [run.out / "drafter" for run in runs]
+
+
+@contextmanager
+def stop_signals() -> Iterator[list[str]]:
+    """SIGTERM and Ctrl-C, while training, end the step in progress and stop after saving (the list
+    names the signal once one came); a second one stops at once."""
+    stopped: list[str] = []
+
+    def stop(number, frame):
+        if stopped:
+            raise KeyboardInterrupt
+        stopped.append(signal.Signals(number).name)
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stopped
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def validate_drafters(drafters: list[str], data: list[Path], device: str = TrainConfig.device, limit: int = 256,
