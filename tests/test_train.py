@@ -257,6 +257,13 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
     said, _ = process.communicate(timeout=60)
     assert process.returncode == 0 and "stopped at step" in said and "on SIGTERM" in said
     assert 0 < checkpoint_step(stopping) < 100000
+    # a step's parts timed: each data folder's longest and median batch, the target's states and both passes
+    costs = json.loads(subprocess.run(cli + ["cost", "--data", str(data), "--batch", "2", "--json"], check=True,
+                                      capture_output=True, text=True).stdout)
+    assert [(r["batch"], r["sequences"]) for r in costs["rows"]] == [("longest", 2), ("median", 2)]
+    lengths = sorted(len(ex["ids"]) - 1 for shard in data.glob("shard-*.pt") for ex in torch.load(shard))
+    assert costs["rows"][0]["longest"] == lengths[-1] and costs["rows"][0]["tokens"] == sum(lengths[-2:])
+    assert all(r["target_s"] > 0 and set(r["drafter_s"]) == {"eagle3", "eagle3.1"} for r in costs["rows"])
     # the same measure for a finished drafter: validating its exported checkpoint (bf16 weights)
     # gives what its run logged at that step
     val = json.loads((runs[0] / "val.jsonl").read_text().splitlines()[0])

@@ -67,6 +67,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--device", default=TrainConfig.device)
     p.set_defaults(func=train_validate)
 
+    p = train.add_parser("cost", help="one training step's parts timed on this host, for each data folder's "
+                                      "longest and median batch: the target's states and each drafter's pass")
+    p.add_argument("--data", type=Path, nargs="+", required=True, help="data folders")
+    p.add_argument("--batch", type=int, default=TrainConfig.batch, help="sequences per step")
+    p.add_argument("--max-len", type=int, default=6400, help="longer sequences are cut")
+    p.add_argument("--json", action="store_true", help="the rows as JSON")
+    p.set_defaults(func=train_cost)
+
     p = train.add_parser("ship", help="evaluate trained runs and copy them to assets/drafters with model cards")
     p.add_argument("--runs", type=Path, nargs="+", required=True, help="run folders of train drafter")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -128,6 +136,17 @@ def train_validate(args: argparse.Namespace) -> int:
 
     print(format_validation(validate_drafters(args.drafters, args.data, args.device, args.sequences,
                                               args.ttt_steps, args.bf16)))
+    return 0
+
+
+def train_cost(args: argparse.Namespace) -> int:
+    import json
+
+    from playground.evaluation.machine import described, machine
+    from playground.training.train import format_step_costs, step_costs
+
+    rows = step_costs(args.data, args.batch, args.max_len)
+    print(json.dumps({"host": machine(), "rows": rows}) if args.json else format_step_costs(rows, described(machine())))
     return 0
 
 
