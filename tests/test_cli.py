@@ -97,6 +97,7 @@ COMMANDS = {
     "train data": train.train_data,
     "train drafter --variant eagle3 --out run": train.train_drafter,
     "train validate --data d": train.train_validate,
+    "train cost --data d": train.train_cost,
     "train ship --runs r": train.train_ship,
     "train eval": train.train_eval,
     "bench": bench.bench_suite,
