@@ -48,12 +48,18 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
             summaries.append(json.loads(out.strip().splitlines()[-1])["summary"])
         for p, s in zip(res["prompts"], summaries):
             assert p["runs"][drafter]["mean_acceptance_length"] == s["mean_acceptance_length"]
+            assert p["runs"][drafter]["tokens_per_pass"] == s["tokens_per_pass"]
+            assert p["runs"][drafter]["verify_steps"] == s["steps"]
             assert (p["prompt_tokens"], p["runs"][drafter]["tokens"]) == (s["prompt_tokens"], s["tokens"])
         pooled = next(row for row in res["pooled"] if row["method"] == drafter)
         steps = [s["drafting_steps"] for s in summaries]
         accepted = sum(round((s["mean_acceptance_length"] - 1) * n) for s, n in zip(summaries, steps))
         assert pooled["mean_acceptance_length"] == pytest.approx(1 + accepted / sum(steps), abs=1e-12)
         assert pooled["tau_ci"][0] <= pooled["mean_acceptance_length"] <= pooled["tau_ci"][1]
+        # the headline: every token after a prompt's first over every verify step
+        decoded = sum(s["tokens"] - 1 for s in summaries)
+        assert pooled["tokens_per_pass"] == pytest.approx(decoded / sum(s["steps"] for s in summaries), abs=1e-12)
+        assert pooled["tokens_per_pass_ci"][0] <= pooled["tokens_per_pass"] <= pooled["tokens_per_pass_ci"][1]
         depths = max(len(s["per_position_acceptance"]) for s in summaries)
         acceptance = [sum(s["per_position_acceptance"][d] * n for s, n in zip(summaries, steps)
                           if len(s["per_position_acceptance"]) > d) / sum(steps) for d in range(depths)]
@@ -80,12 +86,15 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
     assert "Drift signals by depth (95% CI over prompts)" in (tmp_path / "report" / "results.md").read_text()
     ratio = res["ratios"][0]
     assert (ratio["a"], ratio["b"]) == ("eagle3.1", "eagle3") and ratio["ci"][0] <= ratio["tau_ratio"] <= ratio["ci"][1]
+    assert ratio["per_pass_ratio"] == pytest.approx(pooled["eagle3.1"]["tokens_per_pass"]
+                                                    / pooled["eagle3"]["tokens_per_pass"], rel=1e-12)
+    assert ratio["per_pass_ci"][0] <= ratio["per_pass_ratio"] <= ratio["per_pass_ci"][1]
     assert [g["group"] for g in res["by_category"]] == ["–", "math"]
     assert len(res["gains"]["most"]) == 1 and res["gains"]["better"] == "eagle3.1"
     csv_lines = (tmp_path / "report" / "prompts.csv").read_text().splitlines()
     assert len(csv_lines) == 5 and csv_lines[0].startswith("index,id,category,prompt_tokens,skipped,eagle3 tau")
     html = (tmp_path / "report" / "charts.html").read_text()
-    assert "tau against prompt length" in html and 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000
+    assert "tokens per target pass against prompt length" in html and 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000
 
 
 def test_a_stopped_study_goes_on_where_it_stopped(engine, tmp_path):

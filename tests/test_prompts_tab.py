@@ -48,7 +48,8 @@ def test_a_sample_of_a_file_reports_what_the_engine_measures(client, engine):
 def test_pasted_prompts_run_with_trees_and_no_speculation(client):
     out = study(client, pasted="Name three colours.\n\nWhat is 2 + 2?", drafters=("eagle3.1", "none"), draft="tree",
                 max_tokens=6)
-    assert out["table"]["headers"][4:7] == ["EAGLE 3.1 tau", "no speculation tau", "EAGLE 3.1 · tree 2/4/8 tau"]
+    assert out["table"]["headers"][4:7] == ["EAGLE 3.1 tokens/pass", "no speculation tokens/pass",
+                                             "EAGLE 3.1 · tree 2/4/8 tokens/pass"]
     assert "pasted prompts (text): 2 of 2 prompts measured" in out["report"] and "vs none" in out["report"]
 
 

@@ -231,6 +231,9 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
         recorded = json.loads((run / "train_config.json").read_text())["data_stats"]   # the run describes its data
         assert [(d["folder"], d["conversations"]) for d in recorded][0] == (str(data), 4)
         assert recorded[1]["source"] == "self" and recorded[1]["answer_tokens"] > 0
+    # a checkpoint keeps Adam's moments in bfloat16; the resumed run above read them back
+    moments = torch.load(runs[1] / "checkpoint.pt")["optimizer"]["state"][0]
+    assert moments["exp_avg"].dtype == moments["exp_avg_sq"].dtype == torch.bfloat16
     # the same batches, different drafters: the losses differ, and the two switches are the difference
     assert [r["loss"] for r in logs[0]] != [r["loss"] for r in logs[1]]
     # side by side changes nothing for a run: EAGLE 3 trained alone logs the same losses

@@ -1,10 +1,12 @@
-"""The report of a prompt study: each method pooled over your prompts with 95% bootstrap intervals, tau
-against prompt length and by category, acceptance, sink attention and fed-back RMS by depth, and the
+"""The report of a prompt study: each method pooled over your prompts with 95% bootstrap intervals, tokens
+per target pass against prompt length and by category, acceptance, sink attention and fed-back RMS by depth, and the
 prompts where one drafter gains most over the other; as JSON, markdown, a CSV row per prompt, and one
 self-contained HTML file (plotly.js inlined, so that it opens offline wherever it is sent).
 
 Intervals resample prompts (with replacement): a prompt's steps are not independent of each other.
 Ratios between methods are paired: a resample draws the same prompts for both.
+Tokens per target pass (tokens after the prefill / verify steps) is the figure each table leads with;
+tau (vLLM's mean acceptance length, 1 + accepted / steps that drafted) stays beside it under its own name.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from playground import plots
-from playground.engines.stats import (Pooled, bootstrap_interval, paired_ratio, pooled_tau, rate_of_runs, tau_of,
-                                     value_of)
+from playground.engines.stats import (Pooled, RunTotals, bootstrap_interval, paired_ratio, pooled_tau, rate_of,
+                                     rate_of_runs, tau_of, tokens_per_pass, value_of)
 from playground.evaluation import drift_signals
 from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_study import StudyConfig
@@ -72,6 +74,8 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
     row = {"method": method, "prompts": len(runs), "tokens": pooled.tokens, "seconds": pooled.seconds,
            "mean_acceptance_length": pooled.mean_acceptance_length,
            "tau_ci": drift_signals.listed(interval(tau_of([run.counts for run in runs]), len(runs))),
+           "tokens_per_pass": pooled.tokens_per_pass,
+           "tokens_per_pass_ci": drift_signals.listed(interval(per_pass_of(runs), len(runs))),
            "acceptance": list(pooled.acceptance), "sink_attention": list(pooled.sink_attention),
            "hidden_norm": list(pooled.hidden_norm), "self_attention": list(pooled.self_attention)}
     row["tokens_per_s"] = value_of(_rate(ran, method), len(ran))
@@ -94,14 +98,26 @@ def _counts(ran: list[PromptResult], method: str) -> list[tuple[int, int]]:
     return [r.runs[method].counts for r in ran]
 
 
+def per_pass_of(runs: Sequence[RunTotals]):
+    """Tokens per target pass pooled over the runs at the given indices."""
+    return rate_of([r.decode_tokens for r in runs], [r.verify_steps for r in runs])
+
+
+def _per_pass(ran: list[PromptResult], method: str):
+    return per_pass_of([r.runs[method] for r in ran])
+
+
 def _ratios(ran: list[PromptResult], chains: list[str], config: StudyConfig, ratio) -> list[dict]:
-    """Each later drafter's tau over the first one's; each drafter's tree over its chain."""
+    """Each later drafter's tokens per target pass (and tau) over the first one's; each drafter's tree over
+    its chain."""
     pairs = [(other, chains[0]) for other in chains[1:]]
     pairs += [(m.name, m.drafter) for m in config.methods() if m.tree is not None]
     rows = []
     for a, b in pairs:
         value, ci = ratio(tau_of(_counts(ran, a)), tau_of(_counts(ran, b)), len(ran))
-        rows.append({"a": a, "b": b, "tau_ratio": value, "ci": drift_signals.listed(ci)})
+        per_pass, per_pass_ci = ratio(_per_pass(ran, a), _per_pass(ran, b), len(ran))
+        rows.append({"a": a, "b": b, "tau_ratio": value, "ci": drift_signals.listed(ci),
+                     "per_pass_ratio": per_pass, "per_pass_ci": drift_signals.listed(per_pass_ci)})
     return rows
 
 
@@ -112,7 +128,8 @@ def _length_bin(r: PromptResult) -> str:
 
 
 def _groups(ran: list[PromptResult], methods: list[str], key, interval) -> list[dict]:
-    """Pooled tau per group of prompts (a length bin, a category), each with its bootstrap interval."""
+    """Pooled tokens per target pass and tau per group of prompts (a length bin, a category), each with
+    its bootstrap interval."""
     groups: dict[str, list[PromptResult]] = {}
     for r in ran:   # groups in the order the file first has them
         groups.setdefault(key(r) or "–", []).append(r)
@@ -124,18 +141,26 @@ def _groups(ran: list[PromptResult], methods: list[str], key, interval) -> list[
                      "min_prompt_tokens": members[0].prompt_tokens, "max_prompt_tokens": members[-1].prompt_tokens,
                      "tau": taus,
                      "tau_ci": {m: drift_signals.listed(interval(tau_of(_counts(members, m)), len(members)))
-                                for m in methods}})
+                                for m in methods},
+                     "tokens_per_pass": {m: Pooled.of([r.runs[m] for r in members]).tokens_per_pass
+                                         for m in methods},
+                     "tokens_per_pass_ci": {m: drift_signals.listed(interval(_per_pass(members, m), len(members)))
+                                            for m in methods}})
     return rows
 
 
 def _gains(ran: list[PromptResult], chains: list[str], text: Sequence[UserPrompt]) -> dict:
-    """The prompts where the last drafter's tau most exceeds the first's, and where it falls most short."""
+    """The prompts where the last drafter's tokens per target pass most exceed the first's, and where they
+    fall most short (`a`, `b` and `difference` are their tau)."""
     if len(chains) < 2:
         return {}
     a, b = chains[0], chains[-1]
     rows = sorted(({"id": r.id, "index": r.index, "category": r.category, "prompt_tokens": r.prompt_tokens,
                     "preview": preview(text[r.index].prompt), a: r.runs[a].tau, b: r.runs[b].tau,
-                    "difference": r.runs[b].tau - r.runs[a].tau} for r in ran), key=lambda row: -row["difference"])
+                    "difference": r.runs[b].tau - r.runs[a].tau,
+                    "tokens_per_pass": {m: r.runs[m].tokens_per_pass for m in (a, b)},
+                    "per_pass_difference": r.runs[b].tokens_per_pass - r.runs[a].tokens_per_pass} for r in ran),
+                  key=lambda row: -row["per_pass_difference"])
     shown = min(GAINS_SHOWN, len(rows) // 2 or 1)
     return {"better": b, "than": a, "most": rows[:shown], "least": rows[::-1][:shown]}
 
@@ -148,7 +173,8 @@ def preview(text: str) -> str:
 def _prompt_row(r: PromptResult, prompt) -> dict:
     return {"index": r.index, "id": r.id, "category": r.category, "prompt_tokens": r.prompt_tokens,
             "preview": preview(prompt.prompt), "skipped": r.skipped,
-            "runs": {m: {"mean_acceptance_length": run.tau, "tokens": run.tokens, "seconds": run.seconds,
+            "runs": {m: {"mean_acceptance_length": run.tau, "tokens_per_pass": run.tokens_per_pass,
+                         "verify_steps": run.verify_steps, "tokens": run.tokens, "seconds": run.seconds,
                          "decode_tokens": run.decode_tokens, "decode_seconds": run.decode_seconds,
                          "accepted": run.accepted, "drafting_steps": run.drafting_steps}
                      for m, run in r.runs.items()}}
@@ -160,6 +186,11 @@ def _interval(ci) -> str:
     return "…" if ci is None else "{:.2f}–{:.2f}".format(*ci)
 
 
+def _with_interval(value: float, ci, digits: int = 2) -> str:
+    """"2.09 (1.98–2.20)"; a group of one prompt has no interval to show."""
+    return f"{value:.{digits}f}" + ("" if ci is not None and ci[0] == ci[1] else f" ({_interval(ci)})")
+
+
 def _depths(xs, f: str = "{:.2f}") -> str:
     return " ".join(f.format(x) for x in xs) or "–"
 
@@ -169,37 +200,41 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     out = []
     pooled = res["pooled"]
     if pooled:
-        head = ["method", "prompts", "tau", "tau 95% CI", "acceptance by depth", "tok/s", "vs none (95% CI)",
+        head = ["method", "prompts", "tokens per target pass (95% CI)", "tau (95% CI)", "acceptance by depth",
+                "tok/s", "vs none (95% CI)",
                 "decode tok/s", "decode vs none (95% CI)", "sink attention by depth", "fed-back RMS by depth"]
         speedup = lambda p, key: (f"{p[key]:.2f}x ({_interval(p[key.replace('_vs_none', '_ci')])})" if key in p
                                   else "–")
-        rows = [[label(p["method"]), str(p["prompts"]), f"{p['mean_acceptance_length']:.2f}", _interval(p["tau_ci"]),
+        rows = [[label(p["method"]), str(p["prompts"]), _with_interval(p["tokens_per_pass"], p["tokens_per_pass_ci"]),
+                 _with_interval(p["mean_acceptance_length"], p["tau_ci"]),
                  _depths(p["acceptance"]), f"{p['tokens_per_s']:.1f}", speedup(p, "speedup_vs_none"),
                  f"{p['decode_tokens_per_s']:.1f}", speedup(p, "decode_speedup_vs_none"),
                  _depths(p["sink_attention"], "{:.3f}"), _depths(p["hidden_norm"])] for p in pooled]
         out.append(("Pooled over the prompts", head, rows))
     if res["ratios"]:
-        out.append(("Paired tau ratios", ["ratio", "value", "95% CI"],
-                    [[f"{label(r['a'])} / {label(r['b'])}", f"{r['tau_ratio']:.3f}", _interval(r["ci"])]
-                     for r in res["ratios"]]))
+        out.append(("Paired ratios", ["ratio", "tokens per target pass (95% CI)", "tau (95% CI)"],
+                    [[f"{label(r['a'])} / {label(r['b'])}", _with_interval(r["per_pass_ratio"], r["per_pass_ci"], 3),
+                      _with_interval(r["tau_ratio"], r["ci"], 3)] for r in res["ratios"]]))
     if res.get("signals"):
         out.append(drift_signals.table(res["signals"]))
-    for key, title, first in (("by_length", "tau by prompt length (tokens)", "prompt tokens"),
-                              ("by_category", "tau by category", "category")):
+    for key, title, first in (("by_length", "tokens per target pass by prompt length (tokens)", "prompt tokens"),
+                              ("by_category", "tokens per target pass by category", "category")):
         if res[key]:
             methods = list(res[key][0]["tau"])
-            out.append((title, [first, "prompts", *(f"{label(m)} tau (95% CI)" for m in methods)],
+            out.append((title, [first, "prompts", *(f"{label(m)} (95% CI)" for m in methods)],
                         [[g["group"], str(g["prompts"]),
-                          *(f"{g['tau'][m]:.2f} ({_interval(g['tau_ci'][m])})" for m in methods)]
+                          *(_with_interval(g["tokens_per_pass"][m], g["tokens_per_pass_ci"][m]) for m in methods)]
                          for g in res[key]]))
     gains = res["gains"]
     if gains:
         a, b = gains["than"], gains["better"]
         for which, title in (("most", f"where {label(b)}'s gain over {label(a)} is largest"),
                              ("least", f"where {label(b)}'s gain over {label(a)} is smallest")):
-            out.append((title, ["id", "prompt tokens", f"{label(a)} tau", f"{label(b)} tau", "difference", "prompt"],
-                        [[row["id"], str(row["prompt_tokens"]), f"{row[a]:.2f}", f"{row[b]:.2f}",
-                          f"{row['difference']:+.2f}", row["preview"]] for row in gains[which]]))
+            out.append((title, ["id", "prompt tokens", f"{label(a)} tokens per pass", f"{label(b)} tokens per pass",
+                                "difference", "prompt"],
+                        [[row["id"], str(row["prompt_tokens"]), f"{row['tokens_per_pass'][a]:.2f}",
+                          f"{row['tokens_per_pass'][b]:.2f}", f"{row['per_pass_difference']:+.2f}", row["preview"]]
+                         for row in gains[which]]))
     skipped = [p for p in res["prompts"] if p["skipped"]]
     if skipped:
         out.append(("Skipped prompts", ["id", "reason"], [[p["id"], p["skipped"]] for p in skipped]))
@@ -244,41 +279,43 @@ def _error_bars(values: list[float], intervals: list[list[float] | None]) -> dic
 
 
 def _grouped(groups: list[dict], title: str, x_title: str) -> go.Figure:
-    """Pooled tau per group (length bin, category) for each drafter, with 95% intervals."""
+    """Pooled tokens per target pass per group (length bin, category) for each drafter, with 95% intervals."""
     fig = go.Figure()
-    for m in (groups[0]["tau"] if groups else {}):
-        values = [g["tau"][m] for g in groups]
+    for m in (groups[0]["tokens_per_pass"] if groups else {}):
+        values = [g["tokens_per_pass"][m] for g in groups]
         fig.add_scatter(x=[g["group"] for g in groups], y=values, mode="lines+markers", name=label(m),
                         line=dict(color=plots.color(m)),
-                        error_y=_error_bars(values, [g["tau_ci"][m] for g in groups]),
+                        error_y=_error_bars(values, [g["tokens_per_pass_ci"][m] for g in groups]),
                         customdata=[g["prompts"] for g in groups],
-                        hovertemplate=f"{label(m)}<br>%{{x}}: tau %{{y:.2f}} (%{{customdata}} prompts)<extra></extra>",
+                        hovertemplate=f"{label(m)}<br>%{{x}}: %{{y:.2f}} tokens per target pass "
+                                      "(%{customdata} prompts)<extra></extra>",
                         offsetgroup=m)
     # each drafter's points a little apart in their group, so that equal values do not hide one another
     fig.update_layout(title=dict(text=title, font=dict(size=14)), height=320, template=plots.TEMPLATE,
                       margin=dict(l=50, r=10, t=40, b=40), legend=dict(orientation="h", y=-0.3),
                       scattermode="group", scattergap=0.5)
     fig.update_xaxes(title_text=x_title, type="category")
-    fig.update_yaxes(title_text="tau (mean acceptance length)", rangemode="tozero")
+    fig.update_yaxes(title_text="tokens per target pass", rangemode="tozero")
     return fig
 
 
 def figure_set(res: dict) -> dict[str, go.Figure]:
-    """The report's figures by name (tau, length, category, per_prompt, acceptance, sink, rms), those with data."""
+    """The report's figures by name (tau: tokens per target pass by method; length, category, per_prompt,
+    acceptance, sink, rms), those with data."""
     pooled = [p for p in res["pooled"] if p["method"] != NONE]
     series = lambda what: {p["method"]: tuple(p[what]) for p in pooled if p[what]}
     figs = {}
     if pooled:
-        taus = [p["mean_acceptance_length"] for p in pooled]
-        bars = go.Figure(go.Bar(x=[label(p["method"]) for p in pooled], y=taus,
+        per_pass = [p["tokens_per_pass"] for p in pooled]
+        bars = go.Figure(go.Bar(x=[label(p["method"]) for p in pooled], y=per_pass,
                                 marker_color=[plots.color(p["method"]) for p in pooled],
-                                error_y=_error_bars(taus, [p["tau_ci"] for p in pooled])))
-        bars.update_layout(title=dict(text="tau over the prompts (95% bootstrap interval)", font=dict(size=14)),
+                                error_y=_error_bars(per_pass, [p["tokens_per_pass_ci"] for p in pooled])))
+        bars.update_layout(title=dict(text="tokens per target pass (95% bootstrap interval)", font=dict(size=14)),
                            height=320, template=plots.TEMPLATE, margin=dict(l=50, r=10, t=40, b=40))
         figs["tau"] = bars
-        figs["length"] = _grouped(res["by_length"], "tau against prompt length", "prompt tokens")
+        figs["length"] = _grouped(res["by_length"], "tokens per target pass against prompt length", "prompt tokens")
     if res["by_category"]:
-        figs["category"] = _grouped(res["by_category"], "tau by category", "category")
+        figs["category"] = _grouped(res["by_category"], "tokens per target pass by category", "category")
     if res["gains"]:
         figs["per_prompt"] = _per_prompt(res)
     if series("acceptance"):
@@ -293,11 +330,12 @@ def figure_set(res: dict) -> dict[str, go.Figure]:
 
 
 def _per_prompt(res: dict) -> go.Figure:
-    """Each prompt's tau under both drafters; points above the diagonal are prompts the second does better on."""
+    """Each prompt's tokens per target pass under both drafters; points above the diagonal are prompts the
+    second does better on."""
     a, b = res["gains"]["than"], res["gains"]["better"]
     rows = [p for p in res["prompts"] if not p["skipped"]]
-    xs = [p["runs"][a]["mean_acceptance_length"] for p in rows]
-    ys = [p["runs"][b]["mean_acceptance_length"] for p in rows]
+    xs = [p["runs"][a]["tokens_per_pass"] for p in rows]
+    ys = [p["runs"][b]["tokens_per_pass"] for p in rows]
     top = max(xs + ys + [1.0]) * 1.05
     fig = go.Figure()
     fig.add_scatter(x=[1, top], y=[1, top], mode="lines", line=dict(color="#9ca3af", dash="dot"), hoverinfo="skip",
@@ -306,10 +344,11 @@ def _per_prompt(res: dict) -> go.Figure:
                     customdata=[[p["id"], p["prompt_tokens"]] for p in rows], showlegend=False,
                     hovertemplate="%{customdata[0]} (%{customdata[1]} tokens)<br>" + f"{label(a)} %{{x:.2f}} · "
                                   f"{label(b)} %{{y:.2f}}<extra></extra>")
-    fig.update_layout(title=dict(text=f"tau per prompt: {label(b)} against {label(a)}", font=dict(size=14)),
-                      height=320, template=plots.TEMPLATE, margin=dict(l=50, r=10, t=40, b=40))
-    fig.update_xaxes(title_text=f"{label(a)} tau", range=[1, top])
-    fig.update_yaxes(title_text=f"{label(b)} tau", range=[1, top])
+    fig.update_layout(title=dict(text=f"tokens per target pass by prompt: {label(b)} against {label(a)}",
+                                 font=dict(size=14)), height=320, template=plots.TEMPLATE,
+                      margin=dict(l=50, r=10, t=40, b=40))
+    fig.update_xaxes(title_text=label(a), range=[1, top])
+    fig.update_yaxes(title_text=label(b), range=[1, top])
     return fig
 
 
@@ -320,15 +359,15 @@ def csv_rows(res: dict) -> tuple[list[str], list[list]]:
     head = ["index", "id", "category", "prompt_tokens", "skipped"]
     for m in methods:
         head += [f"{m} tau", f"{m} tokens", f"{m} seconds", f"{m} decode_tokens", f"{m} decode_seconds",
-                 f"{m} accepted", f"{m} drafting_steps"]
+                 f"{m} accepted", f"{m} drafting_steps", f"{m} verify_steps"]
     rows = []
     for p in res["prompts"]:
         row = [p["index"], p["id"], p["category"] or "", p["prompt_tokens"], p["skipped"] or ""]
         for m in methods:
             run = p["runs"].get(m)
             row += ([round(run["mean_acceptance_length"], 4), run["tokens"], round(run["seconds"], 3),
-                     run["decode_tokens"], round(run["decode_seconds"], 3), run["accepted"], run["drafting_steps"]]
-                    if run else [""] * 7)
+                     run["decode_tokens"], round(run["decode_seconds"], 3), run["accepted"], run["drafting_steps"],
+                     run["verify_steps"]] if run else [""] * 8)
         rows.append(row)
     return head, rows
 

@@ -263,8 +263,13 @@ class Run:
         return loss_value, accs[0]
 
     def save(self, step: int) -> None:
+        """The checkpoint: the drafter in float32, Adam's moments in bfloat16 (half the size, so that a run
+        folder can be carried to another machine; loading casts them back to the weights' float32)."""
         tmp = self.checkpoint.with_suffix(".tmp")
-        torch.save({"drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
+        optimizer = self.optimizer.state_dict()
+        optimizer["state"] = {i: {k: v.bfloat16() if k in ("exp_avg", "exp_avg_sq") else v for k, v in s.items()}
+                              for i, s in optimizer["state"].items()}
+        torch.save({"drafter": self.drafter.state_dict(), "optimizer": optimizer,
                     "schedule": self.schedule.state_dict(), "step": step}, tmp)
         os.replace(tmp, self.checkpoint)
         save_drafter(self.drafter, self.out / "drafter")

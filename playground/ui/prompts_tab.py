@@ -37,7 +37,8 @@ DEFAULT_MAX_TOKENS = 64
 FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
 HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `system`, `category`, `id`) or ShareGPT "
         "`conversations`; CSV with a `prompt` column; or plain text with prompts separated by blank lines. "
-        "Greedy: both drafters answer each prompt with the same tokens, so tau compares the same text.")
+        "Greedy: both drafters answer each prompt with the same tokens, so their tokens per target pass compare "
+        "the same text.")
 SAMPLES = Path(__file__).resolve().parents[2] / "assets" / "prompts"
 NOT_YET = None   # a plot not drawn yet: the page hides an empty plot (render.CSS)
 
@@ -224,11 +225,11 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
 
 
 def table(results: list[PromptResult], methods: list[str], prompts: PromptFile) -> pd.DataFrame:
-    """A row per measured prompt, in the file's order: its place, id, category, length, each method's tau,
-    and the start of its text."""
-    head = ["#", "id", "category", "prompt tokens", *(f"{label(m)} tau" for m in methods), "prompt"]
+    """A row per measured prompt, in the file's order: its place, id, category, length, each method's tokens
+    per target pass, and the start of its text."""
+    head = ["#", "id", "category", "prompt tokens", *(f"{label(m)} tokens/pass" for m in methods), "prompt"]
     rows = [[r.index + 1, r.id, r.category or "", r.prompt_tokens if not r.skipped else "–",
-             *(f"{r.runs[m].tau:.2f}" if m in r.runs else "–" for m in methods),   # 1.70, not 1.7
+             *(f"{r.runs[m].tokens_per_pass:.2f}" if m in r.runs else "–" for m in methods),   # 1.70, not 1.7
              prompt_report.preview(prompts.prompts[r.index].prompt) if not r.skipped else f"skipped: {r.skipped}"]
             for r in sorted(results, key=lambda r: r.index)]
     return pd.DataFrame(rows, columns=head)
