@@ -3,16 +3,17 @@
 vLLM counts, over all the traffic a server has served since it started: verify steps with drafts
 (`vllm:spec_decode_num_drafts_total`), draft tokens, accepted draft tokens, accepted tokens by
 draft position, and generated tokens; two gauges say how many requests run and wait. Every
-counter is summed over its label sets (one per engine of a data-parallel server).
+counter is summed over its label sets (one per engine of a data-parallel server). The page is read
+by prometheus_client's parser (the Prometheus project's own, which vLLM exports its metrics with).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from playground.engines.vllm.api import call
 from playground.errors import PlaygroundError
@@ -33,11 +34,6 @@ STARTED = "process_start_time_seconds"
 
 class MetricsError(PlaygroundError):
     """The server answered /metrics with something that is not vLLM's metrics."""
-
-
-SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
-                    r'\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$')
-LABEL = re.compile(r'(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -74,29 +70,29 @@ class SpecCounters:
 
 
 def parse_metrics(text: str) -> SpecCounters:
-    """The counters in a Prometheus text page; a page that is not vLLM's, or a vLLM line that does
-    not parse, is a one-line MetricsError."""
+    """The counters in a Prometheus text page; a page that is not Prometheus text, or not vLLM's, is a
+    one-line MetricsError."""
+    try:
+        samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    except ValueError as e:
+        raise MetricsError(f"/metrics does not parse as Prometheus text ({' '.join(str(e).split())[:120]})") from None
     totals: dict[str, float] = {}
     per_position: dict[int, float] = {}
     started = None
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.startswith(STARTED + " "):
-            started = _number(line.split()[1])
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in READ:
+    for sample in samples:
+        if sample.name == STARTED:
+            started = sample.value
+        if sample.name not in READ:
             continue
-        sample = SAMPLE.match(line)
-        value = _number(sample["value"]) if sample else None
-        if value is None:
-            raise MetricsError(f"/metrics line {number} does not parse: {line[:80]!r}")
-        if name == PER_POSITION:
-            labels = dict((m["key"], m["value"]) for m in LABEL.finditer(sample["labels"] or ""))
-            position = labels.get("position", "")
+        if math.isnan(sample.value):
+            raise MetricsError(f"/metrics: {sample.name} is not a number")
+        if sample.name == PER_POSITION:
+            position = sample.labels.get("position", "")
             if not position.isdigit():
-                raise MetricsError(f"/metrics line {number}: {PER_POSITION} without a position")
-            per_position[int(position)] = per_position.get(int(position), 0.0) + value
+                raise MetricsError(f"/metrics: {PER_POSITION} without a position")
+            per_position[int(position)] = per_position.get(int(position), 0.0) + sample.value
         else:
-            totals[name] = totals.get(name, 0.0) + value
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     if COUNTERS["generation_tokens"] not in totals:
         raise MetricsError("/metrics has no vllm:generation_tokens_total: not a vLLM server's metrics")
     positions = tuple(per_position.get(d, 0.0) for d in range(max(per_position) + 1)) if per_position else ()
@@ -117,10 +113,3 @@ def read_counters(client: httpx.Client, url: str) -> SpecCounters:
     except MetricsError as e:
         raise MetricsError(f"{url}{e}") from None
 
-
-def _number(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return None if math.isnan(value) else value
