@@ -63,6 +63,68 @@ def test_the_check_finds_an_import_upward(tmp_path):
     assert upward(package) == [f"playground/engines/m.py imports playground.{m}" for m in ("cli.bench", "plots", "ui")]
 
 
+def module_graph(package: Path) -> dict[str, set[str]]:
+    """Each module of the package and the modules it imports (a name imported from a package counts as its
+    module where it is one)."""
+    def name(path: Path) -> str:
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name(path): path for path in package.rglob("*.py")}
+    graph = {}
+    for module, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package.name:
+                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                          for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[module] = {m for m in found if m in modules and m != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another, directly or around a circle (strongly connected
+    components of more than one module), functions' own imports included."""
+    order, low, stack, found = {}, {}, [], []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in graph[module]:
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            group = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return found
+
+
+def test_no_two_modules_import_each_other():
+    assert not circles(module_graph(PACKAGE))
+
+
+def test_the_circle_check_finds_a_circle_through_a_function_level_import(tmp_path):
+    package = tmp_path / "playground"
+    (package / "model").mkdir(parents=True)
+    (package / "model" / "__init__.py").write_text("")
+    (package / "model" / "a.py").write_text("from playground.model import b\n")
+    (package / "model" / "b.py").write_text("import playground.model.c\n")
+    (package / "model" / "c.py").write_text("def f():\n    from playground.model.a import g\n")
+    (package / "model" / "d.py").write_text("from playground.model import a\n")
+    assert circles(module_graph(package)) == [["playground.model.a", "playground.model.b", "playground.model.c"]]
+
+
 def test_the_page_is_imported_by_app_py_alone():
     outside = [path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] != "ui"
                and any(layer(module) == "ui" for module in imports(path))]

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 import playground.cli as command_line
-from playground.evaluation.prompt_study import StudyConfig, measure, run
+from playground.evaluation.prompt_report import run
+from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.prompts.files import read_prompts
 from tests.engines import CountingEngine
 

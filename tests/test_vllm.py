@@ -279,7 +279,8 @@ def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
 def test_a_prompt_file_runs_on_the_vllm_servers_several_at_once(vllm, engine, tmp_path):
     # before the test below, which kills the `none` server
     from playground.prompts.files import read_prompts
-    from playground.evaluation.prompt_study import StudyConfig, measure, run
+    from playground.evaluation.prompt_report import run
+    from playground.evaluation.prompt_study import StudyConfig, measure
 
     prompts = read_prompts("\n\n".join(PROMPTS))
     config = StudyConfig(drafters=("eagle3", "eagle3.1", "none"), k=K, max_tokens=16, backend="vllm", concurrency=2)

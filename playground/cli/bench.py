@@ -220,9 +220,9 @@ def bench_prompts(args: argparse.Namespace) -> int:
             from playground.evaluation.vllm_load import serving
 
             with serving(reference, _vllm_servers(args)) as engine:
-                res, paths = prompt_study.run(engine, config, prompts, args.prompt_file.name, out)
+                res, paths = prompt_report.run(engine, config, prompts, args.prompt_file.name, out)
         else:
-            res, paths = prompt_study.run(reference, config, prompts, args.prompt_file.name, out)
+            res, paths = prompt_report.run(reference, config, prompts, args.prompt_file.name, out)
     except KeyboardInterrupt:
         print(f"stopped; what was measured is saved in {out / 'progress.pkl'}: the same command goes on from there",
               file=sys.stderr)

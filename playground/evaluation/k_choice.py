@@ -28,8 +28,8 @@ from playground.engines.request import K_RANGE, GenerationRequest
 from playground.engines.stats import summarize
 from playground.errors import PlaygroundError
 from playground.evaluation.machine import described, machine
-from playground.model.target import cache_root
 from playground.model.variants import EAGLE31, NONE, SHIPPED
+from playground.settings import cache_root
 
 STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 SHORT_CONTEXT = 64           # about the prompt the step costs are measured at

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from playground.model.target import EMBEDDED_GGUF, cache_root, embedded_gguf_dir
+from playground.model.target import EMBEDDED_GGUF, embedded_gguf_dir
+from playground.settings import cache_root
 
 START_TIMEOUT_S = 120
 

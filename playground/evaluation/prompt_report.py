@@ -1,7 +1,8 @@
 """The report of a prompt study: each method pooled over your prompts with 95% bootstrap intervals, tokens
 per target pass against prompt length and by category, acceptance, sink attention and fed-back RMS by depth, and the
 prompts where one drafter gains most over the other; as JSON, markdown, a CSV row per prompt, and one
-self-contained HTML file (plotly.js inlined, so that it opens offline wherever it is sent).
+self-contained HTML file (plotly.js inlined, so that it opens offline wherever it is sent). `run` runs a
+study (prompt_study's configuration, evaluation.runner's checkpointed runs) and writes its report.
 
 Intervals resample prompts (with replacement): a prompt's steps are not independent of each other.
 Ratios between methods are paired: a resample draws the same prompts for both.
@@ -21,11 +22,12 @@ from typing import Sequence
 import plotly.graph_objects as go
 
 from playground import plots
+from playground.engines.protocol import Engine
 from playground.engines.stats import (Pooled, RunTotals, bootstrap_interval, paired_ratio, pooled_tau, rate_of,
-                                     rate_of_runs, tau_of, tokens_per_pass, value_of)
-from playground.evaluation import drift_signals
+                                     rate_of_runs, tau_of, value_of)
+from playground.evaluation import drift_signals, runner
 from playground.evaluation.machine import described, machine
-from playground.evaluation.prompt_study import StudyConfig
+from playground.evaluation.prompt_study import StudyConfig, study_key
 from playground.evaluation.runner import PromptResult
 from playground.evaluation.tables import markdown_table
 from playground.model.variants import NONE
@@ -388,3 +390,16 @@ def write(res: dict, out: Path, figures: dict[str, go.Figure] | None = None) -> 
                     columns=2,
                     header=f"<style>{plots.HEADER_CSS}</style><h2>Your prompts</h2>{html_tables(res)}")
     return paths
+
+
+def run(engine: Engine, config: StudyConfig, prompts: PromptFile, source: str, out: Path) -> tuple[dict, list[Path]]:
+    """The study on `engine` with a progress bar; the report written to `out`. Measured prompts are saved
+    to out/progress.pkl as they finish, so that the same call goes on after an interruption."""
+    config = config.runnable_on(engine)
+    progress = out / "progress.pkl"
+    done = runner.run(engine, prompts.prompts, config.methods(), config.max_tokens, progress,
+                      study_key(config, prompts), "prompts", config.concurrency)
+    res = results(config, prompts, source, done)
+    paths = write(res, out)
+    progress.unlink(missing_ok=True)
+    return res, paths

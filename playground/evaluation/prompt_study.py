@@ -7,8 +7,9 @@
 
 The prompts run through evaluation.runner (every method back to back, answers checked, a checkpoint
 in OUT/progress.pkl after every prompt, so after Ctrl-C the same command goes on where it stopped),
-greedy, so all methods answer with the same tokens and tau compares the same text. The report
-(prompt_report) pools each method over the prompts, with paired bootstrap intervals.
+greedy, so all methods answer with the same tokens and their tokens per target pass compare the same text.
+The report (prompt_report) pools each method over the prompts, with paired bootstrap intervals, and its
+`run` runs a study and writes the report.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Iterator, Sequence
 
 from playground.engines.protocol import Engine
@@ -72,18 +72,3 @@ def measure(engine: Engine, prompts: PromptFile, config: StudyConfig,
             done: Sequence[PromptResult] = ()) -> Iterator[Progress]:
     """The study's runs (runner.measure) of the prompts not in `done`."""
     return runner.measure(engine, prompts.prompts, config.methods(), config.max_tokens, done, config.concurrency)
-
-
-def run(engine: Engine, config: StudyConfig, prompts: PromptFile, source: str, out: Path) -> tuple[dict, list[Path]]:
-    """The study on `engine` with a progress bar; the report written to `out`. Measured prompts are saved
-    to out/progress.pkl as they finish, so that the same call goes on after an interruption."""
-    from playground.evaluation import prompt_report
-
-    config = config.runnable_on(engine)
-    progress = out / "progress.pkl"
-    done = runner.run(engine, prompts.prompts, config.methods(), config.max_tokens, progress,
-                      study_key(config, prompts), "prompts", config.concurrency)
-    res = prompt_report.results(config, prompts, source, done)
-    paths = prompt_report.write(res, out)
-    progress.unlink(missing_ok=True)
-    return res, paths

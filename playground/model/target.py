@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
+from playground.settings import cache_root
 from playground.model.kernels import ROWS_KERNEL_MAX, status as kernel_status
 from playground.model.gguf_blocks import GGUFBlocks
 from playground.model.huge_pages import move_into_huge_pages
@@ -33,10 +33,6 @@ from playground.model.weight_formats import WEIGHTS, default_weights
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PLAYGROUND_CACHE", Path.home() / ".cache" / "eagle-playground"))
 
 
 def embedded_gguf_dir() -> Path:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from playground.settings import cache_root
+
 log = logging.getLogger(__name__)
 
 SOURCES = sorted(Path(__file__).parent.glob("*.cpp"))
@@ -56,7 +58,6 @@ def _compiler() -> tuple[str, str | None]:
 
 def _folder() -> Path:
     """Where the kernels of these sources, flags and PyTorch are kept: a library per compiler."""
-    from playground.model.target import cache_root
 
     digest = hashlib.sha256(" ".join(FLAGS + [torch.__version__]).encode())
     for source in SOURCES + HEADERS:
