@@ -132,7 +132,7 @@ def train_drafter(args: argparse.Namespace) -> int:
 
 
 def train_validate(args: argparse.Namespace) -> int:
-    from playground.training.train import format_validation, validate_drafters
+    from playground.training.measure import format_validation, validate_drafters
 
     print(format_validation(validate_drafters(args.drafters, args.data, args.device, args.sequences,
                                               args.ttt_steps, args.bf16)))
@@ -143,7 +143,7 @@ def train_cost(args: argparse.Namespace) -> int:
     import json
 
     from playground.evaluation.machine import described, machine
-    from playground.training.train import format_step_costs, step_costs
+    from playground.training.measure import format_step_costs, step_costs
 
     rows = step_costs(args.data, args.batch, args.max_len)
     print(json.dumps({"host": machine(), "rows": rows}) if args.json else format_step_costs(rows, described(machine())))
