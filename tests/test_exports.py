@@ -17,10 +17,10 @@ from playground.engines.stats import summarize
 from playground.engines.step_diff import DRAFT_QUANTITIES
 from playground.engines.tree import TreeShape
 from playground.ui import render
-from playground.ui.compare_tab import (QUANTITY_NAMES, TABLE_HEADERS, divergence_marks, outputs_note, slower_reason,
-                                       step_diff, step_figure, step_tolerance, summary_table)
+from playground.ui.compare_tab import TABLE_HEADERS, outputs_note, slower_reason, summary_table
 from playground.ui.explainer import STORED_RESULTS, stored_speedups
 from playground.ui.runs import CSV_FIELDS, RunLog, csv_rows, export, file_stem
+from playground.ui.step_columns import QUANTITY_NAMES, divergence_marks, step_diff, step_figure, step_tolerance
 
 PREFILL = StepEvent(step=0, position=12, token_ids=(7,), token_texts=("The",), verify_ms=30.0, elapsed_s=0.03)
 # drafted 3, accepted 1: depth 1 accepted, depth 2 rejected, depth 3 never verified

@@ -5,20 +5,17 @@ a baseline without speculation, with overlaid plots and a summary table."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Callable, Iterator, Mapping
 
 import gradio as gr
-import torch
 
 from playground import plots
 from playground.engines.protocol import Engine
-from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary, first_difference, timed
-from playground.engines.step_diff import (TOLERANCES, Divergence, StepDiff, Tolerance, differences_by_depth,
-                                          diff_steps)
+from playground.engines.step_diff import Tolerance
 from playground.errors import PlaygroundError
 from playground.evaluation.machine import described
 from playground.model.variants import NONE, run_name
@@ -32,6 +29,7 @@ from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSetti
 from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored, stored_speedups
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, RunLog, export
+from playground.ui.step_columns import ColumnsDiff, divergence_marks, step_diff, step_figure, step_note, step_tolerance
 from playground.ui.streams import (MAX_SEED, NEW_SEED, SHARED_CPU, SHARED_NOTE, Limits, StopRequests, backend, follow,
                                    make_request, stop_handler)
 
@@ -187,77 +185,6 @@ def outputs_note(logs: Mapping[str, RunLog], steps: ColumnsDiff | None = None, b
            f"target's distribution, not its draws)" if temperature > 0
            else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
     return f"The answers differ from token {differ + 1} on{why}. {step_note(steps)}{slower}{NOISE_NOTE}"
-
-
-QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sink attention",
-                  "own_draft_attention": "the own-draft attention", "draft_probability": "the draft's probability",
-                  "draft": "the draft", "accepted": "the accepted count", "token": "the token",
-                  "answer_end": "the answer's end"}
-
-
-@dataclass(frozen=True)
-class ColumnsDiff:
-    """Two drafting columns, by name, and where they first differ step by step."""
-    first: str
-    second: str
-    diff: StepDiff
-    tolerance: Tolerance
-
-
-def step_tolerance(engine: Engine) -> Tolerance:
-    """How far two runs' values may differ by rounding alone: bfloat16's where the page's embedded engine
-    runs its target or its drafters in bfloat16, else float32's (the vLLM servers the playground starts
-    run float32; `python -m playground diff --dtype` compares others)."""
-    bfloat16 = isinstance(engine, ReferenceEngine) and torch.bfloat16 in (engine.target.dtype, engine.drafters.dtype)
-    return TOLERANCES["bfloat16" if bfloat16 else "float32"]
-
-
-def step_diff(logs: Mapping[str, RunLog], tolerance: Tolerance = TOLERANCES["float32"]) -> ColumnsDiff | None:
-    """Where the two drafting columns first differ, step by step (engines/step_diff.py, what `python -m
-    playground diff` reports), for two greedy chain runs of one drafter and one k (two settings or two
-    backends of it); None otherwise: two different drafters differ from their first draft on, which
-    says nothing (the plots compare them depth by depth)."""
-    drafting = [(name, log) for name, log in logs.items()
-                if any(e.drafted for e in log.events) and not any(e.tree_ids for e in log.events)]
-    if len(drafting) != 2 or {(log.request.drafter, log.request.temperature, log.request.k) for _, log in drafting} != {
-            (drafting[0][1].request.drafter, 0.0, drafting[0][1].request.k)}:
-        return None
-    (first, a), (second, b) = drafting
-    return ColumnsDiff(first, second, diff_steps(a.steps, b.steps, tolerance), tolerance)
-
-
-def divergence_text(d: Divergence) -> str:
-    where = f"depth {d.depth}" if d.depth else "its own counts"
-    values = " against ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in (d.first, d.second))
-    return f"step {d.step} ({where}): {QUANTITY_NAMES[d.quantity]}, {values}"
-
-
-def step_note(steps: ColumnsDiff | None) -> str:
-    if steps is None:
-        return ""
-    if steps.diff.agree:
-        return f"Step by step, {steps.first} and {steps.second} agree at every step ({steps.tolerance.describe()}). "
-    return (f"Step by step, {steps.first} and {steps.second} first differ at "
-            f"{divergence_text(steps.diff.divergence)} (outlined). ")
-
-
-def step_figure(logs: Mapping[str, RunLog], steps: ColumnsDiff | None):
-    """The two drafting columns' quantities differenced along the answer, depth by depth (None where
-    there is no step diff: the page hides the empty plot)."""
-    if steps is None:
-        return None
-    divergence = steps.diff.divergence
-    return plots.step_differences(differences_by_depth(logs[steps.first].steps, logs[steps.second].steps),
-                                  steps.first, steps.second, divergence.position if divergence else None)
-
-
-def divergence_marks(steps: ColumnsDiff | None) -> dict[str, tuple[int, str]]:
-    """Per drafting column, the step to outline as the first difference from the other, and why."""
-    if steps is None or steps.diff.agree:
-        return {}
-    divergence = steps.diff.divergence
-    why = f"first difference from the run beside it: {divergence_text(divergence)}"
-    return {steps.first: (divergence.step, why), steps.second: (divergence.second_step, why)}
 
 
 def build(backends: Mapping[str, Engine], limits: Limits) -> None:
