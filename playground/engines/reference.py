@@ -18,6 +18,7 @@ from torch.profiler import record_function
 from playground.engines.compute_thread import ComputeThread
 from playground.engines.drafters import DrafterInfo, DrafterStore
 from playground.engines.events import StepEvent
+from playground.engines.protocol import Capabilities
 from playground.engines.proposers import EagleProposer, NoProposer, Proposal, Proposer
 from playground.engines.request import GenerationRequest
 from playground.engines.sampling import SamplingParams, probabilities, sample, verify_greedy, verify_sampling
@@ -70,6 +71,15 @@ class ReferenceEngine:
 
     def limitations(self, drafter: str) -> str:
         return ""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        bfloat16 = torch.bfloat16 in (self.target.dtype, self.drafters.dtype)
+        return Capabilities(trees=True, draft_stops=True, dtype="bfloat16" if bfloat16 else "float32",
+                            in_process=True)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        return []   # no servers: it computes in this process
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         return request.prompt_ids(self.tokenizer, self.target.max_context)

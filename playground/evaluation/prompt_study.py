@@ -50,10 +50,11 @@ class StudyConfig:
                                   f"{', '.join(engine.drafter_names)}")
         if self.concurrency < 1:
             raise PlaygroundError(f"--concurrency must be at least 1, got {self.concurrency}")
-        if self.backend != "vllm" and self.concurrency != 1:
-            raise PlaygroundError("the embedded engine runs one prompt at a time: --concurrency is for vLLM servers")
-        if self.backend == "vllm" and self.tree is not None:
-            raise PlaygroundError("draft trees run on the embedded engine only: drop --trees")
+        if self.concurrency != 1 and not engine.capabilities.concurrent:
+            raise PlaygroundError(f"the {engine.name} backend runs one prompt at a time: --concurrency is for "
+                                  "vLLM servers")
+        if self.tree is not None and not engine.capabilities.trees:
+            raise PlaygroundError(f"the {engine.name} backend drafts chains only: drop --trees")
         return self
 
 

@@ -33,8 +33,9 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(),
         gr.Markdown(f"# {TITLE}\n{claim(results) if results else ''}", elem_id="claim")
         with gr.Accordion("What am I looking at?", open=False):
             gr.Markdown(explainer_markdown(), sanitize_html=False)
-        if "vllm" in backends:
-            servers_panel(backends["vllm"], demo)
+        remote = [engine for engine in backends.values() if engine.capabilities.remote]
+        for engine in remote:
+            servers_panel(engine, demo)
         with gr.Tabs(elem_id="tabs") as tabs:
             with gr.Tab("Playground", id="playground"):
                 playground = playground_tab.build(backends, limits)
@@ -43,17 +44,18 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(),
             with gr.Tab("Your prompts", id="prompts"):
                 prompts_tab.build(backends, limits, tabs, playground)
             with gr.Tab("Your servers", id="servers"):
-                servers_tab.build(lambda: {**(watched or {}), **_urls(backends.get("vllm"))},
-                                  "vllm" in backends or bool(watched), limits.watch_any_url)
+                servers_tab.build(lambda: {**(watched or {}), **served(remote)}, bool(remote or watched),
+                                  limits.watch_any_url)
     demo.queue(max_size=limits.queue_size, default_concurrency_limit=limits.concurrency)
     return demo
 
 
-def _urls(engine) -> dict[str, str]:
-    return engine.urls() if engine is not None else {}
+def served(engines: list[Engine]) -> dict[str, str]:
+    """The URL of every server behind the engines, by its drafter's name (those that are up)."""
+    return {name: url for engine in engines for name, url in engine.capabilities.servers}
 
 
-def servers_panel(engine, demo: gr.Blocks) -> None:
+def servers_panel(engine: Engine, demo: gr.Blocks) -> None:
     """What each vLLM server serves, asked when the page loads and on demand."""
     with gr.Accordion("vLLM servers", open=False):
         table = gr.Markdown(elem_id="vllm-servers")

@@ -32,7 +32,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     """The tab; returns its controls by name (the Your prompts tab opens a prompt in them)."""
     view = {}
     first = next(iter(backends.values()))
-    stored = first_screen.load() if first.name == "reference" else None
+    stored = first_screen.load() if first.capabilities.in_process else None   # recorded in process
     initial = update(stored[0], first_screen.DRAFTERS[0], f"A stored run of this example ({stored[1]}). Press Run to "
                      "run it live.", LivePlots(), True, True, stored=True) if stored else {}
     shown_steps = len(initial.get("events", []))

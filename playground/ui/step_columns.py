@@ -7,11 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-import torch
-
 from playground import plots
 from playground.engines.protocol import Engine
-from playground.engines.reference import ReferenceEngine
 from playground.engines.step_diff import (TOLERANCES, Divergence, StepDiff, Tolerance, differences_by_depth,
                                           diff_steps)
 from playground.ui.runs import RunLog
@@ -32,11 +29,10 @@ class ColumnsDiff:
 
 
 def step_tolerance(engine: Engine) -> Tolerance:
-    """How far two runs' values may differ by rounding alone: bfloat16's where the page's embedded engine
-    runs its target or its drafters in bfloat16, else float32's (the vLLM servers the playground starts
-    run float32; `python -m playground diff --dtype` compares others)."""
-    bfloat16 = isinstance(engine, ReferenceEngine) and torch.bfloat16 in (engine.target.dtype, engine.drafters.dtype)
-    return TOLERANCES["bfloat16" if bfloat16 else "float32"]
+    """How far two runs' values may differ by rounding alone: bfloat16's where the engine computes in
+    bfloat16, else float32's (the vLLM servers the playground starts run float32; `python -m playground
+    diff --dtype` compares others)."""
+    return TOLERANCES[engine.capabilities.dtype]
 
 
 def step_diff(logs: Mapping[str, RunLog], tolerance: Tolerance = TOLERANCES["float32"]) -> ColumnsDiff | None:

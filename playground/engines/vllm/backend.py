@@ -11,6 +11,7 @@ import torch
 
 from playground.engines.drafters import random_drafter
 from playground.engines.events import StepEvent
+from playground.engines.protocol import Capabilities
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.client import Server, VLLMEngine
@@ -211,9 +212,14 @@ class StartingBackend:
     def limitations(self, drafter: str) -> str:
         return self.ready().limitations(drafter)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """The engine's once its servers are up; before, what every vLLM engine can do, without servers."""
+        return self.engine.capabilities if self.engine is not None else Capabilities(concurrent=True, remote=True)
+
     def urls(self) -> dict[str, str]:
         """The servers' URLs once they are up (none before)."""
-        return self.engine.urls() if self.engine is not None else {}
+        return dict(self.capabilities.servers)
 
     def describe(self) -> list[tuple[str, str, str]]:
         if self.engine is not None:

@@ -27,6 +27,7 @@ import httpx
 
 from playground.engines.drafters import DrafterInfo
 from playground.engines.events import ESTIMATED_STEPS, EXACT_STEPS, StepEvent
+from playground.engines.protocol import Capabilities
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text, http_client, refusal
 from playground.engines.vllm.arrivals import stamped
@@ -268,9 +269,14 @@ class VLLMEngine:
                          "chunks and are approximate.")
         return " ".join(notes)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(concurrent=True, remote=True,
+                            servers=tuple((name, s.url) for name, s in self.servers.items()))
+
     def urls(self) -> dict[str, str]:
         """Each server's URL by its name."""
-        return {name: server.url for name, server in self.servers.items()}
+        return dict(self.capabilities.servers)
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(drafter, url, what the server serves, or why it cannot be used) for every server."""
