@@ -66,21 +66,29 @@ def test_the_explainer_says_what_stopping_a_chain_early_gained_as_the_stored_rep
 
 
 def test_the_explainer_says_how_the_drafters_differ_over_the_suite_in_all_three_signals_as_measured():
+    """Own-draft and sink attention: at which depths EAGLE 3.1 attends more, less or about as much as EAGLE 3
+    (by the paired interval), with each clear difference; the fed-back RMS: its range for each drafter."""
     results = json.loads(STORED_RESULTS.read_text())
     rows = {(r["signal"], r["depth"]): r for r in results["signals"]}
     assert {signal for signal, _ in rows} == {"sink_attention", "self_attention", "hidden_norm"}
     assert all(row["self_attention"] for row in results["rows"] if row["method"] != "none")   # the rows carry it
     text = explainer_markdown()
-    for (signal, depth), row in rows.items():
-        (difference,) = row["differences"]
-        lo, hi = difference["ci"]
-        if signal != "hidden_norm" and not lo <= 0 <= hi:   # each difference the interval leaves no doubt on
-            assert f"{difference['difference']:+.3f}" in text, (signal, depth)
-    own = [rows[("self_attention", d)]["differences"][0]["ci"][0] for d in range(2, 6)]
-    if all(lo > 0 for lo in own):   # EAGLE 3.1 attends more to its own drafts at every depth: the page says so
-        assert "EAGLE 3.1 puts more of its attention on its own drafts at depths 2, 3, 4, 5" in text
-    rms = [rows[("hidden_norm", d)]["mean"] for d in range(1, 6)]
-    assert f"EAGLE 3's grows from {rms[0]['eagle3']:.1f} to {rms[-1]['eagle3']:.1f}" in text
+    for signal in ("self_attention", "sink_attention"):
+        ways = {"more": [], "less": [], "about as much": []}
+        for (name, depth), row in sorted(rows.items()):
+            if name == signal:
+                (difference,) = row["differences"]
+                lo, hi = difference["ci"]
+                ways["more" if lo > 0 else "less" if hi < 0 else "about as much"].append((depth, difference))
+        said = [f"at depth{'s' * (len(found) > 1)} {', '.join(str(d) for d, _ in found)}"
+                + ("" if way == "about as much" else " (" + ", ".join(f"{x['difference']:+.3f}" for _, x in found) + ")")
+                for way, found in ways.items() if found]
+        assert all(part in text for part in said), (signal, said)
+    rms = {depth: row["mean"] for (signal, depth), row in rows.items() if signal == "hidden_norm"}
+    assert sorted(rms) == [1, 2, 3, 4, 5]
+    assert (f"its fed-back state stays at RMS {min(m['eagle3.1'] for m in rms.values()):.1f} to "
+            f"{max(m['eagle3.1'] for m in rms.values()):.1f} where EAGLE 3's grows from {rms[1]['eagle3']:.1f} to "
+            f"{rms[5]['eagle3']:.1f}") in text
 
 
 def test_the_headline_says_what_the_switches_change_and_what_they_do_not_as_the_suite_measured():

@@ -53,6 +53,23 @@ def run_args(prompt=PROMPT, drafter="eagle3.1", k=4, temperature=0.0, top_p=1.0,
     return (prompt, "", "model", drafter, k, temperature, top_p, max_tokens, backend)
 
 
+def run_settings(**changed) -> dict:
+    """/run's every control by name (RunSettings, its defaults included), a greedy EAGLE 3.1 chain on PROMPT
+    but where `changed` says."""
+    return dataclasses.asdict(RunSettings(**{"prompt": PROMPT, "system": "", "template": "model", "drafter": "eagle3.1", "k": 4,
+                                 "temperature": 0.0, "top_p": 1.0, "max_tokens": 40, "backend_name": "reference",
+                                 "draft": "chain", "tree_top_k": 4, "tree_depth": 5, "tree_nodes": 16, **changed}))
+
+
+def compare_settings(**changed) -> dict:
+    """/compare's every control by name (CompareSettings, its defaults included), EAGLE 3 against EAGLE 3.1
+    but where `changed` says."""
+    return dataclasses.asdict(CompareSettings(**{"prompt": PROMPT, "system": "", "template": "model", "k": 4, "temperature": 0.0,
+                                     "top_p": 1.0, "max_tokens": 24, "with_none": True, "backend_name": "reference",
+                                     "draft": "chain", "tree_top_k": 4, "tree_depth": 5, "tree_nodes": 16,
+                                     "compare": "drafters", "drafter": "eagle3.1", **changed}))
+
+
 def test_playground_streams_and_ends_with_the_cli_text(client):
     expected = cli_text(PROMPT, 40)
     job = client.submit(*run_args(), api_name="/run")
@@ -93,11 +110,12 @@ def test_k_by_this_hosts_costs_runs_the_chosen_k_and_says_why(client, engine):
     k_choice.costs(engine)   # where not cached yet, measured in this process: the page's run reads the same file
     request = GenerationRequest(prompt=PROMPT, max_tokens=24)
     picked = k_choice.choice_for(engine, "eagle3.1", len(engine.prompt_ids(request)) + 12)
-    final = named(client.predict(*run_args(max_tokens=24), "chain", 2, 2, 4, -1, False, "", True, api_name="/run"))
+    final = named(client.predict(**run_settings(max_tokens=24, beside=False, k_auto=True), api_name="/run"))
     assert html.escape(f"k by this host's costs: {picked.reason}.") in final["answer"]
     assert final["text"] == cli_text(PROMPT, 24)   # greedy: the same answer at whatever k
     with pytest.raises(Exception, match="chooses a chain's k on the embedded engine"):
-        client.predict(*run_args(max_tokens=8), "tree", 2, 2, 4, -1, False, "", True, api_name="/run")
+        client.predict(**run_settings(max_tokens=8, draft="tree", tree_top_k=2, tree_depth=2, tree_nodes=4, k_auto=True),
+                       api_name="/run")
 
 
 @pytest.mark.slow
@@ -120,8 +138,9 @@ def test_comparison_streams_both_drafters_side_by_side(client):
 @pytest.mark.slow
 def test_comparison_runs_one_drafters_chain_against_its_tree(client):
     expected = cli_text(PROMPT, 24)
-    final = named(client.predict(PROMPT, "", "model", 4, 0.0, 1.0, 24, False, "reference", "chain", 2, 4, 8,
-                                 "chain-vs-tree", "eagle3", api_name="/compare"), COMPARE_OUTPUTS)
+    final = named(client.predict(**compare_settings(with_none=False, tree_top_k=2, tree_depth=4, tree_nodes=8,
+                                                    compare="chain-vs-tree", drafter="eagle3"), api_name="/compare"),
+                  COMPARE_OUTPUTS)
     assert column_texts(final) == (expected, expected, "")   # greedy: one answer however drafted
     assert [row[0] for row in final["table"]["data"]] == ["EAGLE 3 · chain k=4", "EAGLE 3 · tree 2/4/8"]
     assert [final[column(slot, "heading")] for slot in SLOTS] == [
