@@ -1,5 +1,7 @@
 """Training-time test sees exactly what chain drafting sees, and training lowers the loss."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -7,7 +9,7 @@ from torch import nn
 from playground.engines.proposers import EagleProposer
 from playground.engines.sampling import SamplingParams
 from playground.model.drafter import Eagle3Drafter
-from playground.training.train import TrainConfig, pick_draft_vocab
+from playground.training.train import TrainConfig, pick_draft_vocab, schedule_factor
 from playground.training.ttt import (batch_parts, counted_positions, query_window, target_states, ttt_attend, ttt_loss,
                                      ttt_pooled)
 from tests.test_drafter_checkpoint import small_config
@@ -223,6 +225,9 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
     for steps, folders, held_out in (("1", [data], [self_data]), ("2", [data, self_data], [])):
         subprocess.run(cli + args + ["--steps", steps, "--data", *map(str, folders)]
                        + (["--val-data", *map(str, held_out)] if held_out else []), check=True, capture_output=True)
+        # EAGLE 3.1's folder carried as to another machine: without its checkpoint, from its export
+        (runs[1] / "checkpoint.pt").unlink(missing_ok=True)
+    assert [checkpoint_step(run) for run in runs] == [2, 2]
     logs = [[json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()] for run in runs]
     for run, log in zip(runs, logs):
         assert [r["step"] for r in log] == [1, 2]
@@ -232,7 +237,7 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
         assert [(d["folder"], d["conversations"]) for d in recorded][0] == (str(data), 4)
         assert recorded[1]["source"] == "self" and recorded[1]["answer_tokens"] > 0
     # a checkpoint keeps Adam's moments in bfloat16; the resumed run above read them back
-    moments = torch.load(runs[1] / "checkpoint.pt")["optimizer"]["state"][0]
+    moments = torch.load(runs[0] / "checkpoint.pt")["optimizer"]["state"][0]
     assert moments["exp_avg"].dtype == moments["exp_avg_sq"].dtype == torch.bfloat16
     # the same batches, different drafters: the losses differ, and the two switches are the difference
     assert [r["loss"] for r in logs[0]] != [r["loss"] for r in logs[1]]
@@ -327,3 +332,14 @@ def test_evaluation_prompts_are_not_template_prompts():
     held_out = [*HELDOUT_CHAT, *HELDOUT_CODE, *HELDOUT_LONG_QUESTIONS, *HELDOUT_SYSTEMS]
     assert not set(held_out) & training and len(set(held_out)) == len(held_out)
     assert not set(HELDOUT_SYSTEMS) & set(SYSTEMS)
+
+
+def test_the_schedule_warms_up_again_where_a_carried_run_goes_on():
+    """Linear warm-up, cosine to 0 at the last step; a run carried without its optimizer warms up again from
+    the step it goes on at, and the cosine goes on where it was."""
+    cosine = lambda step: 0.5 * (1 + math.cos(math.pi * step / 100))
+    assert [schedule_factor(s, 10, 100) for s in (0, 4, 9)] == pytest.approx([0.1 * cosine(0), 0.5 * cosine(4),
+                                                                              cosine(9)])
+    assert schedule_factor(100, 10, 100) == 0.0
+    assert [schedule_factor(s, 10, 100, rewarm_from=50) for s in (50, 54, 59, 70)] == pytest.approx(
+        [0.1 * cosine(50), 0.5 * cosine(54), cosine(59), cosine(70)])

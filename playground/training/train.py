@@ -9,7 +9,9 @@ target runs beside them: every batch's features and target distribution come fro
 forward over its token ids (target_states), shared by all the drafters, so the data is only token ids.
 Each run checkpoints every --save-every steps and resumes from its folder; --stop-at N ends a
 session at step N without changing the schedule, --budget-s after so many seconds, and SIGTERM or
-Ctrl-C after the step in progress, each saving first. With --val-data, every save also measures each
+Ctrl-C after the step in progress, each saving first. A run folder copied without its checkpoint.pt
+(the drafter's export and resume.json, ~20 MB: small enough to carry to another machine) resumes from
+the exported weights with a fresh optimizer, its learning rate warmed up again over --warmup steps. With --val-data, every save also measures each
 drafter on held-out data (Validator: training's loss and accuracy, teacher-forced) into val.jsonl;
 `train validate` takes the same measure for finished drafters. A run resumed with other data folders records
 from which step it used them (train_config.json). With --init, new runs start from trained drafters
@@ -48,6 +50,8 @@ from playground.model.target import Target, aux_layer_ids
 from playground.model.variants import SHIPPED, shipped_path
 from playground.training.data import describe, load_examples
 from playground.training.ttt import Validator, padded_batch, ttt_pooled
+
+RESUME = "resume.json"   # a run folder's last save: the step its exported drafter reached
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,24 @@ def trained_drafter_path(name: str) -> Path:
     return path
 
 
+def schedule_factor(step: int, warmup: int, steps: int, rewarm_from: int | None = None) -> float:
+    """The learning rate's factor at a step: a linear warm-up (again from where a carried run went on, its
+    Adam moments having stayed behind), then a cosine down to 0 at the last step."""
+    warm = min(1.0, (step + 1) / warmup)
+    if rewarm_from is not None:
+        warm *= min(1.0, (step - rewarm_from + 1) / warmup)
+    return warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / steps)))
+
+
+def resumable(run: Path) -> bool:
+    """Whether a run folder holds a run to go on with: its checkpoint, or a carried copy (resume.json)."""
+    return (Path(run) / "checkpoint.pt").exists() or (Path(run) / RESUME).exists()
+
+
 def init_source(config: TrainConfig) -> Path | None:
     """The trained drafter a new run starts from (--init); None without one, or where the run
-    resumes from its checkpoint (a resumed run ignores --init)."""
-    if not config.init or (Path(config.out) / "checkpoint.pt").exists():
+    resumes (a resumed run ignores --init)."""
+    if not config.init or resumable(config.out):
         return None
     return trained_drafter_path(config.init)
 
@@ -176,9 +194,9 @@ class Batcher:
 
 
 def checkpoint_step(run: Path) -> int | None:
-    """The step a run folder's checkpoint reached; None without a checkpoint."""
-    checkpoint = Path(run) / "checkpoint.pt"
-    return torch.load(checkpoint, map_location="cpu", weights_only=False)["step"] if checkpoint.exists() else None
+    """The step a run folder's last save reached; None without one."""
+    resume = Path(run) / RESUME
+    return json.loads(resume.read_text())["step"] if resume.exists() else None
 
 
 def write_train_config(path: Path, config: TrainConfig, start: int, data_stats: list[dict]) -> None:
@@ -232,20 +250,30 @@ class Run:
             self.drafter.set_draft_vocab(torch.load(vocab_file))
             init_from_target(self.drafter, model)
         self.drafter.to(config.device)   # where the target's model is
+        self.start, self.rewarm_from = 0, None
+        carried = self.out / RESUME
+        if not self.checkpoint.exists() and carried.exists():   # a carried copy: the exported weights go on
+            self.start = self.rewarm_from = json.loads(carried.read_text())["step"]
+            self.drafter = load_drafter(self.out / "drafter").to(config.device).requires_grad_(True).train()
         self.in_vocab = self.drafter.t2d.clone()
         self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / config.warmup)
-                                                          * 0.5 * (1 + math.cos(math.pi * min(1.0, s / config.steps))))
-        self.start = 0
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: self.learning_rate(s))
         if self.checkpoint.exists():
             state = torch.load(self.checkpoint, map_location=config.device)
             self.drafter.load_state_dict(state["drafter"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.schedule.load_state_dict(state["schedule"])
-            self.start = state["step"]
+            self.start, self.rewarm_from = state["step"], state.get("rewarm_from")
+        elif self.start:   # the schedule where the carried run stopped
+            self.schedule.last_epoch = self.start
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.lr * self.learning_rate(self.start)
         write_train_config(self.out / "train_config.json", config, self.start, data_stats)
         self.log = open(self.out / "log.jsonl", "a")
         self.began = time.monotonic()
+
+    def learning_rate(self, step: int) -> float:
+        return schedule_factor(step, self.config.warmup, self.config.steps, self.rewarm_from)
 
     def train_step(self, step: int, batch: dict, embed: torch.Tensor, head: torch.Tensor) -> tuple[float, float]:
         """One optimizer step on the batch, logged; (loss, first-depth accuracy)."""
@@ -269,9 +297,10 @@ class Run:
         optimizer["state"] = {i: {k: v.bfloat16() if k in ("exp_avg", "exp_avg_sq") else v for k, v in s.items()}
                               for i, s in optimizer["state"].items()}
         torch.save({"drafter": self.drafter.state_dict(), "optimizer": optimizer,
-                    "schedule": self.schedule.state_dict(), "step": step}, tmp)
+                    "schedule": self.schedule.state_dict(), "step": step, "rewarm_from": self.rewarm_from}, tmp)
         os.replace(tmp, self.checkpoint)
         save_drafter(self.drafter, self.out / "drafter")
+        (self.out / RESUME).write_text(json.dumps({"step": step}) + "\n")   # after the export it describes
         self.log.flush()
 
     def validate(self, step: int, validator: Validator, embed: torch.Tensor, head: torch.Tensor) -> dict:
