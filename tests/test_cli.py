@@ -113,6 +113,7 @@ COMMANDS = {
     "bench memory --runs 2": bench.bench_memory,
     "bench probe --rounds 2": bench.bench_probe,
     "bench chunked-prefill --chunks 512": bench.bench_chunked_prefill,
+    "bench long-context --documents 2": bench.bench_long_context,
     "watch --vllm-url http://a:1": watch.watch,
     "diff reference:eagle3 reference:eagle3.1 --prompt hi": diff.diff,
 }

@@ -135,6 +135,18 @@ def add_parsers(sub) -> None:
     c.add_argument("--out", type=Path, default=Path("assets/benchmark/chunked-prefill"), help="folder for the report")
     c.set_defaults(func=bench_chunked_prefill)
 
+    g = suites.add_parser("long-context", help="tau of the drafters against the context's length (1k to 8k) over "
+                                               "held-out documents, intervals by document; Ctrl-C, then the same "
+                                               "command, goes on")
+    g.add_argument("--documents", type=int, default=32, help="documents (each at every length)")
+    g.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 7936], help="prompt tokens")
+    g.add_argument("--ks", type=int, nargs="+", default=[5, 10], help="chain lengths")
+    g.add_argument("--drafters", nargs="+", default=["eagle3", "eagle3.1"],
+                   help="shipped names or checkpoint folders; the last is compared with the first")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--out", type=Path, default=Path("assets/benchmark/long-context"), help="folder for the report")
+    g.set_defaults(func=bench_long_context)
+
     f = suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, --k, "
                                           "--max-tokens)")
     _run_options(f, _unset)
@@ -275,6 +287,17 @@ def bench_chunked_prefill(args: argparse.Namespace) -> int:
     config = chunked_prefill.ChunkConfig(chunks=tuple(args.chunks), k=args.k, max_tokens=args.max_tokens)
     paths = chunked_prefill.run(config, args.out)
     print(paths[0].read_text())
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    return 0
+
+
+def bench_long_context(args: argparse.Namespace) -> int:
+    from playground.studies import long_context
+
+    config = long_context.LongContextConfig(documents=args.documents, lengths=tuple(args.lengths), ks=tuple(args.ks),
+                                            drafters=tuple(args.drafters), max_tokens=args.max_tokens)
+    report, paths = long_context.run(config, args.out)
+    print(long_context.markdown(report))
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0
 

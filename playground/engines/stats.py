@@ -254,6 +254,15 @@ class DepthSums:
         return tuple(s / n for s, n in zip(self.sums, self.counts))
 
 
+def own_vs_uniform(event: StepEvent) -> tuple[float, ...]:
+    """The attention on the drafter's own earlier drafts by depth, relative to what a uniform spread over
+    its keys (the context before the step and the d - 1 drafts before depth d) would put on them: 1 is
+    uniform. Unlike the raw share, it does not shrink only because a longer context adds keys. 0 at depth
+    1, which has no earlier drafts."""
+    return tuple(mass * (event.position + earlier) / earlier if earlier else 0.0
+                 for earlier, mass in enumerate(event.self_attention))
+
+
 @dataclass(frozen=True)
 class RunTotals:
     """One run (one prompt's answer) reduced to the sums that pooling over runs needs: small enough to
@@ -273,6 +282,7 @@ class RunTotals:
     verify_ms: float
     self_attention: DepthSums = DepthSums()   # on the drafter's own earlier drafts of the step
     drafted: int = 0                      # drafts verified, over the drafting steps
+    self_attention_vs_uniform: DepthSums = DepthSums()   # the same relative to a uniform spread (own_vs_uniform)
 
     @classmethod
     def of(cls, events: list[StepEvent]) -> RunTotals:
@@ -288,7 +298,8 @@ class RunTotals:
                    hidden_norm=DepthSums.of(e.hidden_norm for e in drafting),
                    draft_ms=sum(e.draft_ms for e in verifying), verify_ms=sum(e.verify_ms for e in verifying),
                    self_attention=DepthSums.of(e.self_attention for e in drafting),
-                   drafted=sum(e.drafted for e in drafting))
+                   drafted=sum(e.drafted for e in drafting),
+                   self_attention_vs_uniform=DepthSums.of(own_vs_uniform(e) for e in drafting))
 
     @property
     def counts(self) -> tuple[int, int]:

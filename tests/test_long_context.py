@@ -1,0 +1,53 @@
+"""The long-context study at toy size with the real target: held-out documents cut at each length,
+both drafters at one k, tau with intervals by document, and own-draft attention against uniform."""
+
+from dataclasses import asdict
+
+import pytest
+
+from playground.engines.events import StepEvent
+from playground.engines.stats import own_vs_uniform, pooled_tau
+from playground.evaluation.machine import machine
+from playground.studies import long_context
+from playground.studies.long_context import LongContextConfig, by_document, documents, prompts
+
+
+def test_own_draft_attention_is_measured_against_a_uniform_spread_over_the_keys():
+    event = StepEvent(step=3, position=100, token_ids=(1,), token_texts=("a",), self_attention=(0.0, 0.02, 0.03))
+    assert own_vs_uniform(event) == pytest.approx((0.0, 0.02 * 101 / 1, 0.03 * 102 / 2))
+
+
+def test_documents_are_held_out_disjoint_and_cut_at_each_length(engine):
+    docs = documents(4, 2000)
+    assert len({d.id for d in docs}) == 4 and all(d.tokens >= 2000 for d in docs)
+    assert all(name.startswith("doc/") for d in docs for name in d.files)   # pytest's documentation
+    assert not set(docs[0].text.split("\n\n")) & set(docs[-1].text.split("\n\n")) - {""}
+    cut = prompts(docs[:2], (256, 1024), engine.tokenizer)
+    assert [p.id for p in cut] == ["doc00@256", "doc00@1024", "doc01@256", "doc01@1024"]
+    lengths = [len(engine.prompt_ids(p.request("eagle3", 5, 8))) for p in cut]
+    assert all(abs(n - p.length) <= long_context.QUESTION_ROOM for n, p in zip(lengths, cut))
+    assert cut[0].text.split("\n\n")[-1] == cut[1].text.split("\n\n")[-1]   # one question for a document's cuts
+    assert cut[1].text.startswith(cut[0].text.rsplit("\n\n", 1)[0][:200])    # its cuts start alike
+
+
+def test_the_study_pools_by_length_and_resamples_documents(engine, tmp_path):
+    config = LongContextConfig(documents=3, lengths=(160, 320), ks=(2,), max_tokens=8)
+    docs, results = long_context.collect(config, engine, tmp_path)
+    assert len(results) == 6 and not any(r.skipped for r in results)
+    report = {**long_context.analyse(config, results), "config": asdict(config), "machine": machine()}
+    rows = {(r["context"], r["k"]): r for r in report["rows"]}
+    assert set(rows) == {("160", 2), ("320", 2), ("all", 2)} and report["lossless"]
+    assert rows[("320", 2)]["prompt_tokens"] > rows[("160", 2)]["prompt_tokens"]
+    for drafter in config.drafters:
+        method = long_context.method_name(drafter, 2)
+        whole = by_document(results, method)   # a document's two cuts summed: the unit resampled
+        assert len(whole) == 3 and sum(t.drafting_steps for t in whole) == sum(r.runs[method].drafting_steps
+                                                                              for r in results)
+        assert rows[("all", 2)]["tau"][drafter] == pytest.approx(pooled_tau(t.counts for t in whole))
+        lo, hi = rows[("all", 2)]["tau_ci"][drafter]
+        assert lo <= rows[("all", 2)]["tau"][drafter] <= hi
+        assert rows[("160", 2)]["own_vs_uniform"][drafter][0] == 0.0   # depth 1 has no earlier drafts
+    row = rows[("all", 2)]
+    assert row["ratio"] == pytest.approx(row["tau"]["eagle3.1"] / row["tau"]["eagle3"])
+    text = long_context.markdown(report)
+    assert "| context | k | documents |" in text and "resample documents" in text
