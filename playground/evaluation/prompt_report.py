@@ -29,7 +29,7 @@ from playground.evaluation import drift_signals, runner
 from playground.evaluation.machine import described, machine
 from playground.evaluation.prompt_study import StudyConfig, study_key
 from playground.evaluation.runner import PromptResult
-from playground.evaluation.tables import markdown_table
+from playground.evaluation.tables import markdown_table, with_interval
 from playground.model.variants import NONE
 from playground.plots import label
 from playground.prompts.files import PromptFile, UserPrompt
@@ -188,11 +188,6 @@ def _interval(ci) -> str:
     return "…" if ci is None else "{:.2f}–{:.2f}".format(*ci)
 
 
-def _with_interval(value: float, ci, digits: int = 2) -> str:
-    """"2.09 (1.98–2.20)"; a group of one prompt has no interval to show."""
-    return f"{value:.{digits}f}" + ("" if ci is not None and ci[0] == ci[1] else f" ({_interval(ci)})")
-
-
 def _depths(xs, f: str = "{:.2f}") -> str:
     return " ".join(f.format(x) for x in xs) or "–"
 
@@ -207,16 +202,16 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                 "decode tok/s", "decode vs none (95% CI)", "sink attention by depth", "fed-back RMS by depth"]
         speedup = lambda p, key: (f"{p[key]:.2f}x ({_interval(p[key.replace('_vs_none', '_ci')])})" if key in p
                                   else "–")
-        rows = [[label(p["method"]), str(p["prompts"]), _with_interval(p["tokens_per_pass"], p["tokens_per_pass_ci"]),
-                 _with_interval(p["mean_acceptance_length"], p["tau_ci"]),
+        rows = [[label(p["method"]), str(p["prompts"]), with_interval(p["tokens_per_pass"], p["tokens_per_pass_ci"]),
+                 with_interval(p["mean_acceptance_length"], p["tau_ci"]),
                  _depths(p["acceptance"]), f"{p['tokens_per_s']:.1f}", speedup(p, "speedup_vs_none"),
                  f"{p['decode_tokens_per_s']:.1f}", speedup(p, "decode_speedup_vs_none"),
                  _depths(p["sink_attention"], "{:.3f}"), _depths(p["hidden_norm"])] for p in pooled]
         out.append(("Pooled over the prompts", head, rows))
     if res["ratios"]:
         out.append(("Paired ratios", ["ratio", "tokens per target pass (95% CI)", "tau (95% CI)"],
-                    [[f"{label(r['a'])} / {label(r['b'])}", _with_interval(r["per_pass_ratio"], r["per_pass_ci"], 3),
-                      _with_interval(r["tau_ratio"], r["ci"], 3)] for r in res["ratios"]]))
+                    [[f"{label(r['a'])} / {label(r['b'])}", with_interval(r["per_pass_ratio"], r["per_pass_ci"], 3),
+                      with_interval(r["tau_ratio"], r["ci"], 3)] for r in res["ratios"]]))
     if res.get("signals"):
         out.append(drift_signals.table(res["signals"]))
     for key, title, first in (("by_length", "tokens per target pass by prompt length (tokens)", "prompt tokens"),
@@ -225,7 +220,7 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             methods = list(res[key][0]["tau"])
             out.append((title, [first, "prompts", *(f"{label(m)} (95% CI)" for m in methods)],
                         [[g["group"], str(g["prompts"]),
-                          *(_with_interval(g["tokens_per_pass"][m], g["tokens_per_pass_ci"][m]) for m in methods)]
+                          *(with_interval(g["tokens_per_pass"][m], g["tokens_per_pass_ci"][m]) for m in methods)]
                          for g in res[key]]))
     gains = res["gains"]
     if gains:

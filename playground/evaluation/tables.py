@@ -11,6 +11,14 @@ NUMBER = re.compile(r"[-+]?[\d.,]+\S*( \(.*\))?")   # 12.5, 1.41x, 3.8%, 0.91 (0
 NO_VALUE = ("", "-", "–")
 
 
+def with_interval(value: float, ci: Sequence[float] | None, digits: int = 2) -> str:
+    """"2.09 (1.98–2.20)"; "2.09 (…)" while the interval is not computed yet; no interval where it has no
+    width (a group of one prompt or one document) or none can be drawn."""
+    if ci is not None and ci[0] == ci[1]:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} (" + ("…" if ci is None else f"{ci[0]:.2f}–{ci[1]:.2f}") + ")"
+
+
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A markdown table of `rows` under `head`: a column of numbers (and cells with no value) is right-aligned,
     a "|" in a cell escaped."""

@@ -29,12 +29,13 @@ from typing import Sequence
 
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import DepthSums, RunTotals, bootstrap_interval, paired_ratio, pooled_tau, tau_of
+from playground.engines.stats import (DepthSums, RunTotals, bootstrap_interval, paired_ratio, pooled_tau, tau_of,
+                                     value_of)
 from playground.errors import PlaygroundError
 from playground.evaluation import runner
 from playground.evaluation.machine import described, machine
 from playground.evaluation.runner import Method, PromptResult
-from playground.evaluation.tables import markdown_table, write_results
+from playground.evaluation.tables import markdown_table, with_interval, write_results
 from playground.model.variants import EAGLE3, EAGLE31
 from playground.plots import label
 
@@ -156,8 +157,9 @@ def summed(runs: Sequence[RunTotals]) -> RunTotals:
                      self_attention_vs_uniform=depths("self_attention_vs_uniform"))
 
 
-def _interval(statistic, units: int) -> list[float] | None:
-    return list(bootstrap_interval(statistic, units)) if units > 1 else None
+def _interval(statistic, units: int) -> list[float]:
+    """The 95% interval over `units` documents; of no width for one (nothing to resample)."""
+    return list(bootstrap_interval(statistic, units)) if units > 1 else [value_of(statistic, units)] * 2
 
 
 def analyse(config: LongContextConfig, results: Sequence[PromptResult]) -> dict:
@@ -175,15 +177,14 @@ def analyse(config: LongContextConfig, results: Sequence[PromptResult]) -> dict:
             per_doc = {d: by_document(ran, method_name(d, k)) for d in config.drafters}
             documents = len(per_doc[first])
             counts = {d: [t.counts for t in per_doc[d]] for d in config.drafters}
-            ratio, ratio_ci = (paired_ratio(tau_of(counts[last]), tau_of(counts[first]), documents) if documents > 1
-                               else (pooled_tau(counts[last]) / pooled_tau(counts[first]), None))
+            ratio, ratio_ci = paired_ratio(tau_of(counts[last]), tau_of(counts[first]), documents)
             rows.append({
                 "context": group, "k": k, "documents": documents, "prompts": len(ran),
                 "prompt_tokens": statistics.median(r.prompt_tokens for r in ran),
                 "skipped": len(members) - len(ran),
                 "tau": {d: pooled_tau(counts[d]) for d in config.drafters},
                 "tau_ci": {d: _interval(tau_of(counts[d]), documents) for d in config.drafters},
-                "ratio": ratio, "ratio_ci": list(ratio_ci) if ratio_ci else None,
+                "ratio": ratio, "ratio_ci": list(ratio_ci),
                 "own_vs_uniform": {d: list(DepthSums.total([t.self_attention_vs_uniform for t in per_doc[d]]).means)
                                    for d in config.drafters},
                 "own_attention": {d: list(DepthSums.total([t.self_attention for t in per_doc[d]]).means)
@@ -193,10 +194,6 @@ def analyse(config: LongContextConfig, results: Sequence[PromptResult]) -> dict:
     return {"rows": rows, "lossless": lossless,
             "mismatches": [{"id": r.id, "method": m, "first_differing_token": t} for r in results
                            for m, t in r.mismatches]}
-
-
-def _with_interval(value: float, ci: list[float] | None) -> str:
-    return f"{value:.2f}" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else "")
 
 
 def markdown(report: dict) -> str:
@@ -213,8 +210,8 @@ def markdown(report: dict) -> str:
             f"{label(last)} / {label(first)}"]
     lines.append(markdown_table(head, ([r["context"] if r["context"] == "all" else f"{int(r['context']):,}", str(r["k"]),
                                         str(r["documents"]), f"{r['prompt_tokens']:,.0f}",
-                                        *(_with_interval(r["tau"][d], r["tau_ci"][d]) for d in config["drafters"]),
-                                        _with_interval(r["ratio"], r["ratio_ci"])] for r in rows)))
+                                        *(with_interval(r["tau"][d], r["tau_ci"][d]) for d in config["drafters"]),
+                                        with_interval(r["ratio"], r["ratio_ci"])] for r in rows)))
     lines += ["", "Attention on the drafter's own earlier drafts by depth (2 on), relative to a uniform spread over "
               "its keys (1 = uniform), and as a share of its attention:", ""]
     head = ["context", "k", *(f"{label(d)} vs uniform" for d in config["drafters"]),
