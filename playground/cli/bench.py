@@ -148,8 +148,13 @@ def add_parsers(sub) -> None:
     g.set_defaults(func=bench_long_context)
 
     f = suites.add_parser("profile", help="torch.profiler breakdown of one run (the last --drafters, --k, "
-                                          "--max-tokens)")
+                                          "--max-tokens); with --verify, the target's verify by rows and context")
     _run_options(f, _unset)
+    f.add_argument("--verify", action="store_true",
+                   help="instead: the verify forward's parts (stack, projections, attention, rest, head) timed "
+                        "alone for 1 to k + 1 rows at each --contexts, against their floors")
+    f.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
+    add_weights_option(f)
     f.set_defaults(func=bench_profile)
 
     n = suites.add_parser("kernels", help="the embedded engine on our CPU kernels against PyTorch's and llama.cpp "
@@ -328,9 +333,12 @@ def bench_draft_stop(args: argparse.Namespace) -> int:
 
 
 def bench_profile(args: argparse.Namespace) -> int:
-    from playground.evaluation import profile
+    from playground.evaluation import profile, verify_cost
 
-    print(profile.run(args.drafters[-1], args.k, args.max_tokens))
+    if args.verify:
+        print(verify_cost.run(args.weights, tuple(args.contexts), args.k + 1))
+    else:
+        print(profile.run(args.drafters[-1], args.k, args.max_tokens, args.weights))
     return 0
 
 

@@ -35,7 +35,7 @@ def profile_run(engine: ReferenceEngine, request: GenerationRequest, top: int = 
     return "\n".join(lines)
 
 
-def run(drafter: str, k: int, max_tokens: int) -> str:
+def run(drafter: str, k: int, max_tokens: int, weights: str | None = None) -> str:
     """The profile of one coding prompt's run with `drafter` on the embedded engine."""
     request = GenerationRequest(prompt=CODING[0], drafter=drafter, k=k, max_tokens=max_tokens)
-    return profile_run(ReferenceEngine.load(), request)
+    return profile_run(ReferenceEngine.load(weights=weights), request)

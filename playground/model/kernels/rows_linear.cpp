@@ -137,6 +137,7 @@ inline float half_at(const uint8_t* p) {
 // keep their sums in registers too
 struct Q4_1 {
   static constexpr int64_t kBytes = kQ4_1BlockBytes;
+  static constexpr int kFewRowsCols = 2;
   struct Block {
     const uint8_t* q;
     __m256 d, m;
@@ -153,6 +154,7 @@ struct Q4_1 {
 
 struct Q8_0 {
   static constexpr int64_t kBytes = kQ8_0BlockBytes;
+  static constexpr int kFewRowsCols = 1;
   struct Block {
     const uint8_t* q;
     __m256 d;
@@ -205,14 +207,16 @@ inline void block_tile(const float* x, int64_t x_stride, const BlockRows<Q>& w, 
     for (int c = 0; c < COLS; ++c) y[r * y_stride + c] = lane_sum(acc[r][c]);
 }
 
-// weight rows a block tile takes for `rows` rows of x: two sums in flight for one row (three or four
-// spill the blocks' registers: slower here), a sum per row beyond
-constexpr int block_tile_cols(int64_t rows) { return rows <= 2 ? 2 : 1; }
+// weight rows a block tile takes for `rows` rows of x: a sum per row, and for one or two rows of x two
+// Q4_1 rows in flight (three or four spill the blocks' registers); Q8_0 rows one at a time (two made the
+// head's one-row pass 1.6-1.9x slower on an AVX-512 EPYC)
+template <typename Q>
+constexpr int block_tile_cols(int64_t rows) { return rows <= 2 ? Q::kFewRowsCols : 1; }
 
 template <int ROWS, typename Q>
 void block_pass(const float* x, int64_t k, const BlockRows<Q>& w, float* y, int64_t y_stride, int64_t first,
                 int64_t begin, int64_t end) {
-  constexpr int COLS = block_tile_cols(ROWS);
+  constexpr int COLS = block_tile_cols<Q>(ROWS);
   int64_t n = begin;
   for (; n + COLS <= end; n += COLS) block_tile<ROWS, COLS>(x, k, w, k, y + n - first, y_stride, n);
   for (; n < end; ++n) block_tile<ROWS, 1>(x, k, w, k, y + n - first, y_stride, n);
