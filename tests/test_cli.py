@@ -108,6 +108,7 @@ COMMANDS = {
     "bench rejection --prompts 2": bench.bench_rejection,
     "bench draft-stop --prompts 2": bench.bench_draft_stop,
     "bench --k 3 profile": bench.bench_profile,
+    "bench profile --verify --contexts 128": bench.bench_profile,
     "bench kernels --rounds 1": bench.bench_kernels,
     "bench k-choice --weights gguf": bench.bench_k_choice,
     "bench memory --runs 2": bench.bench_memory,
