@@ -209,7 +209,7 @@ inline void block_tile(const float* x, int64_t x_stride, const BlockRows<Q>& w, 
 
 // weight rows a block tile takes for `rows` rows of x: a sum per row, and for one or two rows of x two
 // Q4_1 rows in flight (three or four spill the blocks' registers); Q8_0 rows one at a time (two made the
-// head's one-row pass 1.6-1.9x slower on an AVX-512 EPYC)
+// head's one-row pass 1.4-1.9x slower on an AVX-512 EPYC)
 template <typename Q>
 constexpr int block_tile_cols(int64_t rows) { return rows <= 2 ? Q::kFewRowsCols : 1; }
 
