@@ -53,6 +53,46 @@ def test_a_signal_that_decides_acceptance_separates_and_noise_and_shuffled_verdi
     assert report["added_value"]["probability_auc"] > 0.7
 
 
+def test_the_within_prompt_auc_counts_only_pairs_of_one_prompt():
+    values = np.array([2.0, 1.0, 0.0, 5.0])
+    accepted = np.array([True, False, True, False])
+    groups = [np.array([0, 1]), np.array([2, 3])]
+    assert rejection.auc(values[accepted], values[~accepted]) == 0.25   # pooled: one pair of four
+    assert rejection.within_prompt_auc(values, accepted, groups) == 0.5   # one pair of each prompt's two
+    assert np.isnan(rejection.within_prompt_auc(values, accepted, [np.array([0]), np.array([2])]))
+
+
+def confounded(prompts: int, seed: int = 0) -> list[PromptResult]:
+    """Prompts whose sink attention sets both its own level and the prompt's acceptance rate, with no
+    information about which of a prompt's drafts is accepted; the probability decides within prompts."""
+    rng = np.random.default_rng(seed)
+    results = []
+    for i in range(prompts):
+        level = rng.uniform()
+        drafts = []
+        for _ in range(20):
+            p = rng.uniform()
+            accepted = bool(rng.uniform() < 0.5 * p + 0.5 * level)
+            drafts.append(VerifiedDraft(1, accepted, p, level + 0.05 * rng.normal(), rng.uniform(), 1.0))
+        results.append(PromptResult(i, f"p{i}", None, drafts={"eagle3.1": tuple(drafts)}))
+    return results
+
+
+def test_a_signal_that_only_tells_the_prompt_apart_says_nothing_within_prompts():
+    config = rejection.RejectionConfig(drafters=("eagle3.1",), k=1)
+    rows = {r["signal"]: r for r in rejection.analyse(confounded(40), config, resamples=300)["drafters"]["eagle3.1"]
+            ["by_depth"]}
+    sink, probability = rows["sink_attention"], rows["probability"]
+    assert sink["auc_ci"][0] > 0.55, sink                                   # pooled, the prompt's level shows
+    assert sink["within_auc_ci"][0] <= 0.5 <= sink["within_auc_ci"][1], sink   # within prompts, nothing
+    assert probability["within_auc_ci"][0] > 0.55, probability
+    # shuffled within prompts, the verdicts keep each prompt's acceptance: the band moves off 0.5 only as far
+    # as the prompts' differences carry, and the probability stays above it
+    low, high = probability["null_within_band"]
+    assert high < probability["auc_ci"][0], probability
+    assert probability["null_band"][0] <= 0.5 <= probability["null_band"][1], probability
+
+
 STORED = rejection.Path(__file__).resolve().parents[1] / "assets" / "benchmark" / "rejection" / "results.json"
 
 
@@ -80,7 +120,7 @@ def test_the_figure_draws_each_drafters_aucs_with_their_intervals_and_the_shuffl
             bottoms = [y - down for y, down in zip(line.y, line.error_y.arrayminus)]
             assert np.allclose(tops, [r["auc_ci"][1] for r in mine])
             assert np.allclose(bottoms, [r["auc_ci"][0] for r in mine])
-        band = next(t for t in traces if t.name == "verdicts shuffled (draft probability)")
-        nulls = [r["null_band"] for r in rows if "null_band" in r]
+        band = next(t for t in traces if t.name == "verdicts shuffled within prompts (draft probability)")
+        nulls = [r.get("null_within_band", r["null_band"]) for r in rows if "null_band" in r]
         assert max(band.y) == max(hi for _, hi in nulls) and min(band.y) == min(lo for lo, _ in nulls)
     assert f"{report['prompts']} prompts" in fig.layout.title.text

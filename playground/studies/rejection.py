@@ -11,9 +11,12 @@ checked). For each drafter, depth and signal (draft probability, sink attention,
 fed-back RMS) the report gives the AUC: the chance that an accepted draft's value is higher than a
 rejected draft's at the same depth (0.5: the signal tells nothing; below 0.5: higher values go with
 rejection), with a 95% bootstrap interval over prompts. Beside it: the acceptance rate by the signal's
-quartile within each depth; a negative control, the band where 95% of the probability's AUCs fall
-when the depth's verdicts are shuffled (what "no information" looks like at that many drafts: 0.5
-must be inside it, and a signal outside it tells something); and whether attention and RMS add anything to the probability: logistic
+quartile within each depth; the within-prompt AUC, over pairs of drafts from the same prompt only
+(what a signal tells beyond which prompt a draft came from: prompts differ in how much is accepted
+and in their signals' levels alike); a negative control, the band where 95% of the probability's
+AUCs fall when each prompt's verdicts at that depth are shuffled among its own drafts (what "no
+information beyond the prompt" looks like at that many drafts: a signal outside it tells something);
+and whether attention and RMS add anything to the probability: logistic
 models of probability (and depth) with and without them, fitted on other prompts than they are scored
 on (prompts in five folds), and the paired difference of their AUCs.
 """
@@ -121,12 +124,39 @@ def auc_statistic(values: np.ndarray, accepted: np.ndarray, groups: list[np.ndar
     return statistic
 
 
+def within_prompt_auc(values: np.ndarray, accepted: np.ndarray, groups: list[np.ndarray]) -> float:
+    """The AUC over pairs of an accepted and a rejected draft of the same prompt (group), pooled over
+    prompts: each prompt's pairs count once, a prompt without both kinds adds none."""
+    concordant = pairs = 0.0
+    for rows in groups:
+        ok, no = values[rows][accepted[rows]], values[rows][~accepted[rows]]
+        if len(ok) and len(no):
+            concordant += auc(ok, no) * len(ok) * len(no)
+            pairs += len(ok) * len(no)
+    return concordant / pairs if pairs else float("nan")
+
+
+def within_statistic(values: np.ndarray, accepted: np.ndarray, groups: list[np.ndarray]):
+    """within_prompt_auc as a bootstrap statistic over resampled prompts"""
+    return lambda resamples: np.array([within_prompt_auc(values, accepted, [groups[u] for u in row])
+                                       for row in np.atleast_2d(resamples)])
+
+
+def shuffled_within(accepted: np.ndarray, groups: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
+    """The verdicts with each prompt's shuffled among its own rows: every prompt keeps its count accepted."""
+    shuffled = accepted.copy()
+    for rows in groups:
+        shuffled[rows] = rng.permutation(accepted[rows])
+    return shuffled
+
+
 def interval_of(statistic, units: int, resamples: int) -> tuple[float, float]:
     return bootstrap_interval(lambda idx: np.nan_to_num(statistic(idx), nan=0.5), units, resamples=resamples)
 
 
 def depth_rows(drafts: Drafts, units: int, depths: int, resamples: int) -> list[dict]:
-    """Per depth and signal: the AUC with its interval, the counts, and the shuffled-verdict control."""
+    """Per depth and signal: the AUC with its interval, the within-prompt AUC with its own, the counts,
+    and the shuffled-verdict controls (pooled, and within prompts)."""
     rows, shuffle = [], np.random.default_rng(SEED)
     for depth in range(1, depths + 1):
         at = drafts.at(depth)
@@ -140,14 +170,22 @@ def depth_rows(drafts: Drafts, units: int, depths: int, resamples: int) -> list[
                    "rejected": int((~drafts.accepted[reported]).sum()),
                    "auc": float(statistic(np.arange(units))[0]), "auc_ci": interval_of(statistic, units, resamples),
                    "acceptance_by_quartile": quartile_rates(values[reported], drafts.accepted[reported])}
-            if name == "probability":   # the negative control, on the strongest signal
+            within = within_statistic(values, drafts.accepted, groups)
+            row |= {"within_auc": float(within(np.arange(units))[0]), "within_auc_ci": interval_of(within, units, resamples)}
+            if name == "probability":   # the negative controls, on the strongest signal
                 verdicts = drafts.accepted[reported]
                 null = [auc(values[reported][v], values[reported][~v])
                         for v in (shuffle.permutation(verdicts) for _ in range(SHUFFLES))]
-                row |= {"null_auc": float(np.mean(null)),
-                        "null_band": [float(np.quantile(null, 0.025)), float(np.quantile(null, 0.975))]}
+                null_within = [auc(values[reported][v[reported]], values[reported][~v[reported]])
+                               for v in (shuffled_within(drafts.accepted, groups, shuffle) for _ in range(SHUFFLES))]
+                row |= {"null_auc": float(np.mean(null)), "null_band": _band(null),
+                        "null_within_auc": float(np.mean(null_within)), "null_within_band": _band(null_within)}
             rows.append(row)
     return rows
+
+
+def _band(values: list[float]) -> list[float]:
+    return [float(np.quantile(values, 0.025)), float(np.quantile(values, 0.975))]
 
 
 def quartile_rates(values: np.ndarray, accepted: np.ndarray) -> list[float | None]:
@@ -228,18 +266,25 @@ def markdown(report: dict) -> str:
              "AUC: the chance that an accepted draft's value is higher than a rejected draft's at the same depth "
              "(95% bootstrap interval over prompts); 0.5 says nothing, below 0.5 higher values go with rejection.",
              ""]
-    by_depth = []
+    by_depth, within = [], []
     for drafter, part in report["drafters"].items():
         for depth in range(1, config["k"] + 1):
             rows = {r["signal"]: r for r in part["by_depth"] if r["depth"] == depth}
             if not rows:
                 continue
             first, control = next(iter(rows.values())), rows.get("probability")
-            by_depth.append([DRAFTER_LABELS.get(drafter, drafter), depth, f"{first['accepted']} / {first['rejected']}",
-                             *(f"{rows[s]['auc']:.2f} ({_ci(rows[s]['auc_ci'])})" if s in rows else "–"
-                               for s in SIGNALS), _ci(control["null_band"]) if control else "–"])
+            head = [DRAFTER_LABELS.get(drafter, drafter), depth, f"{first['accepted']} / {first['rejected']}"]
+            by_depth.append([*head, *(f"{rows[s]['auc']:.2f} ({_ci(rows[s]['auc_ci'])})" if s in rows else "–"
+                                      for s in SIGNALS),
+                             _ci(control.get("null_within_band", control["null_band"])) if control else "–"])
+            within.append([*head, *(f"{rows[s]['within_auc']:.2f} ({_ci(rows[s]['within_auc_ci'])})"
+                                    if "within_auc" in rows.get(s, {}) else "–" for s in SIGNALS)])
     lines.append(markdown_table(["drafter", "depth", "verified (accepted / rejected)", *SIGNALS.values(),
-                                 "no information (verdicts shuffled)"], by_depth))
+                                 "no information (verdicts shuffled within prompts)"], by_depth))
+    if any(cell != "–" for row in within for cell in row[3:]):
+        lines += ["", "Within prompts: the AUC over pairs of drafts from the same prompt only (95% bootstrap interval "
+                  "over prompts):", "",
+                  markdown_table(["drafter", "depth", "verified (accepted / rejected)", *SIGNALS.values()], within)]
     lines += ["", "Acceptance rate by quartile of each signal within its depth (lowest quartile first), all depths:", "",
               markdown_table(["drafter", *SIGNALS.values()],
                              ([DRAFTER_LABELS.get(drafter, drafter),
@@ -258,18 +303,18 @@ def markdown(report: dict) -> str:
 
 def figure(report: dict) -> go.Figure:
     """The report's AUCs by depth: a panel per drafter, a line per signal with its 95% interval, the grey
-    band where the probability's AUC falls with the verdicts shuffled, and 0.5 (tells nothing) dotted."""
+    band where the probability's AUC falls with each prompt's verdicts shuffled, and 0.5 (tells nothing) dotted."""
     drafters = list(report["drafters"])
     lows = [r["auc_ci"][0] for part in report["drafters"].values() for r in part["by_depth"]]
     fig = make_subplots(rows=1, cols=len(drafters), shared_yaxes=True, horizontal_spacing=0.04,
                         subplot_titles=[plots.label(name) for name in drafters])
     for col, drafter in enumerate(drafters, start=1):
         rows = report["drafters"][drafter]["by_depth"]
-        band = [(r["depth"], *r["null_band"]) for r in rows if "null_band" in r]
+        band = [(r["depth"], *r.get("null_within_band", r["null_band"])) for r in rows if "null_band" in r]
         fig.add_scatter(x=[d for d, _, _ in band] + [d for d, _, _ in reversed(band)],
                         y=[hi for _, _, hi in band] + [lo for _, lo, _ in reversed(band)], fill="toself", mode="lines",
                         fillcolor="rgba(107,114,128,0.2)", line=dict(width=0), hoverinfo="skip", row=1, col=col,
-                        name="verdicts shuffled (draft probability)", legendgroup="shuffled",
+                        name="verdicts shuffled within prompts (draft probability)", legendgroup="shuffled",
                         showlegend=col == 1)
         for signal, title in SIGNALS.items():
             mine = [r for r in rows if r["signal"] == signal]
