@@ -3,9 +3,12 @@
 A decode step with k drafts emits 1 + a_1 + ... + a_k tokens on average, a_d being the share of
 drafting steps that accepted at least d drafts (vLLM's acceptance by depth), and costs what this
 host takes to draft k tokens and verify k + 1 rows over the context, with the step's event and
-Python around them. The costs are measured once per host, weights and kernels, by running the
-engine itself (a chain at every k, plain decoding for k = 0) and timing the target's forward over
-a longer context, then cached beside the kernels; the acceptance is the drafter's in the stored
+Python around them. Speculation also pays once per answer for the drafter's own pass over the
+prompt (after the first token, as the engine runs it): about a thirtieth of the target's prefill
+(one layer against thirty), spread over the answer's tokens. The costs are measured once per host,
+weights and kernels, by running the engine itself (a chain at every k, plain decoding for k = 0, and
+the drafter's first step after a short and a long prompt) and timing the target's forward over a
+longer context, then cached beside the kernels; the acceptance is the drafter's in the stored
 benchmark (every category pooled). k = 0, plain decoding, is chosen whenever no k is expected to
 be faster.
 
@@ -33,9 +36,10 @@ from playground.settings import cache_root
 
 STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 SHORT_CONTEXT = 64           # about the prompt the step costs are measured at
-LONG_CONTEXT = SHORT_CONTEXT + 1024
+LONG_CONTEXT = SHORT_CONTEXT + 4096   # past the caches: each row's attention reads the keys from memory there
 MEASURED_TOKENS = 48
-COSTS_VERSION = 1            # bump when what is measured changes: older caches are measured again
+COSTS_VERSION = 2            # bump when what is measured changes: older caches are measured again
+ANSWER_TOKENS = 128          # the answer the drafter's pass over the prompt is spread over, where none is given
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,18 @@ class StepCosts:
     weights: str
     step_ms: tuple[float, ...]              # k = 0 .. K_RANGE[1]: a step's wall time after the first token
     context_ms_per_1k: tuple[float, ...]    # rows = 1 .. K_RANGE[1] + 1: a forward's extra ms per 1,000 context tokens
+    drafter_prompt_ms_per_1k: float = 0.0   # the drafter's pass over the prompt, per 1,000 prompt tokens
 
     def at(self, k: int, context: int) -> float:
         """A step of k drafts at `context` tokens of context, in ms."""
         return self.step_ms[k] + self.context_ms_per_1k[k] * max(0, context - SHORT_CONTEXT) / 1000
+
+    def per_token(self, k: int, expected: float, prompt_tokens: int, answer_tokens: int) -> float:
+        """What each of an answer's tokens costs at k drafts a step emitting `expected` tokens, in ms: its
+        share of a step at the answer's middle, and for k >= 1 of the drafter's pass over the prompt."""
+        context = prompt_tokens + answer_tokens // 2
+        drafter_prompt_ms = self.drafter_prompt_ms_per_1k * prompt_tokens / 1000 if k else 0.0
+        return self.at(k, context) / expected + drafter_prompt_ms / max(1, answer_tokens)
 
 
 @dataclass(frozen=True)
@@ -84,9 +96,13 @@ def stored_acceptance(drafter: str, results: Path = STORED_RESULTS) -> tuple[flo
     return tuple(pooled)
 
 
-def choose(costs: StepCosts, acceptance: tuple[float, ...], context: int) -> KChoice:
-    """The k (0 .. K_RANGE[1]) with the most expected tokens/s at `context` tokens; the smaller on a tie."""
-    rates = tuple(1000 * expected_tokens(acceptance, k) / costs.at(k, context) for k in range(K_RANGE[1] + 1))
+def choose(costs: StepCosts, acceptance: tuple[float, ...], prompt_tokens: int,
+           answer_tokens: int = ANSWER_TOKENS) -> KChoice:
+    """The k (0 .. K_RANGE[1]) with the most expected tokens/s for an answer of `answer_tokens` after a
+    prompt of `prompt_tokens`; the smaller on a tie."""
+    context = prompt_tokens + answer_tokens // 2
+    rates = tuple(1000 / costs.per_token(k, expected_tokens(acceptance, k), prompt_tokens, answer_tokens)
+                  for k in range(K_RANGE[1] + 1))
     best = max(range(len(rates)), key=lambda k: (round(rates[k], 6), -k))
     plain = rates[0]
     if best == 0:
@@ -94,8 +110,11 @@ def choose(costs: StepCosts, acceptance: tuple[float, ...], context: int) -> KCh
         reason = (f"no speculation: plain decoding is expected at {plain:.0f} tokens/s here, the best k "
                   f"({runner_up}) at {rates[runner_up]:.0f}")
     else:
-        reason = (f"k={best}: {expected_tokens(acceptance, best):.2f} tokens a step of {costs.at(best, context):.1f} ms "
-                  f"= {rates[best]:.0f} tokens/s expected, against {plain:.0f} without speculation "
+        drafter_prompt_ms = costs.drafter_prompt_ms_per_1k * prompt_tokens / 1000
+        spread = (f", and the drafter's {drafter_prompt_ms:.0f} ms pass over the {prompt_tokens}-token prompt spread "
+                  f"over {answer_tokens} tokens" if drafter_prompt_ms >= 0.5 else "")
+        reason = (f"k={best}: {expected_tokens(acceptance, best):.2f} tokens a step of {costs.at(best, context):.1f} ms"
+                  f"{spread} = {rates[best]:.0f} tokens/s expected, against {plain:.0f} without speculation "
                   f"({costs.at(0, context):.1f} ms a token) at {context} tokens of context on {costs.host}")
     return KChoice(best, rates, reason)
 
@@ -132,8 +151,28 @@ def _context_ms_per_1k(target, rows: int, repeats: int = 5) -> float:
     return max(0.0, 1e6 * (times[LONG_CONTEXT] - times[SHORT_CONTEXT]) / (LONG_CONTEXT - SHORT_CONTEXT))
 
 
+def _first_draft(engine, prompt: str) -> tuple[float, int]:
+    """(ms, prompt tokens): EAGLE 3.1's first draft after `prompt`, its pass over the prompt included (an
+    answer of a few tokens: with one left, the engine drafts nothing)."""
+    events = list(engine.generate(GenerationRequest(prompt=prompt, drafter=EAGLE31, k=1, max_tokens=8)))
+    return events[1].draft_ms, events[0].position
+
+
+def _drafter_prompt_ms_per_1k(engine, repeats: int = 2) -> float:
+    """The drafter's pass over a prompt of about 2,000 tokens less over a short one, per 1,000 tokens (its
+    attention makes it grow faster than the prompt: 68 ms per 1,000 tokens at 1,000, 111 at 4,000 here)."""
+    from playground.prompts.sets import CHAT, LONG_CONTEXT, document_prompt, long_context
+
+    documents, questions = LONG_CONTEXT[2000]
+    long_prompt = document_prompt(long_context(2000, documents, engine.target.tokenizer), questions[0])
+    (short_ms, short), (long_ms, long) = ((statistics.median(m for m, _ in runs), runs[0][1])
+                                          for runs in ([_first_draft(engine, p) for _ in range(repeats)]
+                                                       for p in (CHAT[0], long_prompt)))
+    return max(0.0, 1000 * (long_ms - short_ms) / max(1, long - short))
+
+
 def measure(engine) -> StepCosts:
-    """This host's step costs with the engine's target and EAGLE 3.1 (22-28 s here): each k's median of two runs."""
+    """This host's step costs with the engine's target and EAGLE 3.1 (about a minute here): each k's median of two runs."""
     from playground.prompts.sets import CHAT
 
     prompt = CHAT[0]
@@ -141,7 +180,7 @@ def measure(engine) -> StepCosts:
     measured_rows = (1, 6, K_RANGE[1] + 1)
     slopes = {rows: _context_ms_per_1k(engine.target, rows) for rows in measured_rows}
     per_rows = tuple(_interpolated(slopes, rows) for rows in range(1, K_RANGE[1] + 2))
-    return StepCosts(described(machine()), engine.target.weights, step_ms, per_rows)
+    return StepCosts(described(machine()), engine.target.weights, step_ms, per_rows, _drafter_prompt_ms_per_1k(engine))
 
 
 def _interpolated(points: dict[int, float], x: int) -> float:
@@ -157,7 +196,8 @@ def costs(engine) -> StepCosts:
     path = cache_path(engine)
     if path.exists():
         data = json.loads(path.read_text())
-        return StepCosts(data["host"], data["weights"], tuple(data["step_ms"]), tuple(data["context_ms_per_1k"]))
+        return StepCosts(data["host"], data["weights"], tuple(data["step_ms"]), tuple(data["context_ms_per_1k"]),
+                         data["drafter_prompt_ms_per_1k"])
     measured = engine.call(measure, engine)   # where the engine computes, as its runs do
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -166,36 +206,40 @@ def costs(engine) -> StepCosts:
     return measured
 
 
-def choice_for(engine, drafter: str, context: int) -> KChoice:
-    """The k for a chain of `drafter` at `context` tokens; 5 where no acceptance is stored for it."""
+def choice_for(engine, drafter: str, prompt_tokens: int, answer_tokens: int = ANSWER_TOKENS) -> KChoice:
+    """The k for a chain of `drafter` answering in `answer_tokens` after `prompt_tokens`; 5 where no
+    acceptance is stored for it."""
     acceptance = stored_acceptance(drafter)
     if acceptance is None:
         return KChoice(5, (), f"k=5: no stored acceptance of {drafter} to choose by")
-    return choose(costs(engine), acceptance, context)
+    return choose(costs(engine), acceptance, prompt_tokens, answer_tokens)
 
 
 def chosen(engine, request: GenerationRequest) -> tuple[GenerationRequest, KChoice | None]:
-    """The request at the k chosen for its drafter at its context (the prompt and half the answer), without its
-    drafter where plain decoding is expected to be faster; a request without a drafter as it is."""
+    """The request at the k chosen for its drafter, its prompt and its answer's length, without its drafter
+    where plain decoding is expected to be faster; a request without a drafter as it is."""
     if not hasattr(engine, "target") or request.tree is not None or request.draft_stop is not None:
         raise PlaygroundError("k by this host's costs chooses a chain's k on the embedded engine: not on vLLM, "
                               "with a tree or with a stop rule", "k_auto")
     if request.drafter == NONE:
         return request, None
-    picked = choice_for(engine, request.drafter, len(engine.prompt_ids(request)) + request.max_tokens // 2)
+    picked = choice_for(engine, request.drafter, len(engine.prompt_ids(request)), request.max_tokens)
     return replace(request, k=picked.k or 1, drafter=request.drafter if picked.k else NONE), picked
 
 
-def report(engine, contexts: tuple[int, ...] = (128, 1024, 4096)) -> str:
-    """The measured costs and each shipped drafter's choice at a few contexts, as markdown."""
+def report(engine, prompts: tuple[int, ...] = (64, 1024, 4096)) -> str:
+    """The measured costs and each shipped drafter's choice for a few prompt lengths, as markdown."""
     measured = costs(engine)
     lines = [f"Step costs on {measured.host}, {measured.weights} weights (ms; k = 0 is plain decoding):", "",
              "| k | step ms | + ms per 1k context |", "|---:|---:|---:|"]
     lines += [f"| {k} | {ms:.1f} | {measured.context_ms_per_1k[k]:.2f} |" for k, ms in enumerate(measured.step_ms)]
-    lines += ["", "| drafter | context | chosen k | expected tok/s | plain tok/s | k=5 tok/s |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["", f"The drafter's pass over the prompt: {measured.drafter_prompt_ms_per_1k:.0f} ms per 1,000 prompt tokens.",
+              "", f"| drafter | prompt tokens | chosen k for {ANSWER_TOKENS} tokens | expected tok/s | plain tok/s | "
+                  "k=5 tok/s |", "|---|---:|---:|---:|---:|---:|"]
     for drafter in SHIPPED:
-        for context in contexts:
-            picked = choice_for(engine, drafter, context)
+        for prompt_tokens in prompts:
+            picked = choice_for(engine, drafter, prompt_tokens)
             rates = picked.tokens_per_s
-            lines.append(f"| {drafter} | {context} | {picked.k} | {rates[picked.k]:.0f} | {rates[0]:.0f} | {rates[5]:.0f} |")
+            lines.append(f"| {drafter} | {prompt_tokens} | {picked.k} | {rates[picked.k]:.0f} | {rates[0]:.0f} | "
+                         f"{rates[5]:.0f} |")
     return "\n".join(lines)
