@@ -165,9 +165,11 @@ def _drafter_prompt_ms_per_1k(engine, repeats: int = 2) -> float:
 
     documents, questions = LONG_CONTEXT[2000]
     long_prompt = document_prompt(long_context(2000, documents, engine.target.tokenizer), questions[0])
-    (short_ms, short), (long_ms, long) = ((statistics.median(m for m, _ in runs), runs[0][1])
-                                          for runs in ([_first_draft(engine, p) for _ in range(repeats)]
-                                                       for p in (CHAT[0], long_prompt)))
+    def median_first_draft(prompt: str) -> tuple[float, int]:
+        runs = [_first_draft(engine, prompt) for _ in range(repeats)]
+        return statistics.median(ms for ms, _ in runs), runs[0][1]
+
+    (short_ms, short), (long_ms, long) = median_first_draft(CHAT[0]), median_first_draft(long_prompt)
     return max(0.0, 1000 * (long_ms - short_ms) / max(1, long - short))
 
 

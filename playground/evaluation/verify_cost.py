@@ -80,13 +80,13 @@ def measure(target: Target, rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
     if target.stack_weights is None:
         raise SystemExit("the verify breakdown times our kernels' stack; they do not run this target here")
     ops = torch.ops.playground
-    layers = [(x.weight, x.in_features) for layer in target.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    projections = [x for layer in target.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     head = target.lm_head
     cache = target.new_cache(max(contexts) + max(rows))
     generator = torch.Generator().manual_seed(0)
     tiny_x, tiny_w = torch.randn(1, 64), torch.randn(8, 64)
     tiny_q, tiny_cache = torch.randn(1, target.num_heads, 1, target.head_dim), target.new_cache(8)
-    projection_calls = _median_ms(lambda: [ops.rows_linear(tiny_x, tiny_w) for _ in layers], repeats)
+    projection_calls = _median_ms(lambda: [ops.rows_linear(tiny_x, tiny_w) for _ in projections], repeats)
     attention_calls = _median_ms(lambda: [ops.cache_attention(tiny_q, tiny_cache.keys[0], tiny_cache.values[0], 0, None,
                                                               True) for _ in range(target.num_layers)], repeats)
     cells = []
@@ -100,11 +100,11 @@ def measure(target: Target, rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
                 cache.truncate(context)
                 target.forward(ids, cache, head=False)
 
-            inputs = [torch.randn(r, width, generator=generator) for _, width in layers]
+            inputs = [torch.randn(r, x.in_features, generator=generator) for x in projections]
 
-            def projections():
-                for (weight, _), x in zip(layers, inputs):
-                    ops.rows_linear(x, weight)
+            def projected():
+                for x, rows_of_x in zip(projections, inputs):
+                    ops.rows_linear(rows_of_x, x.weight)
 
             q = torch.randn(1, target.num_heads, r, target.head_dim, generator=generator)
 
@@ -118,10 +118,9 @@ def measure(target: Target, rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
             def verify_head():
                 ops.verify_argmax(final, head.weight, tokens, list(range(len(tokens))))
 
-            cells.append(Cell(r, context, _median_ms(stack, repeats), _median_ms(projections, repeats) - projection_calls,
+            cells.append(Cell(r, context, _median_ms(stack, repeats), _median_ms(projected, repeats) - projection_calls,
                               _median_ms(attention, repeats) - attention_calls, _median_ms(verify_head, repeats)))
     cache_bytes = 2 * target.num_layers * target.num_kv_heads * target.head_dim * cache.keys.element_size()
-    projections = target._linears()[1:]
     attention_macs = 2 * target.num_layers * target.num_heads * target.head_dim
     return Breakdown(target.weights, memory_bandwidth() / 1e9, matmul_flops() / 1e9, sum(x.nbytes for x in projections),
                      sum(x.out_features * x.in_features for x in projections), head.nbytes,
@@ -134,7 +133,8 @@ def _with_ratio(ms: float, one_row_ms: float) -> str:
 
 
 def markdown(b: Breakdown) -> str:
-    """One table per context: each part's ms by rows, its ratio to one row, and the projections' floor."""
+    """One table per context: each part's ms by rows, its ratio to one row, and the projections' and
+    attention's floors."""
     lines = [f"Weights {b.weights}; bandwidth {b.bandwidth_gb_s:.1f} GB/s (a read far past the caches), float32 matmul "
              f"{b.matmul_gflop_s:.0f} GFLOP/s; the head's one-row floor {b.floor_ms(b.head_bytes, b.head_macs):.2f} ms.",
              ""]
