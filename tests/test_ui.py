@@ -109,7 +109,7 @@ def test_k_by_this_hosts_costs_runs_the_chosen_k_and_says_why(client, engine):
 
     k_choice.costs(engine)   # where not cached yet, measured in this process: the page's run reads the same file
     request = GenerationRequest(prompt=PROMPT, max_tokens=24)
-    picked = k_choice.choice_for(engine, "eagle3.1", len(engine.prompt_ids(request)) + 12)
+    picked = k_choice.choice_for(engine, "eagle3.1", len(engine.prompt_ids(request)), request.max_tokens)
     final = named(client.predict(**run_settings(max_tokens=24, beside=False, k_auto=True), api_name="/run"))
     assert html.escape(f"k by this host's costs: {picked.reason}.") in final["answer"]
     assert final["text"] == cli_text(PROMPT, 24)   # greedy: the same answer at whatever k
