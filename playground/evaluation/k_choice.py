@@ -55,12 +55,19 @@ class StepCosts:
         """A step of k drafts at `context` tokens of context, in ms."""
         return self.step_ms[k] + self.context_ms_per_1k[k] * max(0, context - SHORT_CONTEXT) / 1000
 
+    def drafter_prompt_ms(self, prompt_tokens: int) -> float:
+        return self.drafter_prompt_ms_per_1k * prompt_tokens / 1000
+
     def per_token(self, k: int, expected: float, prompt_tokens: int, answer_tokens: int) -> float:
         """What each of an answer's tokens costs at k drafts a step emitting `expected` tokens, in ms: its
         share of a step at the answer's middle, and for k >= 1 of the drafter's pass over the prompt."""
-        context = prompt_tokens + answer_tokens // 2
-        drafter_prompt_ms = self.drafter_prompt_ms_per_1k * prompt_tokens / 1000 if k else 0.0
-        return self.at(k, context) / expected + drafter_prompt_ms / max(1, answer_tokens)
+        drafter_prompt_ms = self.drafter_prompt_ms(prompt_tokens) if k else 0.0
+        return self.at(k, answer_middle(prompt_tokens, answer_tokens)) / expected + drafter_prompt_ms / max(1, answer_tokens)
+
+
+def answer_middle(prompt_tokens: int, answer_tokens: int) -> int:
+    """The context a step of the answer is costed at: the prompt and half the answer."""
+    return prompt_tokens + answer_tokens // 2
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ def choose(costs: StepCosts, acceptance: tuple[float, ...], prompt_tokens: int,
            answer_tokens: int = ANSWER_TOKENS) -> KChoice:
     """The k (0 .. K_RANGE[1]) with the most expected tokens/s for an answer of `answer_tokens` after a
     prompt of `prompt_tokens`; the smaller on a tie."""
-    context = prompt_tokens + answer_tokens // 2
+    context = answer_middle(prompt_tokens, answer_tokens)
     rates = tuple(1000 / costs.per_token(k, expected_tokens(acceptance, k), prompt_tokens, answer_tokens)
                   for k in range(K_RANGE[1] + 1))
     best = max(range(len(rates)), key=lambda k: (round(rates[k], 6), -k))
@@ -110,7 +117,7 @@ def choose(costs: StepCosts, acceptance: tuple[float, ...], prompt_tokens: int,
         reason = (f"no speculation: plain decoding is expected at {plain:.0f} tokens/s here, the best k "
                   f"({runner_up}) at {rates[runner_up]:.0f}")
     else:
-        drafter_prompt_ms = costs.drafter_prompt_ms_per_1k * prompt_tokens / 1000
+        drafter_prompt_ms = costs.drafter_prompt_ms(prompt_tokens)
         spread = (f", and the drafter's {drafter_prompt_ms:.0f} ms pass over the {prompt_tokens}-token prompt spread "
                   f"over {answer_tokens} tokens" if drafter_prompt_ms >= 0.5 else "")
         reason = (f"k={best}: {expected_tokens(acceptance, best):.2f} tokens a step of {costs.at(best, context):.1f} ms"

@@ -113,15 +113,17 @@ def _by_prompt(mask: np.ndarray, drafts: Drafts, units: int) -> list[np.ndarray]
     return [rows[drafts.prompt[rows] == u] for u in range(units)]
 
 
+def over_resamples(score, groups: list[np.ndarray]):
+    """A bootstrap statistic: `score` of the groups (prompts' rows) each resample draws, a value per resample."""
+    return lambda resamples: np.array([score([groups[u] for u in row]) for row in np.atleast_2d(resamples)])
+
+
 def auc_statistic(values: np.ndarray, accepted: np.ndarray, groups: list[np.ndarray]):
     """A bootstrap statistic: the AUC of `values` between accepted and rejected rows of the resampled prompts."""
-    def statistic(resamples: np.ndarray) -> np.ndarray:
-        out = []
-        for row in np.atleast_2d(resamples):
-            picked = np.concatenate([groups[u] for u in row])
-            out.append(auc(values[picked][accepted[picked]], values[picked][~accepted[picked]]))
-        return np.array(out)
-    return statistic
+    def pooled(drawn: list[np.ndarray]) -> float:
+        picked = np.concatenate(drawn)
+        return auc(values[picked][accepted[picked]], values[picked][~accepted[picked]])
+    return over_resamples(pooled, groups)
 
 
 def within_prompt_auc(values: np.ndarray, accepted: np.ndarray, groups: list[np.ndarray]) -> float:
@@ -138,8 +140,7 @@ def within_prompt_auc(values: np.ndarray, accepted: np.ndarray, groups: list[np.
 
 def within_statistic(values: np.ndarray, accepted: np.ndarray, groups: list[np.ndarray]):
     """within_prompt_auc as a bootstrap statistic over resampled prompts"""
-    return lambda resamples: np.array([within_prompt_auc(values, accepted, [groups[u] for u in row])
-                                       for row in np.atleast_2d(resamples)])
+    return over_resamples(lambda drawn: within_prompt_auc(values, accepted, drawn), groups)
 
 
 def shuffled_within(accepted: np.ndarray, groups: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
