@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from playground.engines.quantities import ATTENTION_QUANTITIES, DEPTH_QUANTITIES, FED_BACK_RMS, SINK_ATTENTION
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
 from playground.engines.step_diff import DepthDifferences
@@ -26,8 +27,9 @@ _assigned: dict[str, str] = {}
 _assigning = threading.Lock()
 FEW_SAMPLES = 5              # a mean over fewer steps than this is drawn hollow: too few to trust
 DEPTH_COLORS = ("#1d4ed8", "#0891b2", "#16a34a", "#ca8a04", "#dc2626", "#7c3aed", "#db2777", "#52525b")
-DIFFERENCE_TITLES = {"fed_back_rms": "RMS", "sink_attention": "sink", "own_draft_attention": "own drafts",
-                     "draft_probability": "probability"}
+ATTENTION_DASHES = ("solid", "dot", "dash")   # by ATTENTION_QUANTITIES
+DASH_NAMES = {"solid": "solid", "dot": "dotted", "dash": "dashed"}
+DIFFERENCE_TITLES = {**{q.diff_name: q.short for q in DEPTH_QUANTITIES}, "draft_probability": "probability"}
 
 
 # plotly_white with a toolbar of three buttons (save as PNG, reset the axes, plotly's mark): the full one runs
@@ -141,22 +143,23 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
 
 
 def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
-    """Drafter attention mass on the sink tokens (solid) and on its own drafts (dotted); a run that
-    measured none (no drafter model, or a server without the probe) has no line."""
+    """Drafter attention mass by depth, a line style per part of what it attends to (the sink tokens, its
+    own drafts, the rest of the context: they sum to 1); a run that measured none (no drafter model, or a
+    server without the probe) has no line."""
     fig = go.Figure()
     for name, s in runs.items():
-        if not s.mean_sink_attention:
+        if not s.mean(SINK_ATTENTION):
             continue
-        shade, samples = color(name), s.attention_steps_by_depth
-        fig.add_scatter(x=_depths(s.mean_sink_attention), y=_defined(s.mean_sink_attention, samples), mode="lines+markers",
-                        line=dict(color=shade), marker=_markers(shade, samples),
-                        **_drafter_traces(name, "sink tokens", samples))
-        fig.add_scatter(x=_depths(s.mean_self_attention), y=_defined(s.mean_self_attention, samples), mode="lines+markers",
-                        line=dict(color=shade, dash="dot"), marker=_markers(shade, samples), showlegend=False,
-                        **_drafter_traces(name, "own drafts", samples))
-    return layout(fig, "Drafter attention by depth", "attention mass",
-                   key=("solid: the sink tokens · dotted: its own drafts",
-                        _few_samples_key(n for s in runs.values() for n in s.attention_steps_by_depth)))
+        shade = color(name)
+        for quantity, dash in zip(ATTENTION_QUANTITIES, ATTENTION_DASHES):
+            values, samples = s.mean(quantity), s.samples_of(quantity)
+            fig.add_scatter(x=_depths(values), y=_defined(values, samples), mode="lines+markers",
+                            line=dict(color=shade, dash=dash), marker=_markers(shade, samples),
+                            showlegend=quantity is SINK_ATTENTION, **_drafter_traces(name, quantity.attends_to, samples))
+    return layout(fig, "Drafter attention by depth", SINK_ATTENTION.unit,
+                  key=(" · ".join(f"{DASH_NAMES[dash]}: {q.attends_to}"
+                                  for q, dash in zip(ATTENTION_QUANTITIES, ATTENTION_DASHES)),
+                       _few_samples_key(n for s in runs.values() for n in s.samples_of(SINK_ATTENTION))))
 
 
 def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
@@ -175,8 +178,8 @@ def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,
 
 def hidden_norm(runs: Mapping[str, RunSummary]) -> go.Figure:
     """RMS of the state fed into each depth; EAGLE 3's grows with depth, 3.1's stays normalised."""
-    return by_depth({name: s.mean_hidden_norm for name, s in runs.items()}, "Fed-back hidden state RMS by depth", "RMS",
-                    samples={name: s.drafting_steps_by_depth for name, s in runs.items()})
+    return by_depth({name: s.mean(FED_BACK_RMS) for name, s in runs.items()}, "Fed-back hidden state RMS by depth",
+                    FED_BACK_RMS.unit, samples={name: s.samples_of(FED_BACK_RMS) for name, s in runs.items()})
 
 
 def step_differences(differences: Sequence[DepthDifferences], first: str, second: str,

@@ -60,7 +60,7 @@ def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
         assert t["speedup_vs_chain"] == pytest.approx(t["tokens_per_s"] / chain["tokens_per_s"])
     # the drift signals over both categories: each drafter's per-step mean, with its interval
     signals = {(row["signal"], row["depth"]): row for row in res["signals"]}
-    assert {s for s, _ in signals} == {"sink_attention", "self_attention", "hidden_norm"}
+    assert {s for s, _ in signals} == {"sink_attention", "self_attention", "rest_attention", "hidden_norm"}
     assert ("hidden_norm", 5) in signals and ("self_attention", 1) not in signals
     for (signal, depth), row in signals.items():
         assert set(row["mean"]) == {"eagle3", "eagle3.1"}

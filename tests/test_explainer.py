@@ -2,6 +2,7 @@
 
 import json
 
+from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, SINK_ATTENTION
 from playground.ui import first_screen
 from playground.ui.explainer import (STORED_DRAFT_STOP, STORED_REJECTION, STORED_RESULTS, explainer_markdown, signed,
                                      stored_probes)
@@ -29,7 +30,7 @@ def test_without_a_stored_benchmark_the_explainer_says_how_to_measure(tmp_path):
 
 def test_the_explainer_says_which_drafter_attends_more_to_its_own_drafts_as_the_first_screen_measured():
     runs = {name: run.summary for name, run in first_screen.load()[0].items()}
-    own = {name: s.mean_self_attention[-1] for name, s in runs.items()}
+    own = {name: s.mean(OWN_DRAFT_ATTENTION)[-1] for name, s in runs.items()}
     more, less = sorted(own, key=own.get, reverse=True)
     text = explainer_markdown()
     assert f"example {'EAGLE 3.1' if more == 'eagle3.1' else 'EAGLE 3'} attends more to its own drafts" in text
@@ -154,11 +155,11 @@ def test_the_page_claim_and_the_readme_say_what_the_stored_data_measured():
     e3, e31 = runs["eagle3"], runs["eagle3.1"]
     readme = " ".join((STORED_RESULTS.parents[3] / "README.md").read_text().split())
     assert (f"on the coding preset ({e3.tokens_per_pass:.2f} against {e31.tokens_per_pass:.2f} tokens per target pass); "
-            f"from depth 1 to 5 EAGLE 3's sink attention falls from {e3.mean_sink_attention[0]:.3f} to "
-            f"{e3.mean_sink_attention[-1]:.3f} while its fed-back RMS climbs from {e3.mean_hidden_norm[0]:.1f} to "
-            f"{e3.mean_hidden_norm[-1]:.1f}, and EAGLE 3.1's go from {e31.mean_sink_attention[0]:.3f} to "
-            f"{e31.mean_sink_attention[-1]:.3f} and from {e31.mean_hidden_norm[0]:.1f} to "
-            f"{e31.mean_hidden_norm[-1]:.1f}") in readme
+            f"from depth 1 to 5 EAGLE 3's sink attention falls from {e3.mean(SINK_ATTENTION)[0]:.3f} to "
+            f"{e3.mean(SINK_ATTENTION)[-1]:.3f} while its fed-back RMS climbs from {e3.mean(FED_BACK_RMS)[0]:.1f} to "
+            f"{e3.mean(FED_BACK_RMS)[-1]:.1f}, and EAGLE 3.1's go from {e31.mean(SINK_ATTENTION)[0]:.3f} to "
+            f"{e31.mean(SINK_ATTENTION)[-1]:.3f} and from {e31.mean(FED_BACK_RMS)[0]:.1f} to "
+            f"{e31.mean(FED_BACK_RMS)[-1]:.1f}") in readme
 
 
 def test_what_to_watch_after_see_attention_drift_is_what_the_first_screen_measured_on_that_example():
@@ -169,10 +170,10 @@ def test_what_to_watch_after_see_attention_drift_is_what_the_first_screen_measur
     assert all(run.request.prompt == DRIFT_EXAMPLE.prompt and run.request.k == 5 for run in runs.values())
     old, new = runs["eagle3"].summary, runs["eagle3.1"].summary
     assert "EAGLE 3.1's runs higher from depth 2" in DRIFT_NOTE
-    assert all(n > o for n, o in zip(new.mean_self_attention[1:], old.mean_self_attention[1:]))
+    assert all(n > o for n, o in zip(new.mean(OWN_DRAFT_ATTENTION)[1:], old.mean(OWN_DRAFT_ATTENTION)[1:]))
     assert "EAGLE 3's grows with depth, EAGLE 3.1's stays near 2" in DRIFT_NOTE
-    assert all(b > a for a, b in zip(old.mean_hidden_norm, old.mean_hidden_norm[1:]))
-    assert all(1.5 <= rms <= 2.5 for rms in new.mean_hidden_norm)
+    assert all(b > a for a, b in zip(old.mean(FED_BACK_RMS), old.mean(FED_BACK_RMS)[1:]))
+    assert all(1.5 <= rms <= 2.5 for rms in new.mean(FED_BACK_RMS))
     assert "the solid sink lines mostly overlap" in DRIFT_NOTE
-    gaps = [abs(n - o) for n, o in zip(new.mean_sink_attention, old.mean_sink_attention)]
+    gaps = [abs(n - o) for n, o in zip(new.mean(SINK_ATTENTION), old.mean(SINK_ATTENTION))]
     assert max(gaps) < 0.02 and sorted(gaps)[len(gaps) // 2] < 0.005

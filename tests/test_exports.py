@@ -242,14 +242,15 @@ def test_outputs_note_says_where_two_greedy_runs_of_one_drafter_first_differ_ste
     # the step-by-step plot: a row per quantity, a line per depth, the first difference dotted
     figure = step_figure(logs, steps)
     rows = {trace.yaxis for trace in figure.data}
-    assert len(rows) == 4 and len(figure.data) == 4 * 4   # the depths both drafted: the rule stopped at 4
+    # RMS, the three attention shares and the probability; the depths both drafted: the rule stopped at 4
+    assert len(rows) == 5 and len(figure.data) == 5 * 4
     rms = next(t for t in figure.data if t.name == "depth 1" and t.yaxis == "y")
     first, second = logs["k=5"].steps, logs["stop"].steps
     assert rms.x[0] == 1 and rms.y[0] == pytest.approx(
         (second[1].hidden_norm[0] - first[1].hidden_norm[0]) / first[1].hidden_norm[0])
     deeper = next(t for t in figure.data if t.name == "depth 3" and t.yaxis == "y")
     assert deeper.x[0] == 3   # the draft of depth 3 of the step that starts at 1 concerns position 3
-    assert [shape.x0 for shape in figure.layout.shapes] == [steps.diff.divergence.position] * 4
+    assert [shape.x0 for shape in figure.layout.shapes] == [steps.diff.divergence.position] * 5
     same = step_figure(same, step_diff(same))
     assert {v for trace in same.data for v in trace.y} == {0.0} and not same.layout.shapes
 

@@ -15,7 +15,7 @@ def test_bench_memory_reports_the_apps_memory_over_two_runs():
     assert [int(done) for done, _, _ in rows] == [0, 1, 2]
     rss = [float(r) for _, r, _ in rows]
     for _, resident, peak in rows:
-        # MiB: the target in float32 (540 MB) and both drafters are in memory; docs/performance.md measured
-        # 1,193 before the first run and 1,368 after 200
-        assert 800 < float(resident) <= float(peak) < 2_500
+        # MiB: the target (the GGUF's blocks, 96 MB, or float32, 540 MB, by --weights) and both drafters beside
+        # torch and gradio; docs/performance.md measured 808 before the first run and 905 after 200 on the blocks
+        assert 400 < float(resident) <= float(peak) < 2_500
     assert rss[2] - rss[1] < 100   # a second run adds no second copy of anything

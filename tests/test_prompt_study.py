@@ -65,8 +65,9 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
         acceptance = [sum(s["per_position_acceptance"][d] * n for s, n in zip(summaries, steps)
                           if len(s["per_position_acceptance"]) > d) / sum(steps) for d in range(depths)]
         assert pooled["acceptance"] == pytest.approx(acceptance, abs=1e-12)
-        for field, mean in (("sink_attention", "mean_sink_attention"), ("hidden_norm", "mean_hidden_norm")):
-            weights = [s["drafting_steps_by_depth"] for s in summaries]
+        for field in ("sink_attention", "rest_attention", "hidden_norm"):
+            mean = f"mean_{field}"
+            weights = [s["samples_by_depth"][field] for s in summaries]
             expected = [sum(s[mean][d] * w[d] for s, w in zip(summaries, weights) if len(w) > d)
                         / sum(w[d] for w in weights if len(w) > d) for d in range(len(pooled[field]))]
             assert pooled[field] == pytest.approx(expected, rel=1e-9) and len(pooled[field]) == 5
@@ -74,7 +75,7 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
     # the three drift signals by depth, each drafter's mean the pooled row's, with intervals and the paired difference
     pooled = {row["method"]: row for row in res["pooled"]}
     signals = {(row["signal"], row["depth"]): row for row in res["signals"]}
-    assert {s for s, _ in signals} == {"sink_attention", "self_attention", "hidden_norm"}
+    assert {s for s, _ in signals} == {"sink_attention", "self_attention", "rest_attention", "hidden_norm"}
     assert ("self_attention", 1) not in signals and ("self_attention", 5) in signals   # no own drafts at depth 1
     for (signal, depth), row in signals.items():
         for drafter in ("eagle3", "eagle3.1"):

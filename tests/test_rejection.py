@@ -22,7 +22,14 @@ def test_only_drafts_the_target_verified_count():
     step = StepEvent(step=1, position=5, token_ids=(7, 8), token_texts=("a", "b"), draft_ids=(7, 9, 9), drafted=3,
                      accepted=1, draft_probs=(0.9, 0.4, 0.3), sink_attention=(0.1, 0.2, 0.3), hidden_norm=(1.0, 2.0))
     drafts = verified_drafts([StepEvent(step=0, position=4, token_ids=(1,), token_texts=("x",)), step])
-    assert drafts == (VerifiedDraft(1, True, 0.9, 0.1, None, 1.0), VerifiedDraft(2, False, 0.4, 0.2, None, 2.0))
+    assert drafts == (VerifiedDraft(1, True, 0.9, {"sink_attention": 0.1, "hidden_norm": 1.0}),
+                      VerifiedDraft(2, False, 0.4, {"sink_attention": 0.2, "hidden_norm": 2.0}))
+    assert drafts[1].value("self_attention") is None and drafts[1].value("probability") == 0.4
+
+
+def noise(rng) -> dict[str, float]:
+    """Every drift signal drawn at random."""
+    return {name: rng.uniform() for name in rejection.DRIFT}
 
 
 def synthetic(prompts: int, seed: int = 0) -> list[PromptResult]:
@@ -34,7 +41,7 @@ def synthetic(prompts: int, seed: int = 0) -> list[PromptResult]:
         for _ in range(20):
             for depth in (1, 2):
                 p = rng.uniform()
-                drafts.append(VerifiedDraft(depth, bool(rng.uniform() < p), p, *rng.uniform(size=3)))
+                drafts.append(VerifiedDraft(depth, bool(rng.uniform() < p), p, noise(rng)))
         results.append(PromptResult(i, f"p{i}", None, drafts={"eagle3.1": tuple(drafts)}))
     return results
 
@@ -73,7 +80,8 @@ def confounded(prompts: int, seed: int = 0) -> list[PromptResult]:
         for _ in range(20):
             p = rng.uniform()
             accepted = bool(rng.uniform() < 0.5 * p + 0.5 * level)
-            drafts.append(VerifiedDraft(1, accepted, p, level + 0.05 * rng.normal(), rng.uniform(), 1.0))
+            drafts.append(VerifiedDraft(1, accepted, p, {**noise(rng), "sink_attention": level + 0.05 * rng.normal(),
+                                                         "hidden_norm": 1.0}))
         results.append(PromptResult(i, f"p{i}", None, drafts={"eagle3.1": tuple(drafts)}))
     return results
 

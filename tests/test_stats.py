@@ -5,6 +5,8 @@ import pytest
 
 from playground import plots
 from playground.engines.events import StepEvent, reconcile
+from playground.engines.quantities import (ATTENTION_QUANTITIES, FED_BACK_RMS, REST_ATTENTION,
+                                           SINK_ATTENTION)
 from playground.engines.stats import (acceptance_by_depth, bootstrap_interval, drafting_counts, mean_acceptance_length,
                                       summarize)
 
@@ -12,7 +14,8 @@ from playground.engines.stats import (acceptance_by_depth, bootstrap_interval, d
 def step(i, drafted, accepted, tokens):
     return StepEvent(step=i, position=10 + i, token_ids=tuple(range(tokens)), token_texts=("x",) * tokens,
                      drafted=drafted, accepted=accepted, elapsed_s=0.1 * (i + 1),
-                     sink_attention=(0.5,) * drafted, hidden_norm=(1.0,) * drafted)
+                     sink_attention=(0.5,) * drafted, self_attention=tuple(0.1 * d for d in range(drafted)),
+                     hidden_norm=(1.0,) * drafted)
 
 
 def test_per_position_acceptance_unconditional_and_conditional():
@@ -55,7 +58,9 @@ def test_summary_counts_tokens_and_steps():
     s = summarize(events)
     assert s.tokens == 7 and s.steps == 2 and s.prompt_tokens == 10
     assert s.tokens_per_s == pytest.approx(7 / 0.3)
-    assert s.mean_sink_attention == (0.5, 0.5, 0.5)
+    assert s.mean(SINK_ATTENTION) == (0.5, 0.5, 0.5)
+    assert s.mean(REST_ATTENTION) == pytest.approx((0.5, 0.4, 0.3))   # what sink and own drafts leave
+    assert s.to_json()["mean_rest_attention"] == s.mean(REST_ATTENTION)   # --json: mean_<name> of every quantity
 
 
 def test_no_speculation_has_tau_one():
@@ -114,8 +119,9 @@ def test_summary_counts_the_samples_behind_each_mean_by_depth():
     s = summarize(events)
     assert s.drafting_steps == 3                        # behind every unconditional rate
     assert s.conditional_acceptance_steps == (3, 2, 1)  # steps that accepted at least 0, 1, 2 drafts
-    assert s.drafting_steps_by_depth == (3, 3, 2)       # steps that drafted at depth 1, 2, 3
-    assert s.attention_steps_by_depth == (3, 3, 2)
+    assert s.samples_of(FED_BACK_RMS) == (3, 3, 2)       # steps that drafted at depth 1, 2, 3
+    assert s.samples_of(SINK_ATTENTION) == s.samples_of(REST_ATTENTION) == (3, 3, 2)
+    assert (s.to_json()["drafting_steps_by_depth"], s.to_json()["attention_steps_by_depth"]) == ((3, 3, 2), (3, 3, 2))
     assert s.to_json()["conditional_acceptance_steps"] == (3, 2, 1)
 
 
@@ -125,9 +131,9 @@ def test_attention_counts_its_own_samples_where_only_rms_was_measured():
     events = [step(0, 0, 0, 1), *(replace(step(i, 3, 1, 2), sink_attention=(), self_attention=()) if i > 1
                                   else step(i, 3, 1, 2) for i in range(1, 8))]
     s = summarize(events)
-    assert (s.drafting_steps_by_depth, s.attention_steps_by_depth) == ((7, 7, 7), (1, 1, 1))
+    assert (s.samples_of(FED_BACK_RMS), s.samples_of(SINK_ATTENTION)) == ((7, 7, 7), (1, 1, 1))
     markers = [trace.marker.symbol for trace in plots.attention({"eagle3": s}).data]
-    assert markers == [("circle-open",) * 3] * 2
+    assert markers == [("circle-open",) * 3] * len(ATTENTION_QUANTITIES)   # sink, own drafts, the rest
 
 
 def test_runs_pooled_from_their_totals_equal_every_step_pooled_at_once():
@@ -149,9 +155,10 @@ def test_runs_pooled_from_their_totals_equal_every_step_pooled_at_once():
     assert pooled == pool(runs)
     assert pooled.mean_acceptance_length == mean_acceptance_length(every) == 1 + 8 / 4
     assert pooled.acceptance == acceptance_by_depth(every)[0] == (3 / 4, 2 / 4, 2 / 4, 1 / 4, 0.0)
-    assert pooled.sink_attention == pytest.approx(mean_by_depth(e.sink_attention for e in drafting))
-    assert pooled.sink_attention[:2] == pytest.approx(((0.2 + 0.1 + 0.3) / 3, (0.4 + 0.1 + 0.3) / 3))
-    assert pooled.hidden_norm == pytest.approx(mean_by_depth(e.hidden_norm for e in drafting))
+    assert pooled.mean(SINK_ATTENTION) == pytest.approx(mean_by_depth(e.sink_attention for e in drafting))
+    assert pooled.mean(SINK_ATTENTION)[:2] == pytest.approx(((0.2 + 0.1 + 0.3) / 3, (0.4 + 0.1 + 0.3) / 3))
+    assert pooled.mean(FED_BACK_RMS) == pytest.approx(mean_by_depth(e.hidden_norm for e in drafting))
+    assert pooled.to_json()["hidden_norm"] == pooled.mean(FED_BACK_RMS)   # --json: every quantity under its name
     assert (pooled.runs, pooled.min_prompt_tokens, pooled.tokens, pooled.steps) == (2, 3, 15, 5)
     assert pooled.draft_ms == pytest.approx((2 + 3 + 2 + 3 + 4) / 5) and pooled.verify_ms == pytest.approx(18 / 5)
 

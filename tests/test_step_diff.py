@@ -31,7 +31,8 @@ def with_value(events: list, step: int, field: str, depth: int, value) -> list:
 def test_a_run_agrees_with_itself_at_every_step(runs):
     found = diff_steps(runs["eagle3.1"], runs["eagle3.1"], F32)
     assert found.agree and found.steps_aligned == len(runs["eagle3.1"])
-    assert found.compared == ("fed_back_rms", "sink_attention", "own_draft_attention", "draft_probability", "draft")
+    assert found.compared == ("fed_back_rms", "sink_attention", "own_draft_attention", "rest_attention",
+                              "draft_probability", "draft")
 
 
 @pytest.mark.parametrize("step, depth", [(1, 1), (3, 4), (-2, 2)])

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from playground.engines.quantities import DEPTH_QUANTITIES, FED_BACK_RMS
 from playground.engines.proposers import EagleProposer
 from playground.engines.sampling import SamplingParams
 from playground.model.drafter import Eagle3Drafter
@@ -165,8 +166,8 @@ def test_eval_long_context_prompts_are_long_and_perturbed_use_other_templates(en
     assert f"| long context | eagle3.1 / eagle3 | {ratio:.2f} |" in format_ratios(rows)
     write_figures(rows, tmp_path / "curves.html")
     page = (tmp_path / "curves.html").read_text()
-    assert page.count("long context: ") == 3 and "fed-back state RMS" in page and "EAGLE 3.1" in page
-    assert f"{rows[1].pooled.hidden_norm[0]}" in page   # the plotted values are the pooled ones
+    assert page.count("long context: ") == 1 + len(DEPTH_QUANTITIES) and "fed-back RMS" in page and "EAGLE 3.1" in page
+    assert f"{rows[1].pooled.mean(FED_BACK_RMS)[0]}" in page   # the plotted values are the pooled ones
     assert len(eval_requests("long context", "eagle3", 5, 8)) == 8
     [longer] = evaluate(engine, ["eagle3.1"], k=3, max_tokens=4, kinds=(LONGER_CONTEXT,), prompts=1)
     assert longer.pooled.min_prompt_tokens >= 4000

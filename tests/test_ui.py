@@ -375,8 +375,8 @@ def test_plots_name_each_drafter_once_and_hover_names_the_trace():
     hovers = [t.hovertemplate.split("<br>")[0] for t in acceptance.data + attention.data]
     assert hovers == ["EAGLE 3 · accepted ≥ d drafts", "EAGLE 3 · given depth d-1 accepted",
                       "EAGLE 3.1 · accepted ≥ d drafts", "EAGLE 3.1 · given depth d-1 accepted",
-                      "EAGLE 3 · sink tokens", "EAGLE 3 · own drafts",
-                      "EAGLE 3.1 · sink tokens", "EAGLE 3.1 · own drafts"]
+                      "EAGLE 3 · sink tokens", "EAGLE 3 · own drafts", "EAGLE 3 · rest of the context",
+                      "EAGLE 3.1 · sink tokens", "EAGLE 3.1 · own drafts", "EAGLE 3.1 · rest of the context"]
 
 
 def test_a_mean_over_no_steps_is_a_gap_in_its_plot_not_a_zero():

@@ -2,8 +2,8 @@
 joined by commas (the chain stops at the first draft for which any of them holds).
 
 Each rule reads one thing the drafter measured while drafting that depth: its probability of the draft,
-its attention on the sink tokens and on this round's earlier drafts, and the RMS of the state fed into
-the depth. The draft that meets a rule is dropped and drafting ends, so the chain holds the drafts
+its attention on the sink tokens, on this round's earlier drafts and on the rest of the context, and the
+RMS of the state fed into the depth (quantities.DEPTH_QUANTITIES). The draft that meets a rule is dropped and drafting ends, so the chain holds the drafts
 before it (none, if the first met it: that step decodes one token). k stays the longest chain.
 
 It stays lossless: whether a draft is kept depends on the drafter alone, never on the target. At
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.errors import PlaygroundError
 
-SIGNALS = {"probability": "the drafter's probability of the draft", "sink_attention": "attention on the sink tokens",
-           "self_attention": "attention on this round's earlier drafts", "hidden_norm": "RMS of the fed-back state"}
+SIGNALS = {"probability": "the drafter's probability of the draft", **{q.name: q.description for q in DEPTH_QUANTITIES}}
 _RULE = re.compile(r"^\s*([a-z_]+)\s*([<>])\s*([-+0-9.eE]+)\s*$")
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from playground.engines.quantities import REST_ATTENTION, DepthQuantity, rest_of
+
 
 @dataclass(frozen=True)
 class StepEvent:
@@ -25,6 +27,7 @@ class StepEvent:
     sink_attention: tuple[float, ...] = ()  # drafter attention mass on the sink keys, by depth
     self_attention: tuple[float, ...] = ()  # ... on keys drafted earlier in this round, by depth
     hidden_norm: tuple[float, ...] = ()     # RMS of the state fed into each draft depth
+    rest_attention: tuple[float, ...] = ()  # ... on the rest of the context, as the backend reported it (by_depth)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     elapsed_s: float = 0.0              # engine time since the request started (waits excluded)
@@ -46,6 +49,13 @@ class StepEvent:
     tree_probs: tuple[float, ...] = ()      # drafter probability given the parent
     tree_scores: tuple[float, ...] = ()     # cumulative log-probability, the rank in the tree
     tree_path: tuple[int, ...] = ()         # the accepted nodes, depth 1 first
+
+    def by_depth(self, quantity: DepthQuantity) -> tuple[float, ...]:
+        """The values of one of the drafter's quantities (quantities.DEPTH_QUANTITIES), by depth; the rest
+        of the context's attention, where the backend did not report it, from the sink's and own drafts'."""
+        if quantity is REST_ATTENTION and not self.rest_attention:
+            return rest_of(self.sink_attention, self.self_attention)
+        return getattr(self, quantity.name)
 
     @property
     def text(self) -> str:
@@ -84,6 +94,7 @@ class StepEvent:
     def to_json(self) -> dict:
         out = asdict(self)
         out["text"] = self.text
+        out[REST_ATTENTION.name] = self.by_depth(REST_ATTENTION)
         out["accept_flags"] = list(self.accept_flags)
         if self.tree_ids:
             out["tree_verdicts"] = list(self.tree_verdicts)

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from playground.engines.draft_stop import DraftStop
+from playground.engines.quantities import (FED_BACK_RMS, OWN_DRAFT_ATTENTION, REST_ATTENTION, SINK_ATTENTION,
+                                           rest_of)
 from playground.engines.sampling import SamplingParams, probabilities
 from playground.engines.tree import ROOT, DraftTree, TreeShape
 from playground.model.drafter import Eagle3Drafter
@@ -124,7 +126,9 @@ class EagleProposer:
             logits = self.drafter.draft_logits(out.normed[0, -1]).float()  # [draft_vocab]
             draft_id, prob, q = self._choose(logits, params, generator)
             if stop is not None:
-                if stop.stops(probability=prob, sink_attention=out.sink, self_attention=out.own, hidden_norm=rms):
+                if stop.stops(probability=prob, **{SINK_ATTENTION.name: out.sink, OWN_DRAFT_ATTENTION.name: out.own,
+                                                   REST_ATTENTION.name: rest_of((out.sink,), (out.own,))[0],
+                                                   FED_BACK_RMS.name: rms}):
                     break
                 if q is not None:   # sampled: a kept draft is verified against what it was drawn from
                     q = stop.restricted(q)

@@ -15,13 +15,14 @@ Definitions:
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from playground.engines.events import StepEvent, reconcile
+from playground.engines.quantities import DEPTH_QUANTITIES, FED_BACK_RMS, SINK_ATTENTION, DepthQuantity
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,7 @@ class RunSummary:
     tokens_per_pass: float                      # tokens after the prefill's / verify steps
     per_position_acceptance: tuple[float, ...]  # unconditional, by depth
     per_position_acceptance_conditional: tuple[float, ...]
-    mean_sink_attention: tuple[float, ...]      # by depth, over steps
-    mean_self_attention: tuple[float, ...]
-    mean_hidden_norm: tuple[float, ...]
+    means: Mapping[str, tuple[float, ...]]      # each DEPTH_QUANTITIES value by depth, over the drafting steps
     tokens_per_s: float                         # all emitted tokens over the whole request
     decode_tokens_per_s: float                  # after the first token (prefill excluded)
     time_to_first_token_s: float
@@ -48,14 +47,25 @@ class RunSummary:
     # the samples behind the means by depth, so that a plot can say how far to trust each one
     drafting_steps: int                         # every per_position_acceptance value is over these
     conditional_acceptance_steps: tuple[int, ...]   # by depth d: steps that accepted d-1 drafts
-    drafting_steps_by_depth: tuple[int, ...]    # by depth: steps whose fed-back RMS was measured there
-    attention_steps_by_depth: tuple[int, ...]   # by depth: steps whose attention was measured there (a probe
+    samples: Mapping[str, tuple[int, ...]]      # by quantity and depth: the steps that measured it there (a probe
                                                 # past its key-copy limit, or FlashInfer, measures RMS alone)
     draft_ms_per_step: float                    # means over verify steps
     verify_ms_per_step: float
 
+    def mean(self, quantity: DepthQuantity) -> tuple[float, ...]:
+        return self.means.get(quantity.name, ())
+
+    def samples_of(self, quantity: DepthQuantity) -> tuple[int, ...]:
+        return self.samples.get(quantity.name, ())
+
     def to_json(self) -> dict:
-        return asdict(self)
+        out = {k: v for k, v in asdict(self).items() if k not in ("means", "samples")}
+        out.update({f"mean_{q.name}": self.mean(q) for q in DEPTH_QUANTITIES})
+        out["samples_by_depth"] = {q.name: self.samples_of(q) for q in DEPTH_QUANTITIES}
+        # the counts' first names: the steps that measured the fed-back RMS, and those that measured attention
+        out["drafting_steps_by_depth"] = self.samples_of(FED_BACK_RMS)
+        out["attention_steps_by_depth"] = self.samples_of(SINK_ATTENTION)
+        return out
 
 
 def steps_accepting(events: Iterable[StepEvent]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -189,47 +199,37 @@ def timed(verify_ms: float) -> bool:
     return verify_ms > 0
 
 
-def ms_per_verify_step(events: list[StepEvent]) -> tuple[float, float]:
-    """(draft ms, verify ms) per verify step, the prefill excluded."""
-    steps = [e for e in events if e.step > 0]
-    n = max(1, len(steps))
-    return sum(e.draft_ms for e in steps) / n, sum(e.verify_ms for e in steps) / n
-
-
 def summarize(events: list[StepEvent]) -> RunSummary:
+    """One run's summary: its RunTotals (the one reduction of a run) with the run's text and timings."""
     events = reconcile(events)
-    token_ids = tuple(t for e in events for t in e.token_ids)
     first, last = events[0], events[-1]
-    accepting = steps_accepting(events)
-    unconditional, conditional = rates_by_depth(*accepting)
-    decode_time = last.elapsed_s - first.elapsed_s
-    draft_ms_per_step, verify_ms_per_step = ms_per_verify_step(events)
+    totals = RunTotals.of(events)
+    prior = ((totals.drafting_steps,) + totals.reaching)[:len(totals.reaching)]
+    unconditional, conditional = rates_by_depth(totals.reaching, prior)
+    per_step = max(1, totals.verify_steps)
     return RunSummary(
         text="".join(e.text for e in events),
-        token_ids=token_ids,
-        tokens=len(token_ids),
-        prompt_tokens=first.position,
-        steps=sum(1 for e in events if e.step > 0),
-        mean_acceptance_length=mean_acceptance_length(events),
-        tokens_per_pass=tokens_per_pass(len(token_ids) - len(first.token_ids), sum(1 for e in events if e.step > 0)),
+        token_ids=tuple(t for e in events for t in e.token_ids),
+        tokens=totals.tokens,
+        prompt_tokens=totals.prompt_tokens,
+        steps=totals.verify_steps,
+        mean_acceptance_length=totals.tau,
+        tokens_per_pass=totals.tokens_per_pass,
         per_position_acceptance=unconditional,
         per_position_acceptance_conditional=conditional,
-        mean_sink_attention=mean_by_depth(e.sink_attention for e in events),
-        mean_self_attention=mean_by_depth(e.self_attention for e in events),
-        mean_hidden_norm=mean_by_depth(e.hidden_norm for e in events),
-        tokens_per_s=len(token_ids) / last.elapsed_s if last.elapsed_s > 0 else 0.0,
-        decode_tokens_per_s=(len(token_ids) - len(first.token_ids)) / decode_time if decode_time > 0 else 0.0,
+        means={name: sums.means for name, sums in totals.depths.items()},
+        tokens_per_s=totals.tokens / totals.seconds if totals.seconds > 0 else 0.0,
+        decode_tokens_per_s=totals.decode_tokens / totals.decode_seconds if totals.decode_seconds > 0 else 0.0,
         time_to_first_token_s=first.elapsed_s,
         elapsed_s=last.elapsed_s,
-        draft_ms=sum(e.draft_ms for e in events),
+        draft_ms=sum(e.draft_ms for e in events),   # the prefill's step too
         verify_ms=sum(e.verify_ms for e in events),
         finish_reason=last.finish_reason,
-        drafting_steps=drafting_counts(events)[1],
-        conditional_acceptance_steps=accepting[1],
-        drafting_steps_by_depth=count_by_depth(e.hidden_norm for e in events),
-        attention_steps_by_depth=count_by_depth(e.sink_attention for e in events),
-        draft_ms_per_step=draft_ms_per_step,
-        verify_ms_per_step=verify_ms_per_step,
+        drafting_steps=totals.drafting_steps,
+        conditional_acceptance_steps=prior,
+        samples={name: sums.counts for name, sums in totals.depths.items()},
+        draft_ms_per_step=totals.draft_ms / per_step,
+        verify_ms_per_step=totals.verify_ms / per_step,
     )
 
 
@@ -276,11 +276,9 @@ class RunTotals:
     accepted: int                         # drafts accepted
     drafting_steps: int
     reaching: tuple[int, ...]             # by depth d: drafting steps that accepted at least d drafts
-    sink_attention: DepthSums             # over the drafting steps that report it
-    hidden_norm: DepthSums
+    depths: Mapping[str, DepthSums]       # each DEPTH_QUANTITIES value over the drafting steps that report it
     draft_ms: float                       # summed over the verify steps
     verify_ms: float
-    self_attention: DepthSums = DepthSums()   # on the drafter's own earlier drafts of the step
     drafted: int = 0                      # drafts verified, over the drafting steps
     self_attention_vs_uniform: DepthSums = DepthSums()   # the same relative to a uniform spread (own_vs_uniform)
 
@@ -294,10 +292,8 @@ class RunTotals:
                    seconds=events[-1].elapsed_s, decode_tokens=sum(len(e.token_ids) for e in events[1:]),
                    decode_seconds=events[-1].elapsed_s - events[0].elapsed_s, verify_steps=len(verifying),
                    accepted=accepted, drafting_steps=steps, reaching=steps_accepting(events)[0],
-                   sink_attention=DepthSums.of(e.sink_attention for e in drafting),
-                   hidden_norm=DepthSums.of(e.hidden_norm for e in drafting),
+                   depths={q.name: DepthSums.of(e.by_depth(q) for e in drafting) for q in DEPTH_QUANTITIES},
                    draft_ms=sum(e.draft_ms for e in verifying), verify_ms=sum(e.verify_ms for e in verifying),
-                   self_attention=DepthSums.of(e.self_attention for e in drafting),
                    drafted=sum(e.drafted for e in drafting),
                    self_attention_vs_uniform=DepthSums.of(own_vs_uniform(e) for e in drafting))
 
@@ -331,12 +327,10 @@ class Pooled:
     steps: int
     mean_acceptance_length: float
     acceptance: tuple[float, ...]      # unconditional, by depth
-    sink_attention: tuple[float, ...]
-    hidden_norm: tuple[float, ...]
+    means: Mapping[str, tuple[float, ...]]   # each DEPTH_QUANTITIES value by depth, over all the drafting steps
     draft_ms: float                    # per verify step
     verify_ms: float
     other_ms: float                    # per verify step: sampling, bookkeeping, events, detokenising
-    self_attention: tuple[float, ...] = ()   # on its own earlier drafts of the step, by depth
     tokens_per_pass: float = 1.0       # tokens after the prefills' / verify steps
 
     @classmethod
@@ -349,19 +343,21 @@ class Pooled:
                    tokens=sum(r.tokens for r in runs), seconds=sum(r.seconds for r in runs), steps=steps,
                    mean_acceptance_length=pooled_tau(r.counts for r in runs),
                    acceptance=tuple(a / drafting for a in reaching) if drafting else (),
-                   sink_attention=DepthSums.total([r.sink_attention for r in runs]).means,
-                   hidden_norm=DepthSums.total([r.hidden_norm for r in runs]).means,
+                   means={q.name: DepthSums.total([r.depths[q.name] for r in runs]).means for q in DEPTH_QUANTITIES},
                    draft_ms=draft_ms, verify_ms=verify_ms,
                    other_ms=max(0.0, sum(r.decode_seconds for r in runs) * 1e3 / n - draft_ms - verify_ms),
-                   self_attention=DepthSums.total([r.self_attention for r in runs]).means,
                    tokens_per_pass=tokens_per_pass(sum(r.decode_tokens for r in runs), steps))
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def mean(self, quantity: DepthQuantity) -> tuple[float, ...]:
+        return self.means.get(quantity.name, ())
+
     def to_json(self) -> dict:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+        out = {k: v for k, v in asdict(self).items() if k != "means"}
+        return {**out, **{q.name: self.mean(q) for q in DEPTH_QUANTITIES}, "tokens_per_s": self.tokens_per_s}
 
 
 def pool(runs: list[list[StepEvent]]) -> Pooled:
@@ -379,18 +375,20 @@ def first_difference(tokens: Sequence[int], expected: Sequence[int]) -> int | No
 @dataclass(frozen=True)
 class VerifiedDraft:
     """One draft the target verified (a draft past the first rejected one never was), with what the
-    drafter knew and showed when it drafted it: None where the backend does not report it."""
+    drafter knew and showed when it drafted it: its probability, and each DEPTH_QUANTITIES value the
+    backend reported (by name)."""
     depth: int                            # 1 for a step's first draft
     accepted: bool
     probability: float | None
-    sink_attention: float | None
-    self_attention: float | None
-    hidden_norm: float | None
+    values: Mapping[str, float] = field(default_factory=dict)
+
+    def value(self, name: str) -> float | None:
+        """"probability" or a DEPTH_QUANTITIES name: None where the backend did not report it."""
+        return self.probability if name == "probability" else self.values.get(name)
 
 
 def verified_drafts(events: list[StepEvent]) -> tuple[VerifiedDraft, ...]:
     """Every verified draft of a run, step by step and depth by depth (a tree's main line)."""
-    at = lambda values, d: values[d] if d < len(values) else None
-    return tuple(VerifiedDraft(d + 1, verdict == "accepted", at(e.draft_probs, d), at(e.sink_attention, d),
-                               at(e.self_attention, d), at(e.hidden_norm, d))
+    return tuple(VerifiedDraft(d + 1, verdict == "accepted", e.draft_probs[d] if d < len(e.draft_probs) else None,
+                               {q.name: e.by_depth(q)[d] for q in DEPTH_QUANTITIES if d < len(e.by_depth(q))})
                  for e in reconcile(events) for d, verdict in enumerate(e.draft_verdicts) if verdict != "not reached")

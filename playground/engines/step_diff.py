@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from playground.engines.events import ESTIMATED_STEPS, StepEvent, reconcile
+from playground.engines.quantities import ATTENTION_QUANTITIES, BY_NAME, FED_BACK_RMS, REST_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,9 @@ class Tolerance:
 TOLERANCES = {"float32": Tolerance(relative=1e-3, attention=1e-3),
               "bfloat16": Tolerance(relative=3e-2, attention=3e-2)}
 
-# by depth, in the order the drafter computes them: (name in the report, StepEvent field, kind)
-DRAFT_QUANTITIES = (("fed_back_rms", "hidden_norm", "relative"),
-                    ("sink_attention", "sink_attention", "attention"),
-                    ("own_draft_attention", "self_attention", "attention"),
+# by depth, in the order the drafter computes them (the state it is fed, where it looks, what it drafts):
+# (name in the report, StepEvent field, kind)
+DRAFT_QUANTITIES = (*((q.diff_name, q.name, q.comparison) for q in (FED_BACK_RMS, *ATTENTION_QUANTITIES)),
                     ("draft_probability", "draft_probs", "relative"),
                     ("draft", "draft_ids", "exact"))
 
@@ -77,6 +77,11 @@ def _differs(a: float, b: float, kind: str, tolerance: Tolerance) -> bool:
     return not abs(a - b) <= tolerance.relative * max(abs(a), 1e-12)
 
 
+def _values(event: StepEvent, field: str) -> tuple:
+    """A DRAFT_QUANTITIES field of a step, by depth."""
+    return event.by_depth(BY_NAME[field]) if field in BY_NAME else getattr(event, field)
+
+
 def _step_at(events: Sequence[StepEvent], position: int) -> int:
     """The step of `events` that committed the token at answer `position` (its last step past the end)."""
     start = events[0].position
@@ -86,7 +91,7 @@ def _step_at(events: Sequence[StepEvent], position: int) -> int:
 def observed_quantities(first: Sequence[StepEvent], second: Sequence[StepEvent]) -> tuple[str, ...]:
     """The per-depth quantities both runs carry somewhere."""
     def carried(events: Sequence[StepEvent], field: str) -> bool:
-        return any(getattr(e, field) for e in events)
+        return any(_values(e, field) for e in events)
     return tuple(name for name, field, _ in DRAFT_QUANTITIES if carried(first, field) and carried(second, field))
 
 
@@ -98,7 +103,10 @@ def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], toleranc
     first, second = reconcile(list(first)), reconcile(list(second))
     exact_counts = not any(ESTIMATED_STEPS in run[-1].observed for run in (first, second))
     compared = observed_quantities(first, second)
-    kinds = {name: (field, kind) for name, field, kind in DRAFT_QUANTITIES if name in compared}
+    # the rest of the context's attention is what sink and own leave: it parts only where one of them did,
+    # and by up to both their tolerances where neither did
+    kinds = {name: (field, kind) for name, field, kind in DRAFT_QUANTITIES
+             if name in compared and name != REST_ATTENTION.diff_name}
     partners = {e.position - second[0].position: e for e in second}   # by answer position (from the prompt's end)
     answer = [t for e in second for t in e.token_ids]
     aligned = 0
@@ -107,10 +115,10 @@ def diff_steps(first: Sequence[StepEvent], second: Sequence[StepEvent], toleranc
         other = partners.get(at)
         if other is not None:
             aligned += 1
-            depths = max((min(len(getattr(event, f)), len(getattr(other, f))) for f, _ in kinds.values()), default=0)
+            depths = max((min(len(_values(event, f)), len(_values(other, f))) for f, _ in kinds.values()), default=0)
             for depth in range(1, depths + 1):
                 for name, (field, kind) in kinds.items():
-                    a, b = getattr(event, field), getattr(other, field)
+                    a, b = _values(event, field), _values(other, field)
                     if depth <= min(len(a), len(b)) and _differs(a[depth - 1], b[depth - 1], kind, tolerance):
                         return StepDiff(Divergence(event.step, other.step, at + depth - 1, depth, name,
                                                    a[depth - 1], b[depth - 1]), compared, aligned)
@@ -159,7 +167,7 @@ def differences_by_depth(first: Sequence[StepEvent], second: Sequence[StepEvent]
             at = event.position - first[0].position
             if (other := partners.get(at)) is None:
                 continue
-            for depth, (a, b) in enumerate(zip(getattr(event, field), getattr(other, field))):
+            for depth, (a, b) in enumerate(zip(_values(event, field), _values(other, field))):
                 change = (b - a) / max(abs(a), 1e-12) if kind == "relative" else b - a
                 by_depth.setdefault(depth, []).append((at + depth, change))
         found.append(DepthDifferences(name, kind == "relative", tuple(tuple(by_depth[d]) for d in sorted(by_depth))))

@@ -1,17 +1,19 @@
-"""The three drift signals by draft depth over many prompts: each drafter's sink attention, attention on
-its own drafts and fed-back RMS, with 95% bootstrap intervals over prompts, and each later drafter's
-paired difference from the first (a resample draws the same prompts for both drafters, so what the
-prompts share cancels out). The prompt study and the suite report them alike."""
+"""The drift signals by draft depth over many prompts (quantities.DEPTH_QUANTITIES: each drafter's attention
+on the sink tokens, on its own drafts and on the rest of the context, and its fed-back RMS), with 95%
+bootstrap intervals over prompts, and each later drafter's paired difference from the first (a resample
+draws the same prompts for both drafters, so what the prompts share cancels out). The prompt study and
+the suite report them alike."""
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from playground.engines.quantities import BY_NAME, DEPTH_QUANTITIES
 from playground.engines.stats import Statistic, depth_mean_of, value_of
 from playground.evaluation.runner import PromptResult
 from playground.plots import label
 
-SIGNALS = {"sink_attention": "sink attention", "self_attention": "own-draft attention", "hidden_norm": "fed-back RMS"}
+SIGNALS = {q.name: q.label for q in DEPTH_QUANTITIES}
 Interval = Callable[[Statistic, int], "tuple[float, float] | None"]   # None: a report without intervals
 
 
@@ -20,10 +22,11 @@ def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Int
     "differences": [{"a", "b", "difference", "ci"}]}. A drafter that measured a signal at no step of a
     depth has no value there; own-draft attention has no row at depth 1 (there are no drafts before it)."""
     units, rows, first = len(ran), [], drafters[0]
-    for signal in SIGNALS:
-        parts = {m: [getattr(r.runs[m], signal) for r in ran] for m in drafters}
+    for quantity in DEPTH_QUANTITIES:
+        signal = quantity.name
+        parts = {m: [r.runs[m].depths[signal] for r in ran] for m in drafters}
         depths = max((len(p.counts) for ps in parts.values() for p in ps), default=0)
-        for depth in range(2 if signal == "self_attention" else 1, depths + 1):
+        for depth in range(quantity.first_depth, depths + 1):
             means = {m: depth_mean_of(ps, depth) for m, ps in parts.items()
                      if any(len(p.counts) >= depth and p.counts[depth - 1] for p in ps)}
             if not means:
@@ -45,7 +48,7 @@ def table(rows: list[dict]) -> tuple[str, list[str], list[list[str]]]:
     pairs = list(dict.fromkeys((d["a"], d["b"]) for row in rows for d in row["differences"]))
     cells = []
     for row in rows:
-        digits = 2 if row["signal"] == "hidden_norm" else 3
+        digits = BY_NAME[row["signal"]].digits
         found = {(d["a"], d["b"]): d for d in row["differences"]}
         cells.append([SIGNALS[row["signal"]], str(row["depth"]),
                       *(_value(row["mean"][m], row["ci"][m], digits, False) if m in row["mean"] else "–"

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from playground import plots
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, tau_of
@@ -133,12 +134,12 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
 
 def format_rows(rows: list[EvalRow]) -> str:
     head = ["kind", "drafter", "prompts", "min prompt tokens", "tau", "tau 95% CI", "acceptance by depth",
-            "sink attention by depth", "fed-back RMS by depth", "draftable"]
-    fmt = lambda xs, f="{:.2f}": " ".join(f.format(x) for x in xs)
+            *(f"{q.label} by depth" for q in DEPTH_QUANTITIES), "draftable"]
     return markdown_table(head, ([r.kind, r.label, r.pooled.runs, r.pooled.min_prompt_tokens,
                                   f"{r.pooled.mean_acceptance_length:.2f}", "{:.2f}-{:.2f}".format(*r.tau_interval()),
-                                  fmt(r.pooled.acceptance), fmt(r.pooled.sink_attention, "{:.3f}"),
-                                  fmt(r.pooled.hidden_norm), f"{r.draftable:.3f}"] for r in rows))
+                                  " ".join(f"{x:.2f}" for x in r.pooled.acceptance),
+                                  *(" ".join(map(q.format, r.pooled.mean(q))) for q in DEPTH_QUANTITIES),
+                                  f"{r.draftable:.3f}"] for r in rows))
 
 
 def tau_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float]]:
@@ -170,14 +171,13 @@ def format_ratios(rows: list[EvalRow]) -> str:
 
 
 def write_figures(rows: list[EvalRow], path: Path) -> None:
-    """Per kind, a row of the drafters' acceptance, sink attention and fed-back RMS by depth, in one
+    """Per kind, a row of the drafters' acceptance and each DEPTH_QUANTITIES value by depth, in one
     standalone HTML file."""
     figs = []
     for kind in dict.fromkeys(r.kind for r in rows):
         pooled = {r.label: r.pooled for r in rows if r.kind == kind}
         figs += [plots.by_depth({n: p.acceptance for n, p in pooled.items()}, f"{kind}: acceptance by depth",
                                   "acceptance rate", [0, 1.05]),
-                 plots.by_depth({n: p.sink_attention for n, p in pooled.items()},
-                                  f"{kind}: attention to the sink tokens", "attention mass"),
-                 plots.by_depth({n: p.hidden_norm for n, p in pooled.items()}, f"{kind}: fed-back state RMS", "RMS")]
-    plots.html_page(figs, "Drafter evaluation by depth", path, columns=3)   # a row per kind
+                 *(plots.by_depth({n: p.mean(q) for n, p in pooled.items()}, f"{kind}: {q.label}", q.unit)
+                   for q in DEPTH_QUANTITIES)]
+    plots.html_page(figs, "Drafter evaluation by depth", path, columns=1 + len(DEPTH_QUANTITIES))   # a row per kind

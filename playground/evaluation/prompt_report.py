@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 
 from playground import plots
 from playground.engines.protocol import Engine
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.stats import (Pooled, RunTotals, bootstrap_interval, paired_ratio, pooled_tau, rate_of,
                                      rate_of_runs, tau_of, value_of)
 from playground.evaluation import drift_signals, runner
@@ -78,8 +79,7 @@ def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval
            "tau_ci": drift_signals.listed(interval(tau_of([run.counts for run in runs]), len(runs))),
            "tokens_per_pass": pooled.tokens_per_pass,
            "tokens_per_pass_ci": drift_signals.listed(interval(per_pass_of(runs), len(runs))),
-           "acceptance": list(pooled.acceptance), "sink_attention": list(pooled.sink_attention),
-           "hidden_norm": list(pooled.hidden_norm), "self_attention": list(pooled.self_attention)}
+           "acceptance": list(pooled.acceptance), **{q.name: list(pooled.mean(q)) for q in DEPTH_QUANTITIES}}
     row["tokens_per_s"] = value_of(_rate(ran, method), len(ran))
     row["decode_tokens_per_s"] = value_of(_rate(ran, method, decode=True), len(ran))
     if baseline is not None:
@@ -188,8 +188,8 @@ def _interval(ci) -> str:
     return "…" if ci is None else "{:.2f}–{:.2f}".format(*ci)
 
 
-def _depths(xs, f: str = "{:.2f}") -> str:
-    return " ".join(f.format(x) for x in xs) or "–"
+def _depths(xs, show="{:.2f}".format) -> str:
+    return " ".join(map(show, xs)) or "–"
 
 
 def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -199,14 +199,14 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     if pooled:
         head = ["method", "prompts", "tokens per target pass (95% CI)", "tau (95% CI)", "acceptance by depth",
                 "tok/s", "vs none (95% CI)",
-                "decode tok/s", "decode vs none (95% CI)", "sink attention by depth", "fed-back RMS by depth"]
+                "decode tok/s", "decode vs none (95% CI)", *(f"{q.label} by depth" for q in DEPTH_QUANTITIES)]
         speedup = lambda p, key: (f"{p[key]:.2f}x ({_interval(p[key.replace('_vs_none', '_ci')])})" if key in p
                                   else "–")
         rows = [[label(p["method"]), str(p["prompts"]), with_interval(p["tokens_per_pass"], p["tokens_per_pass_ci"]),
                  with_interval(p["mean_acceptance_length"], p["tau_ci"]),
                  _depths(p["acceptance"]), f"{p['tokens_per_s']:.1f}", speedup(p, "speedup_vs_none"),
                  f"{p['decode_tokens_per_s']:.1f}", speedup(p, "decode_speedup_vs_none"),
-                 _depths(p["sink_attention"], "{:.3f}"), _depths(p["hidden_norm"])] for p in pooled]
+                 *(_depths(p.get(q.name, ()), q.format) for q in DEPTH_QUANTITIES)] for p in pooled]
         out.append(("Pooled over the prompts", head, rows))
     if res["ratios"]:
         out.append(("Paired ratios", ["ratio", "tokens per target pass (95% CI)", "tau (95% CI)"],

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.evaluation import drift_signals
 from playground.evaluation.machine import described
 from playground.evaluation.tables import markdown_table, write_results
@@ -48,10 +49,10 @@ def markdown(res: dict) -> str:
     lines = [f"k={c['k']}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}; "
              f"{described(res['machine'])}", "", markdown_table(head, rows)]
 
-    lines += ["", "Acceptance by depth (unconditional), drafter sink attention and fed-back RMS by depth:", "",
-              markdown_table(["category", "drafter", "acceptance", "sink attention", "fed-back RMS"],
+    lines += ["", "Acceptance by depth (unconditional) and what the drafter measured by depth:", "",
+              markdown_table(["category", "drafter", "acceptance", *(q.label for q in DEPTH_QUANTITIES)],
                              ([r["category"], label(r["method"]), _fmt(r["acceptance"]),
-                               _fmt(r["sink_attention"], "{:.3f}"), _fmt(r["hidden_norm"])]
+                               *(" ".join(map(q.format, r.get(q.name, ()))) for q in DEPTH_QUANTITIES)]
                               for r in res["rows"] if r["method"] != NONE))]
 
     if res.get("signals"):   # every category pooled

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from playground.engines.quantities import OWN_DRAFT_ATTENTION
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import (DepthSums, RunTotals, bootstrap_interval, paired_ratio, pooled_tau, tau_of,
@@ -151,9 +152,9 @@ def summed(runs: Sequence[RunTotals]) -> RunTotals:
     return RunTotals(prompt_tokens=add("prompt_tokens"), tokens=add("tokens"), seconds=add("seconds"),
                      decode_tokens=add("decode_tokens"), decode_seconds=add("decode_seconds"),
                      verify_steps=add("verify_steps"), accepted=add("accepted"), drafting_steps=add("drafting_steps"),
-                     reaching=tuple(reaching), sink_attention=depths("sink_attention"),
-                     hidden_norm=depths("hidden_norm"), draft_ms=add("draft_ms"), verify_ms=add("verify_ms"),
-                     self_attention=depths("self_attention"), drafted=add("drafted"),
+                     reaching=tuple(reaching),
+                     depths={name: DepthSums.total([r.depths[name] for r in runs]) for name in runs[0].depths},
+                     draft_ms=add("draft_ms"), verify_ms=add("verify_ms"), drafted=add("drafted"),
                      self_attention_vs_uniform=depths("self_attention_vs_uniform"))
 
 
@@ -187,7 +188,7 @@ def analyse(config: LongContextConfig, results: Sequence[PromptResult]) -> dict:
                 "ratio": ratio, "ratio_ci": list(ratio_ci),
                 "own_vs_uniform": {d: list(DepthSums.total([t.self_attention_vs_uniform for t in per_doc[d]]).means)
                                    for d in config.drafters},
-                "own_attention": {d: list(DepthSums.total([t.self_attention for t in per_doc[d]]).means)
+                "own_attention": {d: list(DepthSums.total([t.depths[OWN_DRAFT_ATTENTION.name] for t in per_doc[d]]).means)
                                   for d in config.drafters},
             })
     lossless = not any(r.mismatches for r in results)

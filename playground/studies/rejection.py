@@ -32,6 +32,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playground import plots
+from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, REST_ATTENTION, SINK_ATTENTION
 from playground.engines.reference import ReferenceEngine
 from playground.engines.stats import bootstrap_interval
 from playground.evaluation import drift_signals, runner
@@ -44,9 +45,12 @@ from playground.prompts.files import read_prompt_file
 from playground.prompts.sets import EVAL_KINDS
 
 SIGNALS = {"probability": "draft probability", **drift_signals.SIGNALS}
-SIGNAL_COLORS = {"probability": "#1e293b", "sink_attention": "#0d9488", "self_attention": "#db2777",
-                 "hidden_norm": "#ca8a04"}
-ATTENTION = ("sink_attention", "self_attention", "hidden_norm")   # what the drift story is about
+SIGNAL_COLORS = {"probability": "#1e293b", SINK_ATTENTION.name: "#0d9488", OWN_DRAFT_ATTENTION.name: "#db2777",
+                 REST_ATTENTION.name: "#7c3aed", FED_BACK_RMS.name: "#ca8a04"}
+DRIFT = tuple(drift_signals.SIGNALS)   # what the drift story is about
+# the model's inputs: the attention on the rest of the context is what sink and own leave, so it adds nothing
+# to a model that has both
+MODEL_INPUTS = tuple(name for name in DRIFT if name != REST_ATTENTION.name)
 SAMPLE = Path(__file__).resolve().parents[2] / "assets" / "prompts" / "chat.jsonl"
 SAVED_FORMAT = 1
 FOLDS = 5
@@ -98,7 +102,7 @@ class Drafts:
     @classmethod
     def of(cls, results: Sequence[PromptResult], method: str) -> Drafts:
         rows = [(i, d) for i, r in enumerate(results) for d in r.drafts.get(method, ())]
-        value = lambda d, name: np.nan if getattr(d, name) is None else getattr(d, name)
+        value = lambda d, name: np.nan if d.value(name) is None else d.value(name)
         return cls(np.array([i for i, _ in rows], dtype=int), np.array([d.depth for _, d in rows], dtype=int),
                    np.array([d.accepted for _, d in rows], dtype=bool),
                    {name: np.array([value(d, name) for _, d in rows], dtype=float) for name in SIGNALS})
@@ -234,7 +238,7 @@ def out_of_fold_scores(drafts: Drafts, names: Sequence[str], units: int, depths:
 def added_value(drafts: Drafts, units: int, depths: int, resamples: int) -> dict:
     """AUC of probability (and depth) alone, with attention and RMS added, and their paired difference."""
     base = out_of_fold_scores(drafts, ["probability"], units, depths)
-    full = out_of_fold_scores(drafts, ["probability", *ATTENTION], units, depths)
+    full = out_of_fold_scores(drafts, ["probability", *MODEL_INPUTS], units, depths)
     groups = _by_prompt(~np.isnan(base), drafts, units)
     alone, both = (auc_statistic(s, drafts.accepted, groups) for s in (base, full))
     gain = lambda idx: both(idx) - alone(idx)
@@ -343,7 +347,7 @@ def figure(report: dict) -> go.Figure:
 def alone(report: dict) -> str:
     """What the drift signals tell taken one at a time: where their AUC's interval leaves out 0.5."""
     rows = [(drafter, r) for drafter, part in report["drafters"].items() for r in part["by_depth"]
-            if r["signal"] in ATTENTION]
+            if r["signal"] in DRIFT]
     telling = [(drafter, r) for drafter, r in rows if not r["auc_ci"][0] <= 0.5 <= r["auc_ci"][1]]
     if not telling:
         return "Taken alone, no drift signal's interval leaves out 0.5 at any depth."

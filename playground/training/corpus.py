@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import io
 import json
 import lzma
 import random

@@ -9,6 +9,7 @@ from typing import NamedTuple
 from pathlib import Path
 from string import Template
 
+from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, SINK_ATTENTION
 from playground.engines.stats import RunSummary, tokens_per_pass
 from playground.evaluation.machine import described
 from playground.model.variants import EAGLE3, EAGLE31, LABELS
@@ -41,9 +42,9 @@ class DepthProbes:
 
 def stored_probes(results: dict, category: str = CATEGORY) -> dict[str, DepthProbes]:
     """The chain rows of `category` in a benchmark's results.json, by drafter."""
-    return {row["method"]: DepthProbes(len(row["sink_attention"]), row["sink_attention"][0],
-                                       row["sink_attention"][-1], row["hidden_norm"][0], row["hidden_norm"][-1])
-            for row in results["rows"] if row["category"] == category and row["sink_attention"]}
+    sink, rms = SINK_ATTENTION.name, FED_BACK_RMS.name
+    return {row["method"]: DepthProbes(len(row[sink]), row[sink][0], row[sink][-1], row[rms][0], row[rms][-1])
+            for row in results["rows"] if row["category"] == category and row[sink]}
 
 
 def trend(first: float, last: float) -> str:
@@ -82,15 +83,15 @@ def suite_signals(results: dict) -> str:
                              + ("" if way == "about as much" else f" ({changes})"))
         return ", ".join(parts)
 
-    rms = {r["depth"]: r["mean"] for r in rows if r["signal"] == "hidden_norm"}
+    rms = {r["depth"]: r["mean"] for r in rows if r["signal"] == FED_BACK_RMS.name}
     state = (f"; its fed-back state stays at RMS {min(m[EAGLE31] for m in rms.values()):.1f} to "
              f"{max(m[EAGLE31] for m in rms.values()):.1f} where EAGLE 3's grows from {rms[min(rms)][EAGLE3]:.1f} to "
              f"{rms[max(rms)][EAGLE3]:.1f}") if rms else ""
     prompts = results["config"]["per_category"] * len({row["category"] for row in results["rows"]})
     return (f"Over the whole suite ({prompts} prompts, EAGLE 3.1 against EAGLE 3 where the paired 95% interval "
             f"leaves out no difference), EAGLE 3.1 puts "
-            f"{compared('self_attention', ' of its attention on its own drafts')}; "
-            f"{compared('sink_attention', ' on the sink tokens')}{state}.")
+            f"{compared(OWN_DRAFT_ATTENTION.name, ' of its attention on its own drafts')}; "
+            f"{compared(SINK_ATTENTION.name, ' on the sink tokens')}{state}.")
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,8 @@ class SuiteFigures:
 
 def suite_figures(results: dict) -> SuiteFigures | None:
     rows = {(r["signal"], r["depth"]): r for r in results.get("signals", [])}
-    rms = {depth: r["mean"] for (signal, depth), r in rows.items() if signal == "hidden_norm"}
-    own = {depth: r for (signal, depth), r in rows.items() if signal == "self_attention"}
+    rms = {depth: r["mean"] for (signal, depth), r in rows.items() if signal == FED_BACK_RMS.name}
+    own = {depth: r for (signal, depth), r in rows.items() if signal == OWN_DRAFT_ATTENTION.name}
     if not rms or not own:
         return None
     per_pass = {}
@@ -200,12 +201,12 @@ def stored_speedups(results: dict) -> str:
 
 def own_drafts(runs: dict[str, RunSummary]) -> str:
     """What the Playground's first screen shows of the drafters' attention to their own drafts."""
-    deepest = {name: s.mean_self_attention[-1] for name, s in runs.items() if s.mean_self_attention}
+    deepest = {name: s.mean(OWN_DRAFT_ATTENTION)[-1] for name, s in runs.items() if s.mean(OWN_DRAFT_ATTENTION)}
     if set(deepest) != {EAGLE3, EAGLE31}:
         return ""
     more = EAGLE31 if deepest[EAGLE31] > deepest[EAGLE3] else EAGLE3
     less = EAGLE3 if more == EAGLE31 else EAGLE31
-    depth = len(runs[more].mean_self_attention)
+    depth = len(runs[more].mean(OWN_DRAFT_ATTENTION))
     lead = "Not all of it holds on our drafters:" if more == EAGLE31 else "As the paper says,"
     return (f"{lead} on the Playground's coding example {LABELS[more]} attends more to its own drafts than "
             f"{LABELS[less]} ({deepest[more]:.2f} against {deepest[less]:.2f} of its attention at depth {depth}, the "

@@ -7,10 +7,11 @@ or script are shown as text. Whitespace is kept by the `white-space: pre-wrap` o
 from __future__ import annotations
 
 from html import escape
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from playground import plots
 from playground.engines.events import StepEvent
+from playground.engines.quantities import DEPTH_QUANTITIES, FED_BACK_RMS
 from playground.engines.stats import RunSummary, timed
 
 PREFILL_NOTE = "The target is reading the prompt (the prefill); the first token follows it…"
@@ -93,7 +94,7 @@ def pair_html(summaries: Mapping[str, RunSummary]) -> str:
     if len(ran) < 2:
         return ""
     per_pass = ", ".join(f"{escape(plots.label(name))} {s.tokens_per_pass:.2f}" for name, s in ran.items())
-    sized = {name: s.mean_hidden_norm for name, s in ran.items() if len(s.mean_hidden_norm) > 1}
+    sized = {name: s.mean(FED_BACK_RMS) for name, s in ran.items() if len(s.mean(FED_BACK_RMS)) > 1}
     rms = ", ".join(f"{escape(plots.label(name))} {v[0]:.1f} → {v[-1]:.1f}" for name, v in sized.items())
     depths = min((len(v) for v in sized.values()), default=0)
     grows = f" The state fed back into depths 1 to {depths}, RMS: {rms}." if depths else ""
@@ -101,9 +102,7 @@ def pair_html(summaries: Mapping[str, RunSummary]) -> str:
 
 
 INSPECTOR_COLUMNS = (("depth", "draft depth"), ("draft", "the drafted token"), ("p", "the drafter's probability of it"),
-                     ("verdict", "the target's verdict"), ("sink", "drafter attention on the sink tokens"),
-                     ("own", "drafter attention on its own earlier drafts of this step"),
-                     ("RMS", "RMS of the state fed back into this depth"))
+                     ("verdict", "the target's verdict"), *((q.short, q.description) for q in DEPTH_QUANTITIES))
 
 
 def inspector_html(event: StepEvent | None) -> str:
@@ -127,10 +126,9 @@ def inspector_html(event: StepEvent | None) -> str:
     for d in range(shown):
         draft = escape(visible(event.draft_texts[d])) if d < len(event.draft_texts) else "(not reported)"
         verdict = event.draft_verdicts[d]
-        cells = [str(d + 1), f"<code>{draft}</code>", _num(event.draft_probs, d, "{:.3f}"),
+        cells = [str(d + 1), f"<code>{draft}</code>", _num(event.draft_probs, d, "{:.3f}".format),
                  f'<span class="verdict {verdict.replace(" ", "-")}">{verdict}</span>',
-                 _num(event.sink_attention, d, "{:.3f}"), _num(event.self_attention, d, "{:.3f}"),
-                 _num(event.hidden_norm, d, "{:.2f}")]
+                 *(_num(event.by_depth(q), d, q.format) for q in DEPTH_QUANTITIES)]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     emitted = (f"<code>{escape(visible(event.token_texts[-1]))}</code>" if len(event.token_ids) > event.accepted
                else "none: the sequence ended on an accepted draft")
@@ -141,8 +139,8 @@ def inspector_html(event: StepEvent | None) -> str:
             f'<span class="glyphs">(· space, ↵ line break, ⇥ tab)</span></div>')
 
 
-def _num(values: Sequence[float], i: int, fmt: str) -> str:
-    return fmt.format(values[i]) if i < len(values) else "–"
+def _num(values: Sequence[float], i: int, show: Callable[[float], str]) -> str:
+    return show(values[i]) if i < len(values) else "–"
 
 
 def error_html(message: str) -> str:

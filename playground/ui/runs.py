@@ -17,12 +17,13 @@ from gradio.components.plot import PlotData
 
 from playground import plots
 from playground.engines.events import StepEvent, reconcile
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary, summarize
 
 # one row per (run, verify step, draft depth); the step's own fields repeat on each of its depths
 CSV_FIELDS = ("run", "step", "position", "depth", "draft_id", "draft_text", "draft_prob", "verdict",
-              "sink_attention", "self_attention", "hidden_norm", "accepted", "drafted", "committed_text",
+              *(q.name for q in DEPTH_QUANTITIES), "accepted", "drafted", "committed_text",
               "draft_ms", "verify_ms", "elapsed_s", "finish_reason", "backend")
 NAME_CHARS = 32   # the most characters of one run's name in a file name
 
@@ -121,8 +122,7 @@ def csv_rows(run: str, event: StepEvent) -> list[dict]:
             "verify_ms": event.verify_ms, "elapsed_s": event.elapsed_s, "finish_reason": event.finish_reason,
             "backend": event.backend}
     by_depth = {"draft_id": event.draft_ids, "draft_text": event.draft_texts, "draft_prob": event.draft_probs,
-                "sink_attention": event.sink_attention, "self_attention": event.self_attention,
-                "hidden_norm": event.hidden_norm}
+                **{q.name: event.by_depth(q) for q in DEPTH_QUANTITIES}}
     depths = [{"depth": d + 1, "verdict": verdict, **{k: v[d] for k, v in by_depth.items() if d < len(v)}}
               for d, verdict in enumerate(event.draft_verdicts)]
     return [step | depth for depth in depths] or [step]

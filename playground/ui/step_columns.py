@@ -9,14 +9,14 @@ from typing import Mapping
 
 from playground import plots
 from playground.engines.protocol import Engine
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.step_diff import (TOLERANCES, Divergence, StepDiff, Tolerance, differences_by_depth,
                                           diff_steps)
 from playground.ui.runs import RunLog
 
-QUANTITY_NAMES = {"fed_back_rms": "the fed-back RMS", "sink_attention": "the sink attention",
-                  "own_draft_attention": "the own-draft attention", "draft_probability": "the draft's probability",
-                  "draft": "the draft", "accepted": "the accepted count", "token": "the token",
-                  "answer_end": "the answer's end"}
+QUANTITY_NAMES = {**{q.diff_name: f"the {q.label}" for q in DEPTH_QUANTITIES},
+                  "draft_probability": "the draft's probability", "draft": "the draft", "accepted": "the accepted count",
+                  "token": "the token", "answer_end": "the answer's end"}
 
 
 @dataclass(frozen=True)

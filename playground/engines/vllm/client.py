@@ -27,6 +27,7 @@ import httpx
 
 from playground.engines.drafters import DrafterInfo
 from playground.engines.events import ESTIMATED_STEPS, EXACT_STEPS, StepEvent
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.protocol import Capabilities
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.api import error_text, http_client, refusal
@@ -160,17 +161,15 @@ class ProbedSteps:
         drafted = len(drafts)
         if len(ids) <= accepted:   # the sequence ended on an accepted draft: the rest was never used
             drafted = accepted = len(ids)
-        rms = tuple(record.get("hidden_rms") or ())
-        sink, own = tuple(record.get("sink_attention") or ()), tuple(record.get("self_attention") or ())
+        measured = {q.name: tuple(record.get(q.wire_name) or ()) for q in DEPTH_QUANTITIES}
         if record.get("attention_error") and not self.attention_error:
             self.attention_error = record["attention_error"]
             log.warning("the probe at %s reports no attention: %s", self.probe.url, self.attention_error)
-        observed = ("drafts",) + (("hidden_norm",) if rms else ()) + (("attention",) if sink else ())
+        observed = ("drafts", *dict.fromkeys(q.observed for q in DEPTH_QUANTITIES if measured[q.name]))
         return {"step": record["step"], "token_ids": tuple(ids), "token_texts": tuple(texts),
                 "draft_ids": tuple(drafts), "draft_texts": tuple(self.connection.tokens.piece(t) for t in drafts),
-                "drafted": drafted, "accepted": accepted, "hidden_norm": rms, "sink_attention": sink,
-                "draft_probs": tuple(record.get("draft_probs") or ()),
-                "self_attention": own, "observed": observed + (EXACT_STEPS,)}
+                "drafted": drafted, "accepted": accepted, "draft_probs": tuple(record.get("draft_probs") or ()),
+                **measured, "observed": observed + (EXACT_STEPS,)}
 
 
 class VLLMEngine:
