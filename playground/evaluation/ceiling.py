@@ -8,22 +8,16 @@ mean acceptance length tau can reach at most tau tokens per verify forward of k+
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import torch
 
+from playground.evaluation.timing import timings
 from playground.model.target import Target
 
 
 def _best_seconds(fn, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timings(fn, repeats))
 
 
 def memory_bandwidth(megabytes: int = 512) -> float:
@@ -64,11 +58,6 @@ def measure(target: Target, token_counts: tuple[int, ...] = (1, 6), context: int
     target.forward(torch.arange(context)[None] + 100, cache)
     for t in token_counts:
         ids = torch.arange(t)[None] + 200
-        runs = []
-        for _ in range(15):
-            cache.truncate(context)
-            start = time.perf_counter()
-            target.forward(ids, cache)
-            runs.append((time.perf_counter() - start) * 1e3)
-        measured[t] = statistics.median(runs[3:])
+        runs = timings(lambda: target.forward(ids, cache), 12, setup=lambda: cache.truncate(context), warmup=3)
+        measured[t] = statistics.median(runs) * 1e3
     return Ceiling(weight_bytes, bandwidth / 1e9, flops / 1e9, floor, measured)

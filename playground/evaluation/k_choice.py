@@ -21,7 +21,6 @@ import functools
 import hashlib
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from playground.engines.request import K_RANGE, GenerationRequest
 from playground.engines.stats import summarize
 from playground.errors import PlaygroundError
 from playground.evaluation.machine import described, machine
+from playground.evaluation.timing import timings
 from playground.model.variants import EAGLE31, NONE, SHIPPED
 from playground.settings import cache_root
 
@@ -146,15 +146,10 @@ def _context_ms_per_1k(target, rows: int, repeats: int = 5) -> float:
     """A forward of `rows` rows over LONG_CONTEXT less over SHORT_CONTEXT tokens, per 1,000 tokens (medians)."""
     cache = target.new_cache(LONG_CONTEXT + rows)
     target.forward(torch.arange(LONG_CONTEXT)[None] % 1000 + 100, cache, head=False)
-    times = {}
-    for context in (SHORT_CONTEXT, LONG_CONTEXT):
-        samples = []
-        for _ in range(repeats):
-            cache.truncate(context)
-            start = time.perf_counter()
-            target.forward(torch.arange(rows)[None] + 300, cache, head=False)
-            samples.append(time.perf_counter() - start)
-        times[context] = statistics.median(samples)
+    ids = torch.arange(rows)[None] + 300
+    times = {context: statistics.median(timings(lambda: target.forward(ids, cache, head=False), repeats,
+                                                setup=lambda: cache.truncate(context), warmup=0))
+             for context in (SHORT_CONTEXT, LONG_CONTEXT)}
     return max(0.0, 1e6 * (times[LONG_CONTEXT] - times[SHORT_CONTEXT]) / (LONG_CONTEXT - SHORT_CONTEXT))
 
 

@@ -15,13 +15,13 @@ not reading.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
 from playground.evaluation.ceiling import matmul_flops, memory_bandwidth
 from playground.evaluation.tables import markdown_table
+from playground.evaluation.timing import timings
 from playground.model.target import Target
 
 
@@ -65,13 +65,7 @@ class Breakdown:
 
 
 def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return statistics.median(timings(fn, repeats)) * 1e3
 
 
 @torch.inference_mode()
