@@ -78,6 +78,11 @@ def test_a_stream_that_reports_its_steps_at_its_end_is_exported_and_inspected_by
                         finish_reason="length", step_accepted=(1, 2), step_drafted=(3, 3))]
     run = RunLog(GenerationRequest(prompt="p"), events)
     assert [(e.token_texts, e.accepted) for e in run.steps] == [(("a",), 0), (("b", "c"), 1), (("d", "e"), 2)]
+    streamed = RunLog(GenerationRequest(prompt="p"))
+    streamed.add(events[0])
+    assert streamed.steps == events[:1]   # the stream's chunks until its end
+    streamed.add(events[1])
+    assert streamed.steps == run.steps and streamed.steps is streamed.steps   # re-split once, where it ended
     html = render.answer_html(run.steps)
     assert re.findall(r'data-step="(\d+)"', html) == ["0", "1", "2"]
     exported = json.loads(Path(export({"eagle3": run}, plots.all_figures({"eagle3": run.summary}),

@@ -103,6 +103,7 @@ def test_reconcile_resplits_chunks_the_server_merged():
     assert [e.accepted for e in steps] == [0, 1, 0, 0]
     assert [e.position for e in steps] == [10, 11, 13, 14]
     assert steps[-1].finish_reason == "length" and steps[1].finish_reason is None
+    assert reconcile(steps) is steps   # marked as the steps: reconciled once
     summary = summarize(events)
     assert summary.steps == 3 and summary.text == "abcde"
     assert summary.mean_acceptance_length == pytest.approx(1 + 1 / 3)

@@ -107,14 +107,15 @@ class StepEvent:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names})
 
 
-EXACT_STEPS = "steps"   # in `observed`: the stream's events are the verify steps themselves (the vLLM probe)
+EXACT_STEPS = "steps"   # in `observed`: the events are the verify steps themselves (the vLLM probe, or reconciled)
 ESTIMATED_STEPS = "chunks"   # ... steps and counts estimated from a stream's chunks (a vLLM server without them)
 
 
 def reconcile(events: list[StepEvent]) -> list[StepEvent]:
     """The exact verify steps, where the last event reports them (`step_accepted`): the committed
-    tokens re-split so that step i holds its accepted drafts plus the target's token. Streams
-    without that report, or whose events already are the steps, are returned as they are."""
+    tokens re-split so that step i holds its accepted drafts plus the target's token, and marked as the
+    steps (EXACT_STEPS), so that reconciling them again returns them at once. Streams without that
+    report, or whose events already are the steps, are returned as they are."""
     if not events or not events[-1].step_accepted or EXACT_STEPS in events[-1].observed:
         return events
     last = events[-1]
@@ -128,7 +129,8 @@ def reconcile(events: list[StepEvent]) -> list[StepEvent]:
         end = min(start + size, len(ids))
         if start >= end:
             break
-        steps.append(replace(events[0], observed=last.observed, note=last.note, step=i, position=position + start,
+        steps.append(replace(events[0], observed=last.observed + (EXACT_STEPS,), note=last.note, step=i,
+                             position=position + start,
                              token_ids=tuple(ids[start:end]),
                              token_texts=tuple(texts[start:end]), drafted=drafted[i - 1] if i else 0,
                              accepted=last.step_accepted[i - 1] if i else 0, elapsed_s=elapsed[end - 1],

@@ -35,11 +35,25 @@ class RunLog:
     # the summary and the last event it was made with: a log read again without a new event is not summarised again
     _summarised: tuple[StepEvent, int, RunSummary] | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self):
+        self._end_stream()
+
+    def add(self, event: StepEvent) -> None:
+        """The stream's next event."""
+        self.events.append(event)
+        self._end_stream()
+
+    def _end_stream(self) -> None:
+        """At the stream's last event, the events become the exact verify steps where the stream reports
+        its counts there (events.reconcile), once."""
+        if self.events and self.events[-1].finish_reason is not None:
+            self.events = reconcile(self.events)
+
     @property
     def steps(self) -> list[StepEvent]:
-        """The verify steps: the events, re-split once a stream without exact steps reports its counts at
-        its end (events.reconcile). The answer, the inspector and the exports all read these."""
-        return reconcile(self.events)
+        """The verify steps so far (exact once the stream has ended): what the answer, the inspector and the
+        exports read."""
+        return self.events
 
     @property
     def summary(self) -> RunSummary | None:

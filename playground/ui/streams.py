@@ -123,7 +123,7 @@ def follow(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog
         ended.add(name)
 
     for name, event in interleave({name: watched(name, stream) for name, stream in streams.items()}):
-        logs[name].events.append(event)
+        logs[name].add(event)
         stopping = stop_pressed()
         if stopping:
             for log in logs.values():
