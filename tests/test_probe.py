@@ -461,3 +461,21 @@ def test_a_record_whose_tokens_are_not_the_streamed_ones_ends_the_probe_for_the_
     made = list(steps.ready(final=True))
     assert [m["token_ids"] for m in made] == [(7,), (5, 9)] and "draft_ids" not in made[1]
     assert "the probe's record of step 1 holds other tokens than streamed" in steps.lost
+
+
+def test_the_probes_step_records_carry_each_quantity_under_the_name_the_playground_reads():
+    """The wire names in engines/quantities.py are the keys the probe's records hold (the client reads no other)."""
+    from types import SimpleNamespace
+
+    from eagle_probe import hooks
+    from eagle_probe.attention import Masses
+    from playground.engines.quantities import ATTENTION_QUANTITIES, FED_BACK_RMS, OWN_DRAFT_ATTENTION, REST_ATTENTION
+
+    masses = [Masses(sink=[0.2, 0.4], drafts=[0.0, 0.0], rest=[0.8, 0.6]), Masses([0.1, 0.1], [0.3, 0.5], [0.6, 0.4])]
+    fields = hooks._attention_fields(masses, heads=False)
+    assert set(fields) == {q.wire_name for q in ATTENTION_QUANTITIES}
+    assert fields[OWN_DRAFT_ATTENTION.wire_name] == [0.0, 0.4]
+    assert fields[REST_ATTENTION.wire_name] == pytest.approx([0.7, 0.5])
+    runner = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"))
+    record = hooks._record(runner, "r", [5, 6], [5, 7], hooks.Proposal(drafts=[5, 6], rms=[1.5, 2.5], probs=[0.9, 0.4]))
+    assert record[FED_BACK_RMS.wire_name] == [1.5, 2.5] and record["accepted"] == 1
