@@ -234,18 +234,17 @@ def write(path: Path, entries: list[dict]) -> Path:
 
 # reading (wherever the data is made)
 
-def read_entries(path: Path, kind: str, held_out: bool = False) -> list[dict]:
-    """The corpus file's entries of one kind ("chunk" or "paste"), in the file's order: of chunks, those of
-    the held-out sources (`held_out`) or the others."""
-    with lzma.open(path, "rt") as f:
-        found = [entry for entry in map(json.loads, f) if entry["kind"] == kind]
-    return [e for e in found if e.get("held_out", False) == held_out] if kind == "chunk" else found
-
-
 def read(path: Path) -> tuple[list[dict], list[dict]]:
     """The corpus file's trainable chunks (held-out sources left out) and its pastes, each list in
     one fixed shuffled order, so the first N conversations mix the sources."""
-    chunks, pastes = read_entries(path, "chunk"), read_entries(path, "paste")
+    chunks, pastes = [], []
+    with lzma.open(path, "rt") as f:
+        for line in f:
+            entry = json.loads(line)
+            if entry["kind"] == "chunk" and not entry["held_out"]:
+                chunks.append(entry)
+            elif entry["kind"] == "paste":
+                pastes.append(entry)
     random.Random(0).shuffle(chunks)
     random.Random(1).shuffle(pastes)
     return chunks, pastes
