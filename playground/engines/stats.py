@@ -75,7 +75,13 @@ def steps_accepting(events: Iterable[StepEvent]) -> tuple[tuple[int, ...], tuple
     drafting = [e.accepted for e in events if e.drafted > 0]
     depths = max((e.drafted for e in events), default=0)
     accepted = tuple(sum(a >= d for a in drafting) for d in range(1, depths + 1))
-    return accepted, ((len(drafting),) + accepted)[:depths]
+    return accepted, reaching_the_depth_before(len(drafting), accepted)
+
+
+def reaching_the_depth_before(drafting_steps: int, reaching: tuple[int, ...]) -> tuple[int, ...]:
+    """By depth d: the drafting steps that accepted at least d-1 drafts (all of them at d = 1), from the
+    counts that accepted at least d (`reaching`)."""
+    return ((drafting_steps,) + reaching)[:len(reaching)]
 
 
 def acceptance_by_depth(events: Iterable[StepEvent]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -204,7 +210,7 @@ def summarize(events: list[StepEvent]) -> RunSummary:
     events = reconcile(events)
     first, last = events[0], events[-1]
     totals = RunTotals.of(events)
-    prior = ((totals.drafting_steps,) + totals.reaching)[:len(totals.reaching)]
+    prior = reaching_the_depth_before(totals.drafting_steps, totals.reaching)
     unconditional, conditional = rates_by_depth(totals.reaching, prior)
     per_step = max(1, totals.verify_steps)
     return RunSummary(
