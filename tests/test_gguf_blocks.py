@@ -10,7 +10,7 @@ from playground.engines.stats import summarize
 from playground.errors import PlaygroundError
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.model import kernels
-from playground.model.target import Target
+from playground.model.target import Target, load_hf_target
 
 PROMPTS = [
     "Write a detailed essay about the history of the printing press.",
@@ -111,3 +111,17 @@ def test_auto_weights_are_the_blocks_where_our_kernels_read_them_and_float32_els
     assert engine.target.weights == ("gguf" if kernels.status().loaded else "f32")   # the tests' default engine
     assert Target.load(weights="auto", kernels=False).weights == "f32"
     assert Target.load(dtype="bfloat16", weights="auto").weights == "f32"
+
+
+def test_the_gguf_target_never_reads_the_float32_projections():
+    """Where the blocks stand for them, the projections stay on the meta device; every other tensor, the
+    rotary buffers and the generation config are the full model's own."""
+    skeleton, _ = load_hf_target(None, projections=False)
+    full, _ = load_hf_target(None)
+    layer = skeleton.model.layers[0]
+    assert layer.self_attn.q_proj.weight.is_meta and layer.mlp.down_proj.weight.is_meta
+    read = {name: t for name, t in skeleton.state_dict().items() if not t.is_meta}
+    assert "model.embed_tokens.weight" in read and "model.norm.weight" in read
+    assert all(torch.equal(t, full.state_dict()[name]) for name, t in read.items())
+    assert torch.equal(skeleton.model.rotary_emb.inv_freq, full.model.rotary_emb.inv_freq)
+    assert skeleton.generation_config.eos_token_id == full.generation_config.eos_token_id

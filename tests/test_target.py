@@ -54,3 +54,20 @@ def test_converted_folder_reloads_with_identical_logits(target, tmp_path):
     ids = torch.tensor([[1, 504, 3426, 314, 260]])
     ours = target.forward(ids, target.new_cache(8)).logits
     assert torch.equal(reloaded.forward(ids, reloaded.new_cache(8)).logits, ours)
+
+
+def test_a_conversion_that_finishes_second_keeps_the_folder_written_first(tmp_path):
+    """Two processes starting at once both convert; the one that finishes second must not delete the
+    folder the first may already be reading."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from playground.model.target import embedded_target_folder, write_safetensors_folder
+
+    out = tmp_path / "target"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"written first")
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=64)
+    write_safetensors_folder(LlamaForCausalLM(config), AutoTokenizer.from_pretrained(embedded_target_folder()), out)
+    assert (out / "model.safetensors").read_bytes() == b"written first"
+    assert list(tmp_path.iterdir()) == [out]

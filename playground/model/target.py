@@ -69,9 +69,10 @@ def write_safetensors_folder(model, tokenizer, out_dir: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        try:
+            tmp.rename(out_dir)
+        except OSError:  # another process wrote it first and may be reading it now: keep theirs
+            pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -94,8 +95,11 @@ def embedded_target_folder() -> Path:
     return folder
 
 
-def load_hf_target(path: str | None, dtype: str = "float32"):
-    """(model, tokenizer) from transformers: the embedded target when path is None."""
+def load_hf_target(path: str | None, dtype: str = "float32", projections: bool = True):
+    """(model, tokenizer) from transformers: the embedded target when path is None. Without `projections`
+    the model's projection weights stay on the meta device, never read (where the GGUF's blocks stand for
+    them): the float32 projections are four fifths of the checkpoint, and reading them only to drop them
+    made starting up peak 300 MiB above what the page then holds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
@@ -105,9 +109,34 @@ def load_hf_target(path: str | None, dtype: str = "float32"):
     if not (folder / "config.json").exists():
         raise PlaygroundError(f"target folder {folder} has no config.json")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    if projections:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+    else:
+        model = _without_projections(folder, DTYPES[dtype])
     model.eval().requires_grad_(False)
     return model, tokenizer
+
+
+def _without_projections(folder: Path, dtype: torch.dtype):
+    """The checkpoint's model with every tensor but its projections and head read from the safetensors."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    kept = {}
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as checkpoint:
+        for name in checkpoint.keys():
+            if not (name.endswith("_proj.weight") or name.startswith("lm_head.")):
+                kept[name] = checkpoint.get_tensor(name).to(dtype)
+    missing = model.load_state_dict(kept, strict=False, assign=True).missing_keys
+    unread = [name for name in missing if not (name.endswith("_proj.weight") or name.startswith("lm_head."))]
+    if unread:
+        raise PlaygroundError(f"target folder {folder} lacks {', '.join(unread[:3])}")
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # its buffers were made on meta
+    model.generation_config = GenerationConfig.from_pretrained(folder)
+    return model
 
 
 @dataclass(frozen=True)
@@ -204,13 +233,13 @@ class Target:
             weights = "gguf" if path is None and dtype == "float32" and device == "cpu" and ours else "f32"
         if weights == "gguf" and (path is not None or dtype != "float32"):
             raise PlaygroundError("weights gguf: the embedded target's GGUF, in float32 (no target path, dtype float32)")
-        model, tokenizer = load_hf_target(path, dtype)
-        blocks = None
-        if weights == "gguf":
-            config = model.config
-            blocks = GGUFBlocks(embedded_gguf_dir() / EMBEDDED_GGUF, config.num_attention_heads,
-                                config.num_key_value_heads)
-        return cls(model.to(device), tokenizer, EMBEDDED_NAME if path is None else str(path), path, kernels, blocks)
+        model, tokenizer = load_hf_target(path, dtype, projections=weights == "f32")
+        name = EMBEDDED_NAME if path is None else str(path)
+        if weights == "f32":
+            return cls(model.to(device), tokenizer, name, path, kernels)
+        blocks = GGUFBlocks(embedded_gguf_dir() / EMBEDDED_GGUF, model.config.num_attention_heads,
+                            model.config.num_key_value_heads)
+        return cls(model, tokenizer, name, path, kernels, blocks)
 
     def reference(self):
         """The same target as transformers' own model (loaded once, on first use)."""
