@@ -131,3 +131,27 @@ def test_both_tree_benchmarks_build_and_print_their_rows_alike(engine):
     assert trees.chain_vs_tree_table(res["trees"]) in report.markdown(res)
     assert trees.chain_vs_tree_table(swept["compare"]) in trees.markdown(swept)
     assert "| coding | eagle3.1 | tree 2/2/3 |" in report.markdown(res)
+
+
+def test_bench_k_auto_runs_each_prompts_chains_at_the_k_generate_would_choose(engine, tmp_path):
+    from playground.evaluation.k_choice import chosen
+    from playground.prompts.sets import suite
+
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "playground", "bench", "--k", "auto", "--categories", "chat",
+                           "coding", "--per-category", "1", "--max-tokens", "12", "--sweep-ks", "--no-trees",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["k"] == "auto" and res["lossless"]
+    for prompt in suite(engine.tokenizer, ("chat", "coding"), 1):
+        for drafter in ("eagle3", "eagle3.1"):
+            request = chosen(engine, prompt.request(drafter, 5, 12))[0]
+            k = request.k if request.drafter == drafter else 0
+            row = next(r for r in res["rows"] if r["category"] == prompt.category and r["method"] == drafter)
+            assert row["chain_ks"] == {str(k): 1}, (prompt.category, drafter)
+    assert "k auto chose, by prompt" in (out / "results.md").read_text()
+    for command in (["bench", "--k", "auto", "trees"], ["bench", "--k", "auto", "--backend", "vllm"]):
+        proc = subprocess.run([sys.executable, "-m", "playground", *command], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode != 0 and "--k auto" in proc.stderr and "Traceback" not in proc.stderr

@@ -8,11 +8,13 @@ the value given before it (its default is argparse.SUPPRESS there)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
 from playground.errors import PlaygroundError
-from playground.options import add_tree_options, add_vllm_options, add_weights_option, launch_spec, tree_shape
+from playground.options import (add_tree_options, add_vllm_options, add_weights_option, k_or_auto, launch_spec,
+                                tree_shape)
 from playground.terminal import to_stderr
 
 def _given(value):
@@ -23,12 +25,28 @@ def _unset(value):
     return argparse.SUPPRESS
 
 
-def _run_options(p: argparse.ArgumentParser, default=_given) -> None:
+def _run_options(p: argparse.ArgumentParser, default=_given, k_auto: bool = False) -> None:
     from playground.evaluation.benchmark import BenchConfig
 
     p.add_argument("--drafters", nargs="+", default=default(list(BenchConfig.drafters)))
-    p.add_argument("--k", type=int, default=default(BenchConfig.k))
+    if k_auto:
+        p.add_argument("--k", type=k_or_auto, default=default(BenchConfig.k),
+                       help="draft tokens per step, or auto: each prompt's chains at the k `generate --k auto` "
+                            "would choose (the suite on the embedded engine)")
+    else:
+        p.add_argument("--k", type=int, default=default(BenchConfig.k))
     p.add_argument("--max-tokens", type=int, default=default(BenchConfig.max_tokens))
+
+
+def _one_k(command):
+    """A subcommand that drafts at the k it is given: --k auto, given to `bench`, is the suite's alone."""
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        if args.k == "auto":
+            raise PlaygroundError("--k auto chooses each prompt's k in the suite (`bench --k auto`): give this "
+                                  "command a number")
+        return command(args)
+    return run
 
 
 def _report_options(p: argparse.ArgumentParser, default=_given) -> None:
@@ -65,7 +83,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("bench", help="the prompt suite by category, or your own prompts (bench prompts FILE): tau, "
                                      "acceptance, tokens/s, speedups (subcommands: prompts, ui, vllm, trees, "
                                      "rejection, draft-stop, chunked-prefill, profile, kernels, probe, memory)")
-    _run_options(p)
+    _run_options(p, k_auto=True)
     p.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES, metavar="CATEGORY",
                    help=f"a subset of: {', '.join(CATEGORIES)}")
     p.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
@@ -86,7 +104,7 @@ def add_parsers(sub) -> None:
     _report_options(s, _unset)
     add_vllm_options(s, _unset)
     _prompt_file_options(s, _unset)
-    s.set_defaults(func=bench_prompts)
+    s.set_defaults(func=_one_k(bench_prompts))
 
     suites.add_parser("ui", help="server-side cost of one page update, by run length").set_defaults(func=bench_ui)
 
@@ -94,7 +112,7 @@ def add_parsers(sub) -> None:
     _run_options(v, _unset)
     add_vllm_options(v, _unset, choose_backend=False)
     v.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    v.set_defaults(func=bench_vllm)
+    v.set_defaults(func=_one_k(bench_vllm))
 
     t = suites.add_parser("trees", help="chain against draft trees (both drafters) and a sweep of tree shapes, on "
                                         "held-out chat and code")
@@ -103,7 +121,7 @@ def add_parsers(sub) -> None:
     t.add_argument("--prompts", type=int, default=6, help="prompts per kind")
     t.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="folder for the report "
                                                                        "(default: assets/benchmark/trees)")
-    t.set_defaults(func=bench_trees)
+    t.set_defaults(func=_one_k(bench_trees))
 
     r = suites.add_parser("rejection", help="what predicts a rejected draft: AUC of draft probability, sink and "
                                             "own-draft attention and fed-back RMS by depth, on the shipped sample "
@@ -113,7 +131,7 @@ def add_parsers(sub) -> None:
                                                               "(default: all)")
     r.add_argument("--out", type=Path, default=argparse.SUPPRESS, help="folder for the report "
                                                                        "(default: assets/benchmark/rejection)")
-    r.set_defaults(func=bench_rejection)
+    r.set_defaults(func=_one_k(bench_rejection))
 
     d = suites.add_parser("draft-stop", help="chains that end at a rule (--draft-stop) against fixed k=5, 1, 2 and "
                                              "10: thresholds chosen on held-out prompts, measured on the chat "
@@ -133,7 +151,7 @@ def add_parsers(sub) -> None:
     _run_options(c, _unset)   # --drafters is not read: both shipped drafters run
     c.add_argument("--chunks", type=int, nargs="+", default=[512, 2048], help="prefill chunk sizes (tokens)")
     c.add_argument("--out", type=Path, default=Path("assets/benchmark/chunked-prefill"), help="folder for the report")
-    c.set_defaults(func=bench_chunked_prefill)
+    c.set_defaults(func=_one_k(bench_chunked_prefill))
 
     g = suites.add_parser("long-context", help="tau of the drafters against the context's length (1k to 8k) over "
                                                "held-out documents, intervals by document; Ctrl-C, then the same "
@@ -155,7 +173,7 @@ def add_parsers(sub) -> None:
                         "alone for 1 to k + 1 rows at each --contexts, against their floors")
     f.add_argument("--contexts", type=int, nargs="+", default=[128, 1024, 4096])
     add_weights_option(f)
-    f.set_defaults(func=bench_profile)
+    f.set_defaults(func=_one_k(bench_profile))
 
     n = suites.add_parser("kernels", help="the embedded engine on our CPU kernels against PyTorch's and llama.cpp "
                                           "(scripts/build-llama-cpp.sh), interleaved: tokens/s, tau, the target's "
@@ -163,7 +181,7 @@ def add_parsers(sub) -> None:
     _run_options(n, _unset)
     n.add_argument("--prompts-per-kind", type=int, default=2, help="chat and coding prompts each")
     n.add_argument("--rounds", type=int, default=2)
-    n.set_defaults(func=bench_kernels)
+    n.set_defaults(func=_one_k(bench_kernels))
 
     c = suites.add_parser("probe", help="what the vLLM probe costs: output tokens/s without it, with it loaded, and "
                                         "recording every request, side by side")
@@ -202,7 +220,9 @@ def bench_suite(args: argparse.Namespace) -> int:
     from playground.evaluation import benchmark, report
 
     if args.prompt_file is not None:
-        return bench_prompts(args)
+        return _one_k(bench_prompts)(args)
+    if args.k == "auto" and args.backend == "vllm":
+        raise PlaygroundError("--k auto chooses a chain's k on the embedded engine: not with --backend vllm")
     config = benchmark.BenchConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
                                    categories=tuple(args.categories), per_category=args.per_category,
                                    sweep_ks=tuple(args.sweep_ks), backend=args.backend,

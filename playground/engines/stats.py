@@ -287,6 +287,7 @@ class RunTotals:
     verify_ms: float
     drafted: int = 0                      # drafts verified, over the drafting steps
     self_attention_vs_uniform: DepthSums = DepthSums()   # the same relative to a uniform spread (own_vs_uniform)
+    longest_chain: int = 0                # the most drafts one step verified: the run's k (0: no speculation)
 
     @classmethod
     def of(cls, events: list[StepEvent]) -> RunTotals:
@@ -301,7 +302,8 @@ class RunTotals:
                    depths={q.name: DepthSums.of(e.by_depth(q) for e in drafting) for q in DEPTH_QUANTITIES},
                    draft_ms=sum(e.draft_ms for e in verifying), verify_ms=sum(e.verify_ms for e in verifying),
                    drafted=sum(e.drafted for e in drafting),
-                   self_attention_vs_uniform=DepthSums.of(own_vs_uniform(e) for e in drafting))
+                   self_attention_vs_uniform=DepthSums.of(own_vs_uniform(e) for e in drafting),
+                   longest_chain=max((e.drafted for e in drafting), default=0))
 
     @property
     def counts(self) -> tuple[int, int]:

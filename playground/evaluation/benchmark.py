@@ -11,6 +11,7 @@ never hidden.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,7 +38,7 @@ if TYPE_CHECKING:   # the vLLM client is imported only where the vLLM backend ru
 @dataclass(frozen=True)
 class BenchConfig:
     drafters: tuple[str, ...] = (EAGLE3, EAGLE31)
-    k: int = 5
+    k: int | str = 5                   # or "auto": each prompt's chain at the k this host's costs choose
     max_tokens: int = 128
     categories: tuple[str, ...] = CATEGORIES
     per_category: int | None = None
@@ -59,6 +60,8 @@ class BenchConfig:
             raise PlaygroundError("the suite measures speedups over a server without speculation: add "
                                   "--vllm-url none=URL, or run `bench vllm`")
         vllm = self.backend == "vllm"
+        if vllm and self.k == "auto":
+            raise PlaygroundError("--k auto chooses a chain's k on the embedded engine: not with --backend vllm")
         missing = [d for d in self.drafters if d not in engine.drafter_names and (vllm or not Path(d).is_dir())]
         if missing:
             raise PlaygroundError(f"no drafter named {', '.join(missing)} here: the backend runs "
@@ -74,10 +77,30 @@ def sweep_name(drafter: str, k: int) -> str:
     return f"{drafter} k={k}"
 
 
-def methods_of(config: BenchConfig, prompt: BenchPrompt) -> list[Method]:
+def fixed_k(config: BenchConfig) -> int:
+    """The k of the methods that do not choose theirs: the trees', and the chains' unless k is auto."""
+    return 5 if config.k == "auto" else config.k
+
+
+ChainKs = dict[tuple[str, str], tuple[str, int]]   # (prompt id, drafter) -> the drafter its chain runs, its k
+
+
+def chain_ks(engine, config: BenchConfig, prompts: list[BenchPrompt]) -> ChainKs:
+    """Each drafter's chain on each prompt: at config.k, or with k auto as `--k auto` would run it (the k
+    this host's costs choose for the prompt's length; plain decoding where that is expected to be faster)."""
+    from playground.evaluation.k_choice import chosen
+
+    if config.k != "auto":
+        return {(p.id, d): (d, config.k) for p in prompts for d in config.drafters}
+    runs = {(p.id, d): chosen(engine, p.request(d, 5, config.max_tokens))[0] for p in prompts for d in config.drafters}
+    return {key: (request.drafter, request.k) for key, request in runs.items()}
+
+
+def methods_of(config: BenchConfig, prompt: BenchPrompt, chains: ChainKs) -> list[Method]:
     """No speculation, each drafter's chain, its tree, then (on the swept categories) the k sweep."""
-    methods = [Method(m, m, config.k) for m in (NONE, *config.drafters)]
-    methods += [Method(name, drafter, config.k, config.tree) for name, drafter in config.tree_methods().items()]
+    methods = [Method(NONE, NONE, fixed_k(config))]
+    methods += [Method(d, *chains[prompt.id, d]) for d in config.drafters]
+    methods += [Method(name, drafter, fixed_k(config), config.tree) for name, drafter in config.tree_methods().items()]
     if prompt.category in config.sweep_categories:
         methods += [Method(sweep_name(config.sweep_drafter, k), config.sweep_drafter, k) for k in config.sweep_ks]
     return methods
@@ -88,8 +111,9 @@ def collect(engine, reference, config: BenchConfig, progress: Path | None = None
     whose answer every method must equal. With `progress`, what is measured is saved after every
     prompt and a rerun of the same configuration goes on from there."""
     prompts = suite(reference.tokenizer, config.categories, config.per_category)
-    greedy = lambda p: transformers_greedy(reference, p.request(NONE, config.k, config.max_tokens))
-    return runner.run(engine, prompts, lambda p: methods_of(config, p), config.max_tokens, progress,
+    greedy = lambda p: transformers_greedy(reference, p.request(NONE, fixed_k(config), config.max_tokens))
+    chains = chain_ks(engine, config, prompts)
+    return runner.run(engine, prompts, lambda p: methods_of(config, p, chains), config.max_tokens, progress,
                       [SAVED_FORMAT, asdict(config)], "bench",
                       reference=greedy if config.compare_generate else None)
 
@@ -112,7 +136,9 @@ def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling 
         generate_tps = generate_rate((category,))
         for method in (NONE, *config.drafters):
             p = pooled[method]
+            ks = Counter(r.runs[method].longest_chain for r in ran if r.category == category)
             rows.append({"category": category, "method": method, **p.to_json(),
+                         "chain_ks": {str(k): n for k, n in sorted(ks.items())},
                          "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
                          "vs_generate": p.tokens_per_s / generate_tps if generate_tps else None,
                          "generate_tokens_per_s": generate_tps})
@@ -155,7 +181,7 @@ def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple
             res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
     else:
         config = config.runnable_on(reference)
-        measured_ceiling = measure_ceiling(reference.target, (1, config.k + 1))
+        measured_ceiling = measure_ceiling(reference.target, (1, fixed_k(config) + 1))
         res = results(collect(reference, reference, config, progress), config, measured_ceiling)
         res["weights"] = reference.target.weights
     paths = report.write(res, out)

@@ -48,6 +48,13 @@ def markdown(res: dict) -> str:
         rows.append(cells)
     lines = [f"k={c['k']}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}; "
              f"{described(res['machine'])}", "", markdown_table(head, rows)]
+    if c["k"] == "auto":
+        chose = lambda r: ", ".join(f"k={k} on {n}" if k != "0" else f"plain decoding on {n}"
+                                    for k, n in r["chain_ks"].items())
+        lines += ["", "k auto chose, by prompt (k=0 is plain decoding, where the costs say it is faster):", "",
+                  markdown_table(["category", "drafter", "chosen"],
+                                 ([r["category"], label(r["method"]), chose(r)]
+                                  for r in res["rows"] if r["method"] != NONE))]
 
     lines += ["", "Acceptance by depth (unconditional) and what the drafter measured by depth:", "",
               markdown_table(["category", "drafter", "acceptance", *(q.label for q in DEPTH_QUANTITIES)],
