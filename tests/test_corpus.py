@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from playground.prompts import corpus_file
 from playground.training import corpus, prompts
 from playground.training.corpus import CHUNK_TOKENS, Document
 
@@ -48,7 +49,7 @@ def test_held_out_sources_are_never_read_for_training(tmp_path):
                + corpus.entries_of("pytest", _documents("pytest", 4, 40, 90), _word_count, rng))
     assert {e["source"] for e in entries if e["kind"] == "chunk"} == {"django", "pytest"}
     assert not [e for e in entries if e["kind"] == "paste" and e["source"] == "pytest"]
-    chunks, pastes = corpus.read(corpus.write(tmp_path / "corpus.jsonl.xz", entries))
+    chunks, pastes = corpus.read(corpus_file.write(tmp_path / "corpus.jsonl.xz", entries))
     assert chunks and {c["source"] for c in chunks} == {"django"} and pastes
     assert corpus.read(tmp_path / "corpus.jsonl.xz") == (chunks, pastes)   # one fixed order everywhere
     messages = corpus.long_conversation(chunks, 3)
@@ -64,7 +65,7 @@ def test_long_and_people_data_from_the_target_sent_and_unpacked_whole(tmp_path):
     shrunk = lambda text: _word_count(text) * 50   # chunks of ~40-120 words pass for 2k-6k tokens
     entries = corpus.entries_of("django", documents, shrunk, random.Random(0))
     entries += [{"kind": "paste", "form": "code", "source": "stdlib/x.py", "text": "def f(x):\n    return x + 1"}]
-    path = corpus.write(tmp_path / "corpus.jsonl.xz", entries)
+    path = corpus_file.write(tmp_path / "corpus.jsonl.xz", entries)
     lease = [sys.executable, "-m", "devtools.gpu_lease"]
     work, out, back = tmp_path / "work", tmp_path / "out", tmp_path / "back"
     for step in (["data", "--budget-s", "600"], ["send", "--out", str(out)], ["unpack-data", "--parts", str(out), "--data", str(back)]):

@@ -11,6 +11,7 @@ from playground.options import add_tree_options, tree_shape
 
 
 def add_parsers(sub) -> None:
+    from playground.prompts.corpus_file import CORPUS
     from playground.training.data import SOURCES, DataConfig
 
     train = sub.add_parser("train", help="build drafters: data, drafter, validate, eval, ship").add_subparsers(dest="stage", required=True)
@@ -25,7 +26,7 @@ def add_parsers(sub) -> None:
                    help="templates: the prompt generator; self: the target writes the user turns itself; people: "
                         "the same after personas, with format wishes and pasted text or code; long: questions "
                         "after 2k-6k-token documents (people and long read --corpus)")
-    p.add_argument("--corpus", default="training-data/corpus/corpus.jsonl.xz",
+    p.add_argument("--corpus", default=str(CORPUS),
                    help="the corpus file of python -m playground.training.corpus")
     p.add_argument("--prompt-file", default="", help="--source file: a prompt file (JSONL, JSON, CSV or text)")
     p.add_argument("--device", default=DataConfig.device, help="where the target runs: cpu or cuda")

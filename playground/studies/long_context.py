@@ -20,8 +20,6 @@ on the drafter's own drafts relative to a uniform spread over its keys (stats.ow
 
 from __future__ import annotations
 
-import json
-import lzma
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,8 +37,9 @@ from playground.evaluation.runner import Method, PromptResult
 from playground.evaluation.tables import markdown_table, with_interval, write_results
 from playground.model.variants import EAGLE3, EAGLE31
 from playground.plots import label
+from playground.prompts import corpus_file
+from playground.prompts.corpus_file import CORPUS
 
-CORPUS = Path(__file__).resolve().parents[2] / "training-data" / "corpus" / "corpus.jsonl.xz"
 SAVED_FORMAT = 1
 # generic requests that fit any cut of any document: only the context's length differs between a
 # document's prompts
@@ -97,8 +96,7 @@ class LongContextPrompt:
 def documents(count: int, min_tokens: int, corpus: Path = CORPUS) -> list[Document]:
     """`count` documents of at least `min_tokens` from the corpus's held-out chunks, joined in their
     order, taken evenly from all there are."""
-    with lzma.open(corpus, "rt") as f:
-        chunks = [entry for entry in map(json.loads, f) if entry["kind"] == "chunk" and entry["held_out"]]
+    chunks = [entry for entry in corpus_file.entries(corpus) if entry["kind"] == "chunk" and entry["held_out"]]
     joined, parts = [], []
     for chunk in chunks:
         parts.append(chunk)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import lzma
 import random
 import re
 import subprocess
@@ -32,6 +31,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from playground.prompts import corpus_file
 
 ARCHIVES = {  # source -> (the index's project name, version, the folder of its documentation)
     "django": ("django", "6.1.3", "docs"),
@@ -205,7 +206,7 @@ def collect(out: Path, cache: Path, seed: int = 0, functions: int = 4000) -> Pat
         documents = list(_manual_documents() if source == MANUALS else _archive_documents(source, cache))
         entries += entries_of(source, documents, count_tokens, rng)
     entries += _functions(Path(ast.__file__).parent, rng, functions)
-    path = write(out / "corpus.jsonl.xz", entries)
+    path = corpus_file.write(out / "corpus.jsonl.xz", entries)
     counts: dict[str, int] = {}
     for entry in entries:
         name = f"{entry['source']} chunks" if entry["kind"] == "chunk" else f"{entry['form']} pastes"
@@ -222,29 +223,14 @@ def entries_of(source: str, documents: list[Document], count_tokens, rng: random
     return entries + ([] if source in HELD_OUT else list(_pastes(documents, rng)))
 
 
-def write(path: Path, entries: list[dict]) -> Path:
-    """The corpus file: one JSON line per entry, xz-compressed, written whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with lzma.open(path.with_suffix(".tmp"), "wt") as f:
-        for entry in entries:
-            f.write(json.dumps(entry) + "\n")
-    path.with_suffix(".tmp").replace(path)
-    return path
-
-
 # reading (wherever the data is made)
 
 def read(path: Path) -> tuple[list[dict], list[dict]]:
     """The corpus file's trainable chunks (held-out sources left out) and its pastes, each list in
     one fixed shuffled order, so the first N conversations mix the sources."""
-    chunks, pastes = [], []
-    with lzma.open(path, "rt") as f:
-        for line in f:
-            entry = json.loads(line)
-            if entry["kind"] == "chunk" and not entry["held_out"]:
-                chunks.append(entry)
-            elif entry["kind"] == "paste":
-                pastes.append(entry)
+    every = corpus_file.entries(path)
+    chunks = [e for e in every if e["kind"] == "chunk" and not e["held_out"]]
+    pastes = [e for e in every if e["kind"] == "paste"]
     random.Random(0).shuffle(chunks)
     random.Random(1).shuffle(pastes)
     return chunks, pastes
