@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 from html import escape
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from playground.engines.quantities import ATTENTION_QUANTITIES, DEPTH_QUANTITIES, FED_BACK_RMS, SINK_ATTENTION
+from playground.engines.quantities import (ATTENTION_QUANTITIES, DEPTH_QUANTITIES, FED_BACK_RMS, SINK_ATTENTION,
+                                          DepthQuantity)
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary
 from playground.engines.step_diff import DepthDifferences
@@ -142,7 +143,14 @@ def acceptance(runs: Mapping[str, RunSummary]) -> go.Figure:
                         _few_samples_key(samples)))
 
 
-def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
+class MeasuredByDepth(Protocol):
+    """What a figure by depth reads of a run, or of runs pooled: each quantity's means, and the steps
+    behind each (None where not known)."""
+    def mean(self, quantity: DepthQuantity) -> tuple[float, ...]: ...
+    def samples_of(self, quantity: DepthQuantity) -> tuple[int, ...] | None: ...
+
+
+def attention(runs: Mapping[str, MeasuredByDepth]) -> go.Figure:
     """Drafter attention mass by depth, a line style per part of what it attends to (the sink tokens, its
     own drafts, the rest of the context: they sum to 1); a run that measured none (no drafter model, or a
     server without the probe) has no line."""
@@ -159,7 +167,7 @@ def attention(runs: Mapping[str, RunSummary]) -> go.Figure:
     return layout(fig, "Drafter attention by depth", SINK_ATTENTION.unit,
                   key=(" · ".join(f"{DASH_NAMES[dash]}: {q.attends_to}"
                                   for q, dash in zip(ATTENTION_QUANTITIES, ATTENTION_DASHES)),
-                       _few_samples_key(n for s in runs.values() for n in s.samples_of(SINK_ATTENTION))))
+                       _few_samples_key(n for s in runs.values() for n in s.samples_of(SINK_ATTENTION) or ())))
 
 
 def by_depth(series: Mapping[str, tuple[float, ...]], title: str, y_title: str,

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 import playground.cli as command_line
+from playground.evaluation import prompt_report
 from playground.evaluation.prompt_report import run
 from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.prompts.files import read_prompts
@@ -97,6 +98,11 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
     assert len(csv_lines) == 5 and csv_lines[0].startswith("index,id,category,prompt_tokens,skipped,eagle3 tau")
     html = (tmp_path / "report" / "charts.html").read_text()
     assert "tokens per target pass against prompt length" in html and 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000
+    attention = prompt_report.figure_set(res)["sink"]   # each drafter's sink, own-draft and rest lines
+    assert {(t.legendgroup, t.line.dash) for t in attention.data} == {
+        (d, dash) for d in ("eagle3", "eagle3.1") for dash in ("solid", "dot", "dash")}
+    rest = next(t for t in attention.data if t.legendgroup == "eagle3.1" and t.line.dash == "dash")
+    assert list(rest.y) == pytest.approx(next(r for r in res["pooled"] if r["method"] == "eagle3.1")["rest_attention"])
 
 
 def test_a_stopped_study_goes_on_where_it_stopped(engine, tmp_path):

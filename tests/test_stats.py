@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from playground import plots
-from playground.engines.events import StepEvent, reconcile
+from playground.engines.events import StepEvent, collect, ended, reconcile
 from playground.engines.quantities import (ATTENTION_QUANTITIES, FED_BACK_RMS, REST_ATTENTION,
                                            SINK_ATTENTION)
-from playground.engines.stats import (acceptance_by_depth, bootstrap_interval, drafting_counts, mean_acceptance_length,
-                                      summarize)
+from playground.engines.intervals import bootstrap_interval
+from playground.engines.stats import acceptance_by_depth, drafting_counts, mean_acceptance_length, summarize
 
 
 def step(i, drafted, accepted, tokens):
@@ -104,6 +104,8 @@ def test_reconcile_resplits_chunks_the_server_merged():
     assert [e.position for e in steps] == [10, 11, 13, 14]
     assert steps[-1].finish_reason == "length" and steps[1].finish_reason is None
     assert reconcile(steps) is steps   # marked as the steps: reconciled once
+    assert ended(events[:2]) == events[:2]   # the stream has not ended: the steps as they came
+    assert ended(list(events)) == collect(iter(events)) == steps
     summary = summarize(events)
     assert summary.steps == 3 and summary.text == "abcde"
     assert summary.mean_acceptance_length == pytest.approx(1 + 1 / 3)
@@ -140,7 +142,12 @@ def test_attention_counts_its_own_samples_where_only_rms_was_measured():
 def test_runs_pooled_from_their_totals_equal_every_step_pooled_at_once():
     """The suite, the study and the held-out evaluation pool runs through one type (Pooled.of of each run's
     RunTotals): its figures are the step-level definitions over all the runs' steps together."""
-    from playground.engines.stats import Pooled, RunTotals, mean_by_depth, pool
+    from playground.engines.stats import Pooled, RunTotals, pool
+
+    def mean_by_depth(rows):   # by hand: each depth's mean over the rows that reach it
+        rows = [r for r in rows if r]
+        return [sum(r[d] for r in rows if len(r) > d) / sum(len(r) > d for r in rows)
+                for d in range(max(map(len, rows)))]
 
     def measured(i, drafted, accepted, tokens, sink, rms):
         return replace(step(i, drafted, accepted, tokens), sink_attention=sink, hidden_norm=rms,

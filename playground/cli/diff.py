@@ -39,6 +39,7 @@ def add_parsers(sub) -> None:
 
 
 def diff(args: argparse.Namespace) -> int:
+    from playground.engines.events import collect
     from playground.engines.reference import ReferenceEngine
     from playground.engines.step_diff import TOLERANCES, diff_steps
     from playground.engines.stats import summarize
@@ -71,7 +72,7 @@ def diff(args: argparse.Namespace) -> int:
         for name in (args.first, args.second):
             engine, drafter = engines[name]
             request = prompt.request(drafter, args.k, args.max_tokens)
-            runs.append(list(engine.generate(request.validate())))
+            runs.append(collect(engine.generate(request.validate())))
         found = diff_steps(runs[0], runs[1], tolerance)
         disagree += not found.agree
         taus = [round(summarize(events).mean_acceptance_length, 4) for events in runs]

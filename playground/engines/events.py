@@ -8,6 +8,7 @@ internals) and `observed` says so.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Iterable
 
 from playground.engines.quantities import REST_ATTENTION, DepthQuantity, rest_of
 
@@ -109,6 +110,17 @@ class StepEvent:
 
 EXACT_STEPS = "steps"   # in `observed`: the events are the verify steps themselves (the vLLM probe, or reconciled)
 ESTIMATED_STEPS = "chunks"   # ... steps and counts estimated from a stream's chunks (a vLLM server without them)
+
+
+def ended(events: list[StepEvent]) -> list[StepEvent]:
+    """A run's events so far: its exact verify steps (reconcile) once the last event ends the stream,
+    as they came before. Every consumer of a stream reads a run through this, or through collect."""
+    return reconcile(events) if events and events[-1].finish_reason is not None else events
+
+
+def collect(stream: Iterable[StepEvent]) -> list[StepEvent]:
+    """A whole run, as its exact verify steps."""
+    return ended(list(stream))
 
 
 def reconcile(events: list[StepEvent]) -> list[StepEvent]:

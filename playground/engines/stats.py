@@ -14,14 +14,13 @@ Definitions:
 
 from __future__ import annotations
 
-import random
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
-from typing import Callable, Iterable, Mapping, Sequence
 
 from playground.engines.events import StepEvent, reconcile
+from playground.engines.intervals import Statistic, rate_of
 from playground.engines.quantities import DEPTH_QUANTITIES, FED_BACK_RMS, SINK_ATTENTION, DepthQuantity
 
 
@@ -108,13 +107,9 @@ def sum_by_depth(rows: Iterable[Sequence[float]]) -> tuple:
 
 
 def count_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[int, ...]:
-    """How many rows reach each depth: the samples behind mean_by_depth's value there."""
+    """How many rows reach each depth: the samples behind a mean there (DepthSums)."""
     lengths = [len(row) for row in rows]
     return tuple(sum(n > d for n in lengths) for d in range(max(lengths, default=0)))
-
-
-def mean_by_depth(rows: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
-    return DepthSums.of(rows).means
 
 
 def drafting_counts(events: Iterable[StepEvent]) -> tuple[int, int]:
@@ -138,65 +133,6 @@ def tokens_per_pass(decode_tokens: int, verify_steps: int) -> float:
     """Tokens after the prefill's over the verify steps that made them: 1 without speculation (and
     where no step verified)."""
     return decode_tokens / verify_steps if verify_steps else 1.0
-
-
-Statistic = Callable[[np.ndarray], np.ndarray]   # index rows (..., units) -> one value per row
-
-
-def bootstrap_interval(statistic: Statistic, units: int, level: float = 0.95, resamples: int = 2000,
-                       seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of a statistic over `units` independent units (prompts), resampled
-    with replacement; `statistic` gets every resample at once, as rows of unit indices, and returns a
-    value per row. Seeded, so a table reprints the same interval."""
-    values = np.asarray(statistic(_resamples(units, resamples, seed)), dtype=float)
-    values = np.sort(values[~np.isnan(values)])   # NaN: a resample without any unit that has a value
-    tail, n = (1 - level) / 2, len(values)
-    return float(values[int(tail * n)]), float(values[min(n - 1, int((1 - tail) * n))])
-
-
-@lru_cache(maxsize=4)
-def _resamples(units: int, resamples: int, seed: int) -> np.ndarray:
-    """The resamples' unit indices [resamples, units], drawn once per size: a report's intervals over the
-    same prompts share them (drawn with `random`, whose stream earlier tables were printed with)."""
-    rng = random.Random(seed)
-    return np.array([[rng.randrange(units) for _ in range(units)] for _ in range(resamples)], dtype=np.int32)
-
-
-def value_of(statistic: Statistic, units: int) -> float:
-    """The statistic over all the units, once."""
-    return float(statistic(np.arange(units)))
-
-
-def paired_ratio(numerator: Statistic, denominator: Statistic, units: int) -> tuple[float, tuple[float, float]]:
-    """numerator / denominator over all `units` (prompts), with a 95% paired bootstrap interval: a
-    resample draws the same prompts for both, so that what the prompts share cancels out."""
-    ratio = lambda idx: numerator(idx) / denominator(idx)
-    return value_of(ratio, units), bootstrap_interval(ratio, units)
-
-
-def tau_of(counts: Sequence[tuple[int, int]]) -> Statistic:
-    """The pooled tau of the prompts at the given indices of `counts` (accepted drafts, drafting steps)."""
-    accepted, steps = (np.array([c[i] for c in counts], dtype=np.int64).reshape(-1) for i in (0, 1))
-    return lambda idx: 1.0 + accepted[idx].sum(-1) / np.maximum(steps[idx].sum(-1), 1)
-
-
-def depth_mean_of(parts: Sequence[DepthSums], depth: int) -> Statistic:
-    """A value's pooled mean at `depth` (1 the first) over the prompts at the given indices of `parts`
-    (each prompt's DepthSums): every step weighs the same, as in Pooled. NaN where none of those prompts
-    measured it there."""
-    at = lambda values: np.array([v[depth - 1] if len(v) >= depth else 0 for v in values], dtype=float)
-    sums, counts = at([p.sums for p in parts]), at([p.counts for p in parts])
-
-    def mean(idx: np.ndarray) -> np.ndarray:
-        steps = counts[idx].sum(-1)
-        return np.where(steps > 0, sums[idx].sum(-1) / np.maximum(steps, 1), np.nan)
-    return mean
-
-
-def rate_of(tokens: Sequence[float], seconds: Sequence[float]) -> Statistic:
-    """Tokens per second pooled over the prompts at the given indices."""
-    tokens, seconds = np.asarray(tokens, dtype=float), np.asarray(seconds, dtype=float)
-    return lambda idx: tokens[idx].sum(-1) / np.maximum(seconds[idx].sum(-1), 1e-9)
 
 
 def timed(verify_ms: float) -> bool:
@@ -258,6 +194,19 @@ class DepthSums:
     @property
     def means(self) -> tuple[float, ...]:
         return tuple(s / n for s, n in zip(self.sums, self.counts))
+
+
+def depth_mean_of(parts: Sequence[DepthSums], depth: int) -> Statistic:
+    """A value's pooled mean at `depth` (1 the first) over the prompts at the given indices of `parts`
+    (each prompt's DepthSums): every step weighs the same, as in Pooled. NaN where none of those prompts
+    measured it there."""
+    at = lambda values: np.array([v[depth - 1] if len(v) >= depth else 0 for v in values], dtype=float)
+    sums, counts = at([p.sums for p in parts]), at([p.counts for p in parts])
+
+    def mean(idx: np.ndarray) -> np.ndarray:
+        steps = counts[idx].sum(-1)
+        return np.where(steps > 0, sums[idx].sum(-1) / np.maximum(steps, 1), np.nan)
+    return mean
 
 
 def own_vs_uniform(event: StepEvent) -> tuple[float, ...]:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from playground.engines.protocol import Engine
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import Pooled, bootstrap_interval
+from playground.engines.intervals import bootstrap_interval
+from playground.engines.stats import Pooled
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import drift_signals, report, runner

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from playground.engines.intervals import Statistic, value_of
 from playground.engines.quantities import BY_NAME, DEPTH_QUANTITIES
-from playground.engines.stats import Statistic, depth_mean_of, value_of
+from playground.engines.stats import depth_mean_of
 from playground.evaluation.runner import PromptResult
 from playground.plots import label
 

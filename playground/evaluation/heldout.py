@@ -30,10 +30,11 @@ from typing import Callable
 import torch
 
 from playground import plots
+from playground.engines.intervals import bootstrap_interval, paired_ratio, tau_of
 from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import Pooled, bootstrap_interval, paired_ratio, tau_of
+from playground.engines.stats import Pooled
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import runner

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from playground.engines.events import collect
 from playground.engines.request import K_RANGE, GenerationRequest
 from playground.engines.stats import summarize
 from playground.errors import PlaygroundError
@@ -138,7 +139,7 @@ def cache_path(engine) -> Path:
 def _step_ms(engine, k: int, prompt: str) -> float:
     request = GenerationRequest(prompt=prompt, drafter=NONE if k == 0 else EAGLE31, k=max(1, k),
                                 max_tokens=MEASURED_TOKENS)
-    summary = summarize(list(engine.generate(request)))
+    summary = summarize(collect(engine.generate(request)))
     return 1000 * (summary.elapsed_s - summary.time_to_first_token_s) / max(1, summary.steps)
 
 
@@ -156,7 +157,7 @@ def _context_ms_per_1k(target, rows: int, repeats: int = 5) -> float:
 def _first_draft(engine, prompt: str) -> tuple[float, int]:
     """(ms, prompt tokens): EAGLE 3.1's first draft after `prompt`, its pass over the prompt included (an
     answer of a few tokens: with one left, the engine drafts nothing)."""
-    events = list(engine.generate(GenerationRequest(prompt=prompt, drafter=EAGLE31, k=1, max_tokens=8)))
+    events = collect(engine.generate(GenerationRequest(prompt=prompt, drafter=EAGLE31, k=1, max_tokens=8)))
     return events[1].draft_ms, events[0].position
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from playground.engines.events import collect
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
@@ -85,7 +86,7 @@ def run(drafters: list[str], k: int, max_tokens: int, prompts_per_kind: int = 2,
                 for drafter in drafters:
                     request = GenerationRequest(prompt=prompt, drafter=drafter, k=k, max_tokens=max_tokens)
                     for name, engine in engines.items():
-                        summary = summarize(list(engine.generate(request)))
+                        summary = summarize(collect(engine.generate(request)))
                         runs.setdefault((name, drafter), []).append(summary)
                     for system in LLAMA:
                         if (system, drafter) in servers:

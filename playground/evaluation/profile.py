@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch.profiler import ProfilerActivity, profile
 
+from playground.engines.events import collect
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
@@ -20,9 +21,9 @@ REGIONS = ("draft", "verify", "event")
 
 
 def profile_run(engine: ReferenceEngine, request: GenerationRequest, top: int = 12) -> str:
-    list(engine.generate(request))
+    collect(engine.generate(request))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        events = list(engine.generate(request))
+        events = collect(engine.generate(request))
     s = summarize(events)
     averages = {a.key: a for a in prof.key_averages()}
     wall_ms = s.elapsed_s * 1e3 - s.time_to_first_token_s * 1e3

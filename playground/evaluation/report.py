@@ -16,8 +16,9 @@ from playground.model.variants import NONE
 from playground.plots import TEMPLATE, color, html_page, label
 
 
-def _fmt(xs, f: str = "{:.2f}") -> str:
-    return " ".join(f.format(x) for x in xs)
+def _by_depth(values, form=lambda x: f"{x:.2f}") -> str:
+    """Values by depth in one cell."""
+    return " ".join(map(form, values))
 
 
 def _x(value: float | None) -> str:
@@ -58,8 +59,8 @@ def markdown(res: dict) -> str:
 
     lines += ["", "Acceptance by depth (unconditional) and what the drafter measured by depth:", "",
               markdown_table(["category", "drafter", "acceptance", *(q.label for q in DEPTH_QUANTITIES)],
-                             ([r["category"], label(r["method"]), _fmt(r["acceptance"]),
-                               *(" ".join(map(q.format, r.get(q.name, ()))) for q in DEPTH_QUANTITIES)]
+                             ([r["category"], label(r["method"]), _by_depth(r["acceptance"]),
+                               *(_by_depth(r.get(q.name, ()), q.format) for q in DEPTH_QUANTITIES)]
                               for r in res["rows"] if r["method"] != NONE))]
 
     if res.get("signals"):   # every category pooled

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from playground.engines.draft_stop import DraftStop
+from playground.engines.events import ended
 from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunTotals, VerifiedDraft, first_difference, verified_drafts
@@ -154,6 +155,7 @@ def _prompt_runs(engine: Engine, index: int, prompt: Prompt, methods: Sequence[M
             events.append(event)
             made += len(event.token_ids)
             yield f"{prompt.id} · {label(method.name)} · {made} token{'s' * (made != 1)}"
+        events = ended(events)
         tokens = [t for e in events for t in e.token_ids]
         if answer is None:
             answer = tokens

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from playground.engines.events import collect
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
@@ -69,7 +70,7 @@ def throughput(engine: VLLMEngine, config: LoadConfig = LoadConfig()) -> list[di
         for name in engine.servers:
             def one(prompt: str) -> tuple[list, float]:
                 start = time.perf_counter()
-                events = list(engine.generate(GenerationRequest(prompt=prompt, drafter=name, k=config.k,
+                events = collect(engine.generate(GenerationRequest(prompt=prompt, drafter=name, k=config.k,
                                                                 max_tokens=config.max_tokens)))
                 return events, time.perf_counter() - start
             start = time.perf_counter()

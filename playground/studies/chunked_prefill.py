@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import paired_ratio, pooled_tau, tau_of
+from playground.engines.intervals import paired_ratio, tau_of
+from playground.engines.stats import pooled_tau
 from playground.engines.vllm.launch import LaunchConfig
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts

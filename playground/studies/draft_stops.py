@@ -27,7 +27,8 @@ from typing import Sequence
 
 from playground.engines.draft_stop import DraftStop
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import Pooled, RunTotals, paired_ratio, rate_of, rate_of_runs
+from playground.engines.intervals import paired_ratio, rate_of
+from playground.engines.stats import Pooled, RunTotals, rate_of_runs
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine

@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from playground.engines.intervals import bootstrap_interval, paired_ratio, tau_of, value_of
 from playground.engines.quantities import OWN_DRAFT_ATTENTION
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import (DepthSums, RunTotals, bootstrap_interval, paired_ratio, pooled_tau, tau_of,
-                                     value_of)
+from playground.engines.stats import DepthSums, RunTotals, pooled_tau
 from playground.errors import PlaygroundError
 from playground.evaluation import runner
 from playground.evaluation.machine import described, machine

@@ -32,9 +32,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from playground import plots
+from playground.engines.intervals import bootstrap_interval
 from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, REST_ATTENTION, SINK_ATTENTION
 from playground.engines.reference import ReferenceEngine
-from playground.engines.stats import bootstrap_interval
 from playground.evaluation import drift_signals, runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from gradio.components.plot import PlotData
 
 from playground import plots
-from playground.engines.events import StepEvent, reconcile
+from playground.engines.events import StepEvent, ended
 from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import RunSummary, summarize
@@ -44,10 +44,8 @@ class RunLog:
         self._end_stream()
 
     def _end_stream(self) -> None:
-        """At the stream's last event, the events become the exact verify steps where the stream reports
-        its counts there (events.reconcile), once."""
-        if self.events and self.events[-1].finish_reason is not None:
-            self.events = reconcile(self.events)
+        """At the stream's last event, the events become the exact verify steps (events.ended), once."""
+        self.events = ended(self.events)
 
     @property
     def steps(self) -> list[StepEvent]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from playground import plots
+from playground.engines.events import collect
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import summarize
@@ -20,7 +21,7 @@ def ui_update_cost(steps: tuple[int, ...] = (16, 64, 256), repeats: int = 20) ->
     engine = ReferenceEngine.load()
     request = GenerationRequest(prompt="Tell me a long story about a lighthouse keeper.", max_tokens=max(steps) + 1,
                                 k=5)
-    events = list(engine.generate(request))
+    events = collect(engine.generate(request))
     rows = []
     for n in steps:
         part = events[:n + 1]
