@@ -172,4 +172,4 @@ def test_bench_prompts_file_is_bench_dash_dash_prompts_file():
     fields = ("prompt_file", "sample", "seed", "study_concurrency", "max_prompts", "max_prompt_chars", "drafters", "k",
               "max_tokens", "trees", "out", "backend", "vllm_url", "launch", "vllm_api_key")
     assert [getattr(sub, f) for f in fields] == [getattr(flag, f) for f in fields]
-    assert sub.func is bench.bench_prompts and flag.func is bench.bench_suite   # which hands it to bench_prompts
+    assert inspect.unwrap(sub.func) is bench.bench_prompts and flag.func is bench.bench_suite   # which hands it to bench_prompts

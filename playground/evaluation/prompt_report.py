@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from html import escape
 from pathlib import Path
 from typing import Sequence
@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from playground import plots
 from playground.engines.protocol import Engine
 from playground.engines.intervals import bootstrap_interval, paired_ratio, rate_of, tau_of, value_of
-from playground.engines.quantities import DEPTH_QUANTITIES, DepthQuantity
+from playground.engines.quantities import DEPTH_QUANTITIES
 from playground.engines.stats import Pooled, RunTotals, pooled_tau, rate_of_runs
 from playground.evaluation import drift_signals, runner
 from playground.evaluation.machine import described, machine
@@ -296,18 +296,6 @@ def _grouped(groups: list[dict], title: str, x_title: str) -> go.Figure:
     return fig
 
 
-@dataclass(frozen=True)
-class _PooledRow:
-    """A pooled row of the report as plots.MeasuredByDepth reads it."""
-    row: dict
-
-    def mean(self, quantity: DepthQuantity) -> tuple[float, ...]:
-        return tuple(self.row.get(quantity.name) or ())
-
-    def samples_of(self, quantity: DepthQuantity) -> None:
-        return None
-
-
 def figure_set(res: dict) -> dict[str, go.Figure]:
     """The report's figures by name (tau: tokens per target pass by method; length, category, per_prompt,
     acceptance, sink, rms), those with data."""
@@ -331,7 +319,7 @@ def figure_set(res: dict) -> dict[str, go.Figure]:
         figs["acceptance"] = plots.by_depth(series("acceptance"), "Acceptance by depth (unconditional)",
                                             "acceptance rate", [0, 1.05])
     if series("sink_attention"):
-        figs["sink"] = plots.attention({p["method"]: _PooledRow(p) for p in pooled})
+        figs["sink"] = plots.attention({p["method"]: plots.PooledRow(p) for p in pooled})
     if series("hidden_norm"):
         figs["rms"] = plots.by_depth(series("hidden_norm"), "Fed-back hidden state RMS", "RMS")
     return figs
