@@ -98,8 +98,7 @@ def embedded_target_folder() -> Path:
 def load_hf_target(path: str | None, dtype: str = "float32", projections: bool = True):
     """(model, tokenizer) from transformers: the embedded target when path is None. Without `projections`
     the model's projection weights stay on the meta device, never read (where the GGUF's blocks stand for
-    them): the float32 projections are four fifths of the checkpoint, and reading them only to drop them
-    made starting up peak 300 MiB above what the page then holds."""
+    them): the float32 projections are four fifths of the checkpoint, and were read only to be dropped."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
