@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from playground.engines import stats
+from playground.engines.intervals import paired_ratio
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.engines.vllm.backend import LaunchSpec, launch_config
@@ -221,7 +221,7 @@ def _change(rates: dict[str, list[float]], lane: str, against: str, name: str) -
     if lane == against or len(rates[lane]) < 2:
         return {}
     mean = lambda values: (lambda idx: np.asarray(values)[idx].mean(-1))
-    value, (low, high) = stats.paired_ratio(mean(rates[lane]), mean(rates[against]), len(rates[lane]))
+    value, (low, high) = paired_ratio(mean(rates[lane]), mean(rates[against]), len(rates[lane]))
     return {f"change_vs_{name}": round(value - 1, 4), f"change_vs_{name}_ci": [round(low - 1, 4), round(high - 1, 4)]}
 
 
