@@ -136,11 +136,6 @@ def test_an_unreadable_file_is_one_line_naming_the_record(data, message):
     assert message in refused(data)[0]
 
 
-# A refusal's time only tells a reader that went quadratic (minutes) from one that did not; it is no speed
-# target, and a machine still busy with the last module's servers takes seconds over a few milliseconds' work.
-QUADRATIC_S = 30
-
-
 def refused(data: bytes | str, limits: PromptLimits = PromptLimits(), sample: int | None = None) -> tuple[str, float]:
     """The message `data` is refused with, checked to be one short line, and the seconds the refusal took."""
     started = time.perf_counter()
@@ -154,7 +149,7 @@ def refused(data: bytes | str, limits: PromptLimits = PromptLimits(), sample: in
 def test_a_repeated_id_among_100000_records_is_found_at_once():
     records = [{"prompt": f"p{i}", "id": str(i)} for i in range(99_999)] + [{"prompt": "again", "id": "99998"}]
     message, seconds = refused(json.dumps(records).encode(), PromptLimits(max_prompts=100_000))
-    assert message == "the id '99998' names two prompts" and seconds < QUADRATIC_S   # old reader: minutes (ids.count per id)
+    assert message == "the id '99998' names two prompts" and seconds < 3   # old reader: minutes (ids.count per id)
 
 
 @pytest.mark.parametrize("data, message", [
@@ -165,7 +160,7 @@ def test_a_repeated_id_among_100000_records_is_found_at_once():
 ])
 def test_json_nested_10000_deep_is_one_message(data, message):
     said, seconds = refused(data)
-    assert said == message and seconds < QUADRATIC_S
+    assert said == message and seconds < 2
 
 
 def many(form: str, size: int) -> bytes:
@@ -186,10 +181,10 @@ def test_a_19_MiB_file_of_tiny_prompts_is_refused_once_past_the_limit(form):
     finally:
         tracemalloc.stop()
     # the old reader took 20-40 s
-    assert message.startswith("the file has more than 1,000 prompts; the limit is 1,000") and seconds < QUADRATIC_S
+    assert message.startswith("the file has more than 1,000 prompts; the limit is 1,000") and seconds < 5
     assert peak < 4 * len(data), f"{peak / 2**20:.0f} MiB to refuse a {len(data) / 2**20:.0f} MiB file"
     message, seconds = refused(data, sample=3)   # a sample is drawn from all of a file's prompts: a limit of its own
-    assert "more than 100,000 prompts" in message and seconds < QUADRATIC_S
+    assert "more than 100,000 prompts" in message and seconds < 5
 
 
 def test_a_csv_with_a_header_of_millions_of_columns_costs_its_rows_alone():
@@ -205,7 +200,7 @@ def test_a_csv_with_a_header_of_millions_of_columns_costs_its_rows_alone():
 
 def test_a_50_MB_paste_is_refused_by_its_size():
     message, seconds = refused("x" * 50_000_000)
-    assert message == "the pasted text is 47.7 MiB; the limit is 20 MiB" and seconds < QUADRATIC_S
+    assert message == "the pasted text is 47.7 MiB; the limit is 20 MiB" and seconds < 1
 
 
 def test_a_file_over_the_size_limit_is_not_read(tmp_path):
