@@ -387,10 +387,10 @@ multiprocessing.current_process().name = "VllmWorker-0"   # a process that runs 
 if sys.argv[2] == "changed":   # a release where one hooked method takes other parameters
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     SpecDecodeBaseProposer._sample_draft_tokens = lambda self, logits: None
-from eagle_probe import hooks
+from eagle_probe import hooks, worker
 hooks.install()
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-print(hooks.WORKER.vllm)
+print(worker.WORKER.vllm)
 print("patched" if getattr(GPUModelRunner, "_eagle_probe", False) else "off")
 """
 
@@ -467,15 +467,24 @@ def test_the_probes_step_records_carry_each_quantity_under_the_name_the_playgrou
     """The wire names in engines/quantities.py are the keys the probe's records hold (the client reads no other)."""
     from types import SimpleNamespace
 
-    from eagle_probe import hooks
     from eagle_probe.attention import Masses
+    from eagle_probe.hooks import HOOKED, WRAPPERS
+    from eagle_probe.records import attention_fields
+    from eagle_probe.steps import step_record
+    from eagle_probe.worker import Proposal
     from playground.engines.quantities import ATTENTION_QUANTITIES, FED_BACK_RMS, OWN_DRAFT_ATTENTION, REST_ATTENTION
 
+    assert set(WRAPPERS) == {method for _, _, method in HOOKED}   # every hooked method has its wrapper
     masses = [Masses(sink=[0.2, 0.4], drafts=[0.0, 0.0], rest=[0.8, 0.6]), Masses([0.1, 0.1], [0.3, 0.5], [0.6, 0.4])]
-    fields = hooks._attention_fields(masses, heads=False)
+    fields = attention_fields(masses, heads=False)
     assert set(fields) == {q.wire_name for q in ATTENTION_QUANTITIES}
     assert fields[OWN_DRAFT_ATTENTION.wire_name] == [0.0, 0.4]
     assert fields[REST_ATTENTION.wire_name] == pytest.approx([0.7, 0.5])
-    runner = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"))
-    record = hooks._record(runner, "r", [5, 6], [5, 7], hooks.Proposal(drafts=[5, 6], rms=[1.5, 2.5], probs=[0.9, 0.4]))
+    runner = SimpleNamespace(speculative_config=SimpleNamespace(method="eagle3"),
+                             requests={"r": SimpleNamespace(sampling_params=None)})
+    proposal = Proposal(drafts=[5, 6], rms=[1.5, 2.5], attention=masses, probs=[0.9, 0.4])
+    record = step_record(runner, "r", [5, 6], [5, 7], proposal).to_json()
+    assert set(record) == {"request", "drafts", "accepted", "tokens", "draft_probs", "probe_ms", *fields,
+                           FED_BACK_RMS.wire_name}
+    assert record[OWN_DRAFT_ATTENTION.wire_name] == [0.0, 0.4]
     assert record[FED_BACK_RMS.wire_name] == [1.5, 2.5] and record["accepted"] == 1

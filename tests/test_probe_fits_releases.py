@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "probe"))
 
 from eagle_probe import CHECKED_VERSIONS  # noqa: E402
-from eagle_probe.hooks import FIRST_PASS_SAMPLED, HOOKED, READS  # noqa: E402
+from eagle_probe.drafts import FIRST_PASS_SAMPLED  # noqa: E402
+from eagle_probe.hooks import HOOKED, READS  # noqa: E402
 
 INSTALLED = {"0.32.0": ROOT / ".venv-vllm", "0.31.0": ROOT / ".venv-vllm-0.31"}
 

@@ -17,9 +17,9 @@ import pytest
 from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import first_difference, summarize
-from playground.engines.vllm.backend import LaunchSpec, vllm_backend
+from playground.engines.vllm.backend import NONE, LaunchSpec, launch_config, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
-from playground.engines.vllm.launch import healthy
+from playground.engines.vllm.launch import Launched, healthy
 from playground.engines.vllm.metrics import read_counters
 from playground.engines.vllm.probe import fetch_records, probe_key
 from playground.engines.vllm.watch import LIVE, NO_SPECULATION, Watch
@@ -27,7 +27,7 @@ from playground.errors import PlaygroundError
 from playground.local_server import is_ephemeral, pick_port
 from playground.prompts.sets import LONG_CONTEXT, document_prompt, long_context
 from playground.ui.servers_tab import EVERY_S
-from tests.vllm_servers import EAGER
+from tests.vllm_servers import EAGER, Launches
 
 pytestmark = pytest.mark.slow   # three vLLM servers start: minutes
 
@@ -40,14 +40,25 @@ TAU_TOLERANCE = 0.1   # see test_tau_agrees_with_the_reference_engine
 @pytest.fixture(scope="module")
 def servers(engine):
     """Three servers, the first start of eagle3.1 on a port the test already listens on: the
-    launcher must start it again elsewhere (what it does when another program wins a port)."""
+    launcher must start it again elsewhere (what it does when another program wins a port). EAGLE 3.1's
+    server is compiled, as operators run it (the probe's hooks under torch.compile, its steps equal to ours);
+    the other two run eagerly: three compiles at once on this machine's two cores cost minutes, and EAGLE 3's
+    drafter and the target are the code EAGLE 3.1's server compiles."""
     lines, taken_port = [], pick_port()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", taken_port))
         taken.listen()
-        backend, launched = vllm_backend(engine, [], LaunchSpec(k=K), status=lines.append,
-                                         ports={"eagle3.1": taken_port})
-    yield backend, launched, lines, taken_port
+        compiled = Launched(launch_config(engine, LaunchSpec(k=K), ("eagle3.1",)), lines.append,
+                            {"eagle3.1": taken_port})
+        avoid = frozenset(p.port for p in compiled.processes.values()) | {taken_port}
+        eager_ports = {"eagle3": pick_port(avoid=avoid)}
+        eager_ports[NONE] = pick_port(avoid=avoid | set(eager_ports.values()))
+        eager = Launched(launch_config(engine, LaunchSpec(k=K, server_args=EAGER), ("eagle3", NONE)), lines.append,
+                         eager_ports)
+        launched = Launches(compiled, eager)
+        order = ("eagle3", "eagle3.1", NONE)
+        started = sorted(launched.wait_healthy(status=lines.append), key=lambda s: order.index(s.drafter))
+    yield VLLMEngine(started, max_tokens_limit=engine.max_tokens_limit), launched, lines, taken_port
     launched.stop()
 
 

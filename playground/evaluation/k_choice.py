@@ -39,7 +39,8 @@ STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / 
 SHORT_CONTEXT = 64           # about the prompt the step costs are measured at
 LONG_CONTEXT = SHORT_CONTEXT + 4096   # past the caches: each row's attention reads the keys from memory there
 MEASURED_TOKENS = 48
-COSTS_VERSION = 2            # bump when what is measured changes: older caches are measured again
+COSTS_VERSION = 3            # bump when what is measured changes: older caches are measured again
+STEP_ROUNDS = 3              # every k once a round, in turns: a burst of load elsewhere slows one of each k's runs
 ANSWER_TOKENS = 128          # the answer the drafter's pass over the prompt is spread over, where none is given
 
 
@@ -177,11 +178,14 @@ def _drafter_prompt_ms_per_1k(engine, repeats: int = 2) -> float:
 
 
 def measure(engine) -> StepCosts:
-    """This host's step costs with the engine's target and EAGLE 3.1 (about a minute here): each k's median of two runs."""
+    """This host's step costs with the engine's target and EAGLE 3.1 (about a minute here). Each k's step is
+    its fastest of STEP_ROUNDS runs taken in turns (k = 0..10, then again): the cost on this host when nothing
+    else runs, which a median of runs taken one k after another is not while another program comes and goes."""
     from playground.prompts.sets import CHAT
 
-    prompt = CHAT[0]
-    step_ms = tuple(statistics.median(_step_ms(engine, k, prompt) for _ in range(2)) for k in range(K_RANGE[1] + 1))
+    ks = range(K_RANGE[1] + 1)
+    rounds = [[_step_ms(engine, k, CHAT[0]) for k in ks] for _ in range(STEP_ROUNDS)]
+    step_ms = tuple(min(runs) for runs in zip(*rounds))
     measured_rows = (1, 6, K_RANGE[1] + 1)
     slopes = {rows: _context_ms_per_1k(engine.target, rows) for rows in measured_rows}
     per_rows = tuple(_interpolated(slopes, rows) for rows in range(1, K_RANGE[1] + 2))

@@ -95,11 +95,11 @@ class ChunkSteps:
 
 
 class ProbedSteps:
-    """Verify steps from the probe's records, each given the tokens that streamed for it: the drafts
-    the target verified (rejected ones included), the accepted count, and by depth the drafter's
-    probabilities, its attention and the fed-back RMS. Where the records stop before the answer does
-    (the probe refused the request, failed, or lost records), the rest of the answer is read as
-    ChunkSteps reads it, every step's count then comes from vLLM, and `lost` says why."""
+    """Verify steps from the probe's records (their format: probe/eagle_probe/records.py), each given the
+    tokens that streamed for it: the drafts the target verified (rejected ones included), the accepted
+    count, and by depth the drafter's probabilities, its attention and the fed-back RMS. Where the records
+    stop before the answer does (the probe refused the request, failed, or lost records), the rest of the
+    answer is read as ChunkSteps reads it, every step's count then comes from vLLM, and `lost` says why."""
 
     def __init__(self, connection: "Connection", probe: ProbedRequest, k: int):
         self.connection, self.probe = connection, probe
