@@ -44,11 +44,12 @@ COPY --chown=user app.py requirements.txt ./
 COPY --chown=user playground/ playground/
 COPY --chown=user assets/ assets/
 RUN python -c "from playground.model.target import embedded_target_folder; print(embedded_target_folder())"
-# the CPU kernels (playground/model/kernels) built into the cache with a compiler that leaves with this layer;
+# the CPU kernels (playground/model/kernels), both vector widths (the Space's CPU need not be this one), built
+# into the cache with a compiler that leaves with this layer;
 # only the kernels' folder changes owner (a chown of the whole cache would copy the converted target into this layer)
 USER root
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ > /dev/null \
-    && python -m playground.model.kernels \
+    && python -m playground.model.kernels --every-width \
     && chown -R user:user "$PLAYGROUND_CACHE/kernels" \
     && apt-get purge -y -qq --auto-remove g++ > /dev/null && apt-get clean && rm -rf /var/lib/apt/lists/*
 USER user

@@ -52,6 +52,8 @@ trap 'docker rm -f "$NAME" > /dev/null' EXIT
 echo "runs as uid $(docker exec "$NAME" id -u)"
 # the kernels built into the image load without a compiler (a fallback would be silently slower)
 docker exec "$NAME" python -c "from playground.model import kernels; s = kernels.status(); print(s.note); assert s.loaded"
+# ... and both vector widths are there: a Space whose CPU lacks AVX-512 loads the 8-float build
+docker exec -e PLAYGROUND_CPU_VECTORS=avx2 "$NAME" python -c "from playground.model import kernels; s = kernels.status(); print(s.note); assert s.loaded"
 docker cp docker/probe.py "$NAME:/tmp/probe.py"
 docker exec "$NAME" python /tmp/probe.py http://127.0.0.1:7860 "$BACKEND"
 docker exec "$NAME" python -m playground.healthcheck && echo "health check: healthy"

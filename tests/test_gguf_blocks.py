@@ -83,6 +83,47 @@ def test_greedy_on_the_blocks_equals_transformers_generate(gguf_engine, prompt):
         assert list(summarize(list(gguf_engine.generate(request))).token_ids) == expected, drafter
 
 
+AVX2_BUILD = """
+import json, sys, torch
+from playground.engines.reference import ReferenceEngine
+from playground.engines.request import GenerationRequest
+from playground.engines.stats import summarize
+from playground.model import kernels
+from playground.model.target import Target
+engine, f32 = ReferenceEngine.load(weights="gguf"), Target.load(weights="f32")
+same = []
+for rows in (1, 6):
+    torch.manual_seed(rows)
+    for name in ("qkv", "down"):
+        x = torch.randn(rows, getattr(f32.layers[3], name).in_features)
+        same.append(torch.equal(getattr(engine.target.layers[3], name)(x), getattr(f32.layers[3], name)(x)))
+x = torch.randn(1, f32.hidden_size)
+same.append(torch.equal(engine.target.lm_head(x), f32.lm_head(x)))
+request = GenerationRequest(prompt=sys.argv[1], max_tokens=48, drafter="eagle3.1", k=5)
+tokens = list(summarize(list(engine.generate(request))).token_ids)
+print(json.dumps({"note": kernels.status().note, "same": same, "tokens": tokens}))
+"""
+
+
+def test_the_avx2_build_keeps_the_blocks_bit_for_bit_and_the_tokens_where_avx512_runs(gguf_engine, tmp_path):
+    """Each vector width is its own build (an image runs on CPUs other than its builder's): the 8-float
+    one, asked for where 16-float vectors would run, keeps every output the float32 kernel's and emits
+    transformers' greedy tokens."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    expected = transformers_greedy(gguf_engine, GenerationRequest(prompt=PROMPTS[1], max_tokens=48))[0]
+    env = {**os.environ, kernels.VECTORS_ENV: "avx2"}
+    done = subprocess.run([sys.executable, "-c", AVX2_BUILD, PROMPTS[1]], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["note"].startswith("the playground's AVX2 kernels") and all(found["same"]), found
+    assert found["tokens"] == expected
+
+
 def test_gguf_weights_are_the_embedded_targets_on_our_kernels_and_say_so():
     with pytest.raises(PlaygroundError, match="embedded target's GGUF"):
         Target.load("/tmp", weights="gguf")

@@ -329,7 +329,7 @@ def test_each_compiler_builds_a_library_of_its_own(tmp_path, monkeypatch):
         compiler, _ = fake_compiler(tmp_path / f"compiler-{i}", version, 0)
         monkeypatch.setenv("CXX", str(compiler))
         assert kernels._compiler() == (str(compiler), version)
-        paths.add(kernels.library_path(version))
+        paths.add(kernels.library_path(version, kernels.vectors()))
     assert len(paths) == 2 and len({p.parent for p in paths}) == 1
 
 

@@ -1,18 +1,21 @@
-// y = x @ w.T in float32 for a few rows of x (decode: 1, verify: k + 1) with AVX2 + FMA, the weights
-// in float32, bfloat16 (widened exactly: half the bytes, the same products) or a GGUF file's own
-// Q4_1 / Q8_0 blocks (a fifth or a quarter of float32's bytes); oneDNN's or MKL's gemm for more rows
-// than kRowsKernelMax (prompts), where the work is arithmetic, not reading.
+// y = x @ w.T in float32 for a few rows of x (decode: 1, verify: k + 1), the weights in float32,
+// bfloat16 (widened exactly: half the bytes, the same products) or a GGUF file's own Q4_1 / Q8_0
+// blocks (a fifth or a quarter of float32's bytes); oneDNN's or MKL's gemm for more rows than
+// kRowsKernelMax (prompts), where the work is arithmetic, not reading. Vectors are AVX-512's 16 floats
+// where the kernels are built for it (the host has it), else AVX2's 8.
 //
-// Blocks are dequantized in registers, eight weights at a time, each weight computed as gguf's
+// Blocks are dequantized in registers, a vector of weights at a time, each weight computed as gguf's
 // dequantize computes it (d * q is exact in float32; Q4_1's + m rounds once, as one FMA does), and
 // go into the same FMAs in the same order as float32 weights do: every output is bit for bit what
 // the float32 kernel gives for the dequantized model. Reading them costs arithmetic, not memory: a
-// one-row forward is bound by the dequantizing (about five vector operations per eight weights).
+// one-row forward is bound by the dequantizing (about five vector operations per vector of weights),
+// which is why a vector twice as wide makes it faster.
 //
 // A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
 // of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
-// both cores take half the weight rows, and every output is the same 8-lane dot product whatever
-// the number of rows: a row's result does not depend on the rows beside it.
+// both cores take half the weight rows, and every output is the same dot product (kVecLanes lanes,
+// then an 8-lane tail where k is not a multiple of them) whatever the number of rows: a row's result
+// does not depend on the rows beside it.
 //
 // verify_argmax is the target's head at a greedy verify (a chain or a tree): the argmax of each
 // row's logits, without the logits, scoring only the rows the verify can still need.
@@ -53,28 +56,82 @@ inline __m256 load8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
 
+// The vector the weight kernels compute in: Vec holds kVecLanes floats
+#ifdef __AVX512F__
+using Vec = __m512;
+constexpr int64_t kVecLanes = 16;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vset(float v) { return _mm512_set1_ps(v); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload(const uint16_t* p) {
+  const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+}
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+// the upper eight lanes added to the lower eight, then those eight summed as lane_sum sums them
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+// kVecLanes bytes from p, as floats: unsigned (Q4_1's nibble pairs) or signed (Q8_0's q)
+inline __m512i widen_bytes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m512i widen_signed_bytes(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi32(0x0F)); }
+inline __m512i high_nibbles(__m512i v) { return _mm512_srli_epi32(v, 4); }
+inline Vec to_floats(__m512i v) { return _mm512_cvtepi32_ps(v); }
+inline void keep_in_register(Vec& v) { asm("" : "+v"(v)); }
+inline float vsum(Vec v) {
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return lane_sum(_mm256_add_ps(_mm512_castps512_ps256(v), high));
+}
+#else
+using Vec = __m256;
+constexpr int64_t kVecLanes = 8;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset(float v) { return _mm256_set1_ps(v); }
+inline Vec vload(const float* p) { return load8(p); }
+inline Vec vload(const uint16_t* p) { return load8(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline __m256i widen_bytes(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i widen_signed_bytes(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i low_nibbles(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi32(0x0F)); }
+inline __m256i high_nibbles(__m256i v) { return _mm256_srli_epi32(v, 4); }
+inline Vec to_floats(__m256i v) { return _mm256_cvtepi32_ps(v); }
+inline void keep_in_register(Vec& v) { asm("" : "+x"(v)); }
+inline float vsum(Vec v) { return lane_sum(v); }
+#endif
+static_assert(kVecLanes % kLanes == 0 && kBlockWeights % kVecLanes == 0, "a vector is whole 8-lane halves and a block whole vectors");
+constexpr int64_t kFloatsPerLine = 16;  // a 64-byte cache line
+
 // ROWS rows of x against COLS weight rows starting at n: ROWS * COLS dot products of length k,
 // written from y (row 0's output for weight row n) on.
 template <int ROWS, int COLS, typename W>
 inline void tile(const float* x, int64_t x_stride, const W* w, int64_t k, float* y, int64_t y_stride,
                  int64_t n) {
-  __m256 acc[ROWS][COLS];
+  Vec acc[ROWS][COLS];
   for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < COLS; ++c) acc[r][c] = vzero();
   const W* wn = w + n * k;
-  for (int64_t i = 0; i < k; i += kLanes) {
+  const int64_t whole = k - k % kVecLanes;
+  for (int64_t i = 0; i < whole; i += kVecLanes) {
     if constexpr (COLS > 1)  // the weights a few tiles on: their memory latency hides behind this tile's work
-      for (int c = 0; c < COLS; c += 2) _mm_prefetch(reinterpret_cast<const char*>(wn + kAhead + COLS * i + 8 * c), _MM_HINT_T0);
-    __m256 wv[COLS];
-    for (int c = 0; c < COLS; ++c) wv[c] = load8(wn + c * k + i);
+      for (int64_t l = 0; l < COLS * kVecLanes / kFloatsPerLine; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(wn + kAhead + COLS * i + kFloatsPerLine * l), _MM_HINT_T0);
+    Vec wv[COLS];
+    for (int c = 0; c < COLS; ++c) wv[c] = vload(wn + c * k + i);
     for (int r = 0; r < ROWS; ++r) {
-      __m256 xv = _mm256_loadu_ps(x + r * x_stride + i);
-      asm("" : "+x"(xv));  // keeps x in a register: GCC folds its load into each FMA, six rows' loads then outrun the FMAs
-      for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+      Vec xv = vload(x + r * x_stride + i);
+      keep_in_register(xv);  // GCC would fold the load into each FMA: six rows' loads then outrun the FMAs
+      for (int c = 0; c < COLS; ++c) acc[r][c] = vfma(xv, wv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < COLS; ++c) y[r * y_stride + c] = lane_sum(acc[r][c]);
+    for (int c = 0; c < COLS; ++c) {
+      float sum = vsum(acc[r][c]);
+      if (whole < k)  // an 8-lane tail (k is a multiple of 8)
+        sum += lane_sum(_mm256_mul_ps(_mm256_loadu_ps(x + r * x_stride + whole), load8(wn + c * k + whole)));
+      y[r * y_stride + c] = sum;
+    }
 }
 
 // weight rows a tile takes for `rows` rows of x: sixteen registers hold rows x cols sums, cols weights and x
@@ -132,22 +189,22 @@ inline float half_at(const uint8_t* p) {
   return _cvtsh_ss(half);
 }
 
-// A GGUF block type: Q::Block(bytes).group(g) is weights 8g..8g+7 of the block, each as gguf's
-// dequantize computes it; a block holds little in registers, so that tiles of several weight rows
-// keep their sums in registers too
-struct Q4_1 {
+// A GGUF block type: Q::Block(bytes).group(g) is weights kVecLanes * g .. of the block (g < kGroups),
+// each as gguf's dequantize computes it; a block holds little in registers, so that tiles of several
+// weight rows keep their sums in registers too
+constexpr int kGroups = kBlockWeights / kVecLanes;
+
+struct Q4_1 {  // weights 0-15: the 16 bytes' low nibbles; 16-31: their high ones
   static constexpr int64_t kBytes = kQ4_1BlockBytes;
   static constexpr int kFewRowsCols = 2;
   struct Block {
     const uint8_t* q;
-    __m256 d, m;
+    Vec d, m;
     Block() = default;
-    explicit Block(const uint8_t* bytes)
-        : q(bytes + 4), d(_mm256_set1_ps(half_at(bytes))), m(_mm256_set1_ps(half_at(bytes + 2))) {}
-    __m256 group(int g) const {  // d * q + m: d * q is exact, + m rounds once
-      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * (g & 1))));
-      const __m256i nibbles = g < 2 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(bytes, 4);
-      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(nibbles), d, m);
+    explicit Block(const uint8_t* bytes) : q(bytes + 4), d(vset(half_at(bytes))), m(vset(half_at(bytes + 2))) {}
+    Vec group(int g) const {  // d * q + m: d * q is exact, + m rounds once
+      const auto bytes = widen_bytes(q + kVecLanes * g % 16);
+      return vfma(to_floats(kVecLanes * g < 16 ? low_nibbles(bytes) : high_nibbles(bytes)), d, m);
     }
   };
 };
@@ -157,13 +214,10 @@ struct Q8_0 {
   static constexpr int kFewRowsCols = 1;
   struct Block {
     const uint8_t* q;
-    __m256 d;
+    Vec d;
     Block() = default;
-    explicit Block(const uint8_t* bytes) : q(bytes + 2), d(_mm256_set1_ps(half_at(bytes))) {}
-    __m256 group(int g) const {  // d * q, exact
-      const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * g));
-      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), d);
-    }
+    explicit Block(const uint8_t* bytes) : q(bytes + 2), d(vset(half_at(bytes))) {}
+    Vec group(int g) const { return vmul(to_floats(widen_signed_bytes(q + kVecLanes * g)), d); }  // d * q, exact
   };
 };
 
@@ -177,7 +231,7 @@ struct BlockRows {
     const uint8_t* block = row(n);
     for (int64_t i = 0; i < k; i += kBlockWeights, block += Q::kBytes) {
       const typename Q::Block weights(block);
-      for (int g = 0; g < 4; ++g) _mm256_storeu_ps(out + i + 8 * g, weights.group(g));
+      for (int g = 0; g < kGroups; ++g) vstore(out + i + kVecLanes * g, weights.group(g));
     }
   }
 };
@@ -187,24 +241,24 @@ struct BlockRows {
 template <int ROWS, int COLS, typename Q>
 inline void block_tile(const float* x, int64_t x_stride, const BlockRows<Q>& w, int64_t k, float* y, int64_t y_stride,
                        int64_t n) {
-  __m256 acc[ROWS][COLS];
+  Vec acc[ROWS][COLS];
   for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < COLS; ++c) acc[r][c] = vzero();
   const uint8_t* block = w.row(n);
   for (int64_t i = 0; i < k; i += kBlockWeights, block += Q::kBytes) {
     typename Q::Block blocks[COLS];
     for (int c = 0; c < COLS; ++c) blocks[c] = typename Q::Block(block + c * w.row_bytes);
-    for (int g = 0; g < 4; ++g) {
-      __m256 wv[COLS];
+    for (int g = 0; g < kGroups; ++g) {
+      Vec wv[COLS];
       for (int c = 0; c < COLS; ++c) wv[c] = blocks[c].group(g);
       for (int r = 0; r < ROWS; ++r) {
-        const __m256 xv = _mm256_loadu_ps(x + r * x_stride + i + 8 * g);
-        for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+        const Vec xv = vload(x + r * x_stride + i + kVecLanes * g);
+        for (int c = 0; c < COLS; ++c) acc[r][c] = vfma(xv, wv[c], acc[r][c]);
       }
     }
   }
   for (int r = 0; r < ROWS; ++r)
-    for (int c = 0; c < COLS; ++c) y[r * y_stride + c] = lane_sum(acc[r][c]);
+    for (int c = 0; c < COLS; ++c) y[r * y_stride + c] = vsum(acc[r][c]);
 }
 
 // weight rows a block tile takes for `rows` rows of x: a sum per row, and for one or two rows of x two
