@@ -68,7 +68,6 @@ inline Vec vload(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-// the upper eight lanes added to the lower eight, then those eight summed as lane_sum sums them
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 // kVecLanes bytes from p, as floats: unsigned (Q4_1's nibble pairs) or signed (Q8_0's q)
@@ -78,6 +77,7 @@ inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_e
 inline __m512i high_nibbles(__m512i v) { return _mm512_srli_epi32(v, 4); }
 inline Vec to_floats(__m512i v) { return _mm512_cvtepi32_ps(v); }
 inline void keep_in_register(Vec& v) { asm("" : "+v"(v)); }
+// the upper eight lanes added to the lower eight, then those eight summed as lane_sum sums them
 inline float vsum(Vec v) {
   const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   return lane_sum(_mm256_add_ps(_mm512_castps512_ps256(v), high));
