@@ -150,6 +150,10 @@ def test_bench_k_auto_runs_each_prompts_chains_at_the_k_generate_would_choose(en
             k = request.k if request.drafter == drafter else 0
             row = next(r for r in res["rows"] if r["category"] == prompt.category and r["method"] == drafter)
             assert row["chain_ks"] == {str(k): 1}, (prompt.category, drafter)
+    for row in res["rows"]:   # the decode phase's speed-up: tokens after each prompt's prefill, over plain decoding's
+        none = next(r for r in res["rows"] if r["category"] == row["category"] and r["method"] == "none")
+        assert row["decode_tokens_per_s"] == pytest.approx(row["decode_tokens"] / row["decode_seconds"])
+        assert row["decode_speedup_vs_none"] == pytest.approx(row["decode_tokens_per_s"] / none["decode_tokens_per_s"])
     assert "k auto chose, by prompt" in (out / "results.md").read_text()
     for command in (["bench", "--k", "auto", "trees"], ["bench", "--k", "auto", "--backend", "vllm"]):
         proc = subprocess.run([sys.executable, "-m", "playground", *command], capture_output=True, text=True,

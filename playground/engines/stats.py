@@ -289,6 +289,8 @@ class Pooled:
     verify_ms: float
     other_ms: float                    # per verify step: sampling, bookkeeping, events, detokenising
     tokens_per_pass: float = 1.0       # tokens after the prefills' / verify steps
+    decode_tokens: int = 0             # after each run's prefill step: what decode_seconds produced
+    decode_seconds: float = 0.0
 
     @classmethod
     def of(cls, runs: Sequence[RunTotals]) -> Pooled:
@@ -303,18 +305,27 @@ class Pooled:
                    means={q.name: DepthSums.total([r.depths[q.name] for r in runs]).means for q in DEPTH_QUANTITIES},
                    draft_ms=draft_ms, verify_ms=verify_ms,
                    other_ms=max(0.0, sum(r.decode_seconds for r in runs) * 1e3 / n - draft_ms - verify_ms),
-                   tokens_per_pass=tokens_per_pass(sum(r.decode_tokens for r in runs), steps))
+                   tokens_per_pass=tokens_per_pass(sum(r.decode_tokens for r in runs), steps),
+                   decode_tokens=sum(r.decode_tokens for r in runs),
+                   decode_seconds=sum(r.decode_seconds for r in runs))
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second after each run's prefill: what speculation changes (the prefill is the
+        same work for every method, and on long prompts most of the time)."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     def mean(self, quantity: DepthQuantity) -> tuple[float, ...]:
         return self.means.get(quantity.name, ())
 
     def to_json(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "means"}
-        return {**out, **{q.name: self.mean(q) for q in DEPTH_QUANTITIES}, "tokens_per_s": self.tokens_per_s}
+        return {**out, **{q.name: self.mean(q) for q in DEPTH_QUANTITIES}, "tokens_per_s": self.tokens_per_s,
+                "decode_tokens_per_s": self.decode_tokens_per_s}
 
 
 def pool(runs: list[list[StepEvent]]) -> Pooled:

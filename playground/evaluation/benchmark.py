@@ -124,6 +124,10 @@ def _rate(runs: list[tuple[int, float]]) -> float | None:
     return sum(t for t, _ in runs) / sum(s for _, s in runs) if runs else None
 
 
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
 def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling | None = None) -> dict:
     """The JSON the report is written from."""
     ran = [r for r in measured if r.skipped is None]
@@ -141,6 +145,7 @@ def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling 
             rows.append({"category": category, "method": method, **p.to_json(),
                          "chain_ks": {str(k): n for k, n in sorted(ks.items())},
                          "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
+                         "decode_speedup_vs_none": _ratio(p.decode_tokens_per_s, none.decode_tokens_per_s),
                          "vs_generate": p.tokens_per_s / generate_tps if generate_tps else None,
                          "generate_tokens_per_s": generate_tps})
         trees += [chain_vs_tree_row(category, drafter, method, config.tree, pooled[method], pooled[drafter], none)

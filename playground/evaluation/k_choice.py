@@ -6,11 +6,10 @@ host takes to draft k tokens and verify k + 1 rows over the context, with the st
 Python around them. Speculation also pays once per answer for the drafter's own pass over the
 prompt (after the first token, as the engine runs it): about a thirtieth of the target's prefill
 (one layer against thirty), spread over the answer's tokens. The costs are measured once per host,
-weights and kernels, by running the engine itself (a chain at every k, plain decoding for k = 0, and
-the drafter's first step after a short and a long prompt) and timing the target's forward over a
-longer context, then cached beside the kernels; the acceptance is the drafter's in the stored
-benchmark (every category pooled). k = 0, plain decoding, is chosen whenever no k is expected to
-be faster.
+weights and kernels, by running the engine itself (a chain at every k and plain decoding for k = 0
+after a short prompt, and a few of them after a prompt of about 4,000 tokens), then cached beside the
+kernels; the acceptance is the drafter's in the stored benchmark (every category pooled). k = 0, plain
+decoding, is chosen whenever no k is expected to be faster.
 
     python -m playground bench k-choice       # the costs measured here and each drafter's choice
 """
@@ -24,23 +23,22 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import torch
 
 from playground.engines.events import collect
 from playground.engines.request import K_RANGE, GenerationRequest
-from playground.engines.stats import summarize
 from playground.errors import PlaygroundError
 from playground.evaluation.machine import described, machine
-from playground.evaluation.timing import timings
 from playground.model.variants import EAGLE31, NONE, SHIPPED
 from playground.settings import cache_root
 
 STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 SHORT_CONTEXT = 64           # about the prompt the step costs are measured at
-LONG_CONTEXT = SHORT_CONTEXT + 4096   # past the caches: each row's attention reads the keys from memory there
 MEASURED_TOKENS = 48
-COSTS_VERSION = 3            # bump when what is measured changes: older caches are measured again
+COSTS_VERSION = 4            # bump when what is measured changes: older caches are measured again
 STEP_ROUNDS = 3              # every k once a round, in turns: a burst of load elsewhere slows one of each k's runs
+LONG_KS = (0, 2, 5, 10)      # measured at a long prompt too: a step's cost at 4,000 tokens rises steeply from
+                             # one row to three (attention), then less: k=2 between plain and k=5 was 16% low
+LONG_ROUNDS = 2              # one run of each put plain decoding's extra cost at 2.4 and at 3.7 ms per 1k minutes apart
 ANSWER_TOKENS = 128          # the answer the drafter's pass over the prompt is spread over, where none is given
 
 
@@ -50,8 +48,10 @@ class StepCosts:
     host: str
     weights: str
     step_ms: tuple[float, ...]              # k = 0 .. K_RANGE[1]: a step's wall time after the first token
-    context_ms_per_1k: tuple[float, ...]    # rows = 1 .. K_RANGE[1] + 1: a forward's extra ms per 1,000 context tokens
-    drafter_prompt_ms_per_1k: float = 0.0   # the drafter's pass over the prompt, per 1,000 prompt tokens
+    context_ms_per_1k: tuple[float, ...]    # rows = 1 .. K_RANGE[1] + 1: a step's extra ms per 1,000 context tokens
+    drafter_prompt_ms_per_1k: float = 0.0   # the drafter's pass over the prompt, per 1,000 prompt tokens to
+                                            # about 4,000 (its attention grows faster than the prompt: shorter
+                                            # prompts cost a little less than this says)
 
     def at(self, k: int, context: int) -> float:
         """A step of k drafts at `context` tokens of context, in ms."""
@@ -137,59 +137,53 @@ def cache_path(engine) -> Path:
     return cache_root() / "step-costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def _step_ms(engine, k: int, prompt: str) -> float:
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One engine run's costs: a step's ms after the first (the median: a burst of load elsewhere slows a few
+    steps), and the drafter's pass over the prompt."""
+    step_ms: float
+    drafter_prompt_ms: float   # the first step's drafting less a later step's; 0 without a drafter
+    prompt_tokens: int
+
+
+def _run(engine, k: int, prompt: str) -> MeasuredRun:
+    """The engine itself on `prompt` at k drafts a step (EAGLE 3.1; plain decoding for k = 0). The first
+    verify step is left out of the step's cost: its drafting holds the drafter's pass over the prompt."""
     request = GenerationRequest(prompt=prompt, drafter=NONE if k == 0 else EAGLE31, k=max(1, k),
                                 max_tokens=MEASURED_TOKENS)
-    summary = summarize(collect(engine.generate(request)))
-    return 1000 * (summary.elapsed_s - summary.time_to_first_token_s) / max(1, summary.steps)
-
-
-def _context_ms_per_1k(target, rows: int, repeats: int = 5) -> float:
-    """A forward of `rows` rows over LONG_CONTEXT less over SHORT_CONTEXT tokens, per 1,000 tokens (medians)."""
-    cache = target.new_cache(LONG_CONTEXT + rows)
-    target.forward(torch.arange(LONG_CONTEXT)[None] % 1000 + 100, cache, head=False)
-    ids = torch.arange(rows)[None] + 300
-    times = {context: statistics.median(timings(lambda: target.forward(ids, cache, head=False), repeats,
-                                                setup=lambda: cache.truncate(context), warmup=0))
-             for context in (SHORT_CONTEXT, LONG_CONTEXT)}
-    return max(0.0, 1e6 * (times[LONG_CONTEXT] - times[SHORT_CONTEXT]) / (LONG_CONTEXT - SHORT_CONTEXT))
-
-
-def _first_draft(engine, prompt: str) -> tuple[float, int]:
-    """(ms, prompt tokens): EAGLE 3.1's first draft after `prompt`, its pass over the prompt included (an
-    answer of a few tokens: with one left, the engine drafts nothing)."""
-    events = collect(engine.generate(GenerationRequest(prompt=prompt, drafter=EAGLE31, k=1, max_tokens=8)))
-    return events[1].draft_ms, events[0].position
-
-
-def _drafter_prompt_ms_per_1k(engine, repeats: int = 2) -> float:
-    """The drafter's pass over a prompt of about 2,000 tokens less over a short one, per 1,000 tokens (its
-    attention makes it grow faster than the prompt: 68 ms per 1,000 tokens at 1,000, 111 at 4,000 here)."""
-    from playground.prompts.sets import CHAT, LONG_CONTEXT, document_prompt, long_context
-
-    documents, questions = LONG_CONTEXT[2000]
-    long_prompt = document_prompt(long_context(2000, documents, engine.target.tokenizer), questions[0])
-    def median_first_draft(prompt: str) -> tuple[float, int]:
-        runs = [_first_draft(engine, prompt) for _ in range(repeats)]
-        return statistics.median(ms for ms, _ in runs), runs[0][1]
-
-    (short_ms, short), (long_ms, long) = median_first_draft(CHAT[0]), median_first_draft(long_prompt)
-    return max(0.0, 1000 * (long_ms - short_ms) / max(1, long - short))
+    events = collect(engine.generate(request))
+    steps_ms = [1000 * (b.elapsed_s - a.elapsed_s) for a, b in zip(events[1:], events[2:])]
+    drafter_ms = max(0.0, events[1].draft_ms - min(e.draft_ms for e in events[2:])) if k and steps_ms else 0.0
+    return MeasuredRun(statistics.median(steps_ms), drafter_ms, events[0].position)
 
 
 def measure(engine) -> StepCosts:
-    """This host's step costs with the engine's target and EAGLE 3.1 (about a minute here). Each k's step is
-    its fastest of STEP_ROUNDS runs taken in turns (k = 0..10, then again): the cost on this host when nothing
-    else runs, which a median of runs taken one k after another is not while another program comes and goes."""
-    from playground.prompts.sets import CHAT
+    """This host's step costs with the engine's target and EAGLE 3.1 (about two minutes here), every figure
+    from the engine's own runs. At a short prompt each k's step is its fastest of STEP_ROUNDS runs taken
+    in turns (k = 0..10, then again): the cost on this host when nothing else runs, which a median of runs
+    taken one k after another is not while another program comes and goes. At a prompt of about 4,000
+    tokens, LONG_KS in turns, LONG_ROUNDS times (each k's fastest): what a step costs more there, per
+    1,000 tokens of context, by the rows it verifies (interpolated between), and the drafter's pass over
+    that prompt.
+    Forwards timed alone over a cache (the first way) put plain decoding's extra cost at 4,000 tokens 18%
+    above its real runs' and k=2's 6% below, and chose speculation on a 4,000-token prompt where plain
+    decoding was faster."""
+    from playground.prompts.sets import CHAT, LONG_CONTEXT as DOCUMENTS, document_prompt, long_context
 
     ks = range(K_RANGE[1] + 1)
-    rounds = [[_step_ms(engine, k, CHAT[0]) for k in ks] for _ in range(STEP_ROUNDS)]
-    step_ms = tuple(min(runs) for runs in zip(*rounds))
-    measured_rows = (1, 6, K_RANGE[1] + 1)
-    slopes = {rows: _context_ms_per_1k(engine.target, rows) for rows in measured_rows}
+    rounds = [[_run(engine, k, CHAT[0]) for k in ks] for _ in range(STEP_ROUNDS)]
+    short = [min(runs, key=lambda run: run.step_ms) for runs in zip(*rounds)]
+    documents, questions = DOCUMENTS[4000]
+    long_prompt = document_prompt(long_context(4000, documents, engine.target.tokenizer), questions[0])
+    long_rounds = [[_run(engine, k, long_prompt) for k in LONG_KS] for _ in range(LONG_ROUNDS)]
+    long = {k: min(runs, key=lambda run: run.step_ms) for k, runs in zip(LONG_KS, zip(*long_rounds))}
+    per_1k = (long[0].prompt_tokens - short[0].prompt_tokens) / 1000
+    slopes = {k + 1: max(0.0, (run.step_ms - short[k].step_ms) / per_1k) for k, run in long.items()}
     per_rows = tuple(_interpolated(slopes, rows) for rows in range(1, K_RANGE[1] + 2))
-    return StepCosts(described(machine()), engine.target.weights, step_ms, per_rows, _drafter_prompt_ms_per_1k(engine))
+    drafter_short = min(runs[1].drafter_prompt_ms for runs in rounds)
+    drafter_long = min(run.drafter_prompt_ms for runs in long_rounds for run in runs if run.drafter_prompt_ms)
+    return StepCosts(described(machine()), engine.target.weights, tuple(run.step_ms for run in short), per_rows,
+                     max(0.0, (drafter_long - drafter_short) / per_1k))
 
 
 def _interpolated(points: dict[int, float], x: int) -> float:

@@ -53,6 +53,17 @@ def move_into_huge_pages(owners: list[tuple[object, str]]) -> None:
             _release_freed_memory()
 
 
+def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor in an anonymous mapping of its own advised into huge pages (anonymous memory
+    starts zeroed); the mapping goes with the tensor's last view."""
+    size = _padded(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size())
+    arena = mmap.mmap(-1, max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE),
+                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(arena, dtype=torch.uint8)[:size].view(dtype)[:torch.Size(shape).numel()].view(shape)
+
+
 def _release_freed_memory() -> None:
     """Hand the heap's free pages back to the system (glibc keeps freed weights' pages otherwise:
     the move would briefly hold two sets of weights)."""
