@@ -16,6 +16,16 @@ def target(engine):
 
 
 @pytest.fixture(scope="session")
+def step_costs(engine):
+    """This host's step costs for `--k auto`, measured once a session, afresh: every test that runs k auto,
+    in this process or another, reads the file this writes."""
+    from playground.evaluation import k_choice
+
+    k_choice.cache_path(engine).unlink(missing_ok=True)
+    return k_choice.costs(engine)
+
+
+@pytest.fixture(scope="session")
 def app_url():
     from playground.app_process import AppServer
 

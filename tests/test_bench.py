@@ -133,7 +133,7 @@ def test_both_tree_benchmarks_build_and_print_their_rows_alike(engine):
     assert "| coding | eagle3.1 | tree 2/2/3 |" in report.markdown(res)
 
 
-def test_bench_k_auto_runs_each_prompts_chains_at_the_k_generate_would_choose(engine, tmp_path):
+def test_bench_k_auto_runs_each_prompts_chains_at_the_k_generate_would_choose(engine, step_costs, tmp_path):
     from playground.evaluation.k_choice import chosen
     from playground.prompts.sets import suite
 

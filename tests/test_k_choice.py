@@ -63,9 +63,8 @@ def test_the_stored_acceptance_pools_every_category_and_carries_on_past_the_stor
     assert stored_acceptance("/some/checkpoint") is None
 
 
-def test_the_costs_are_measured_once_on_the_engine_and_read_back(engine, monkeypatch):
-    k_choice.cache_path(engine).unlink(missing_ok=True)   # measured again here, and kept for what follows
-    measured = k_choice.costs(engine)
+def test_the_costs_are_measured_once_on_the_engine_and_read_back(engine, step_costs, monkeypatch):
+    measured = step_costs   # measured afresh this session, and kept for what follows
     assert k_choice.cache_path(engine).exists() and measured.weights == engine.target.weights
     assert len(measured.step_ms) == K_RANGE[1] + 1 and all(ms > 0 for ms in measured.step_ms)
     assert all(ms >= 0 for ms in measured.context_ms_per_1k)
@@ -82,8 +81,7 @@ def test_the_costs_are_measured_once_on_the_engine_and_read_back(engine, monkeyp
     assert k_choice.choice_for(engine, "/some/checkpoint", 300).k == 5
 
 
-def test_generate_with_k_auto_says_which_k_it_chose_and_why(engine):
-    k_choice.costs(engine)   # where not cached yet, measured in this process: the CLI's run reads it
+def test_generate_with_k_auto_says_which_k_it_chose_and_why(step_costs):   # the CLI's run reads them
     done = subprocess.run([sys.executable, "-m", "playground", "generate", "--prompt", "Write a haiku about the sea.",
                            "--k", "auto", "--max-tokens", "24", "--json"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr

@@ -103,11 +103,10 @@ def test_tree_mode_gives_the_chains_text_and_draws_its_tree(client):
             client.predict(*args, api_name="/run")
 
 
-def test_k_by_this_hosts_costs_runs_the_chosen_k_and_says_why(client, engine):
+def test_k_by_this_hosts_costs_runs_the_chosen_k_and_says_why(client, engine, step_costs):   # the page reads them
     from playground.engines.request import GenerationRequest
     from playground.evaluation import k_choice
 
-    k_choice.costs(engine)   # where not cached yet, measured in this process: the page's run reads the same file
     request = GenerationRequest(prompt=PROMPT, max_tokens=24)
     picked = k_choice.choice_for(engine, "eagle3.1", len(engine.prompt_ids(request)), request.max_tokens)
     final = named(client.predict(**run_settings(max_tokens=24, beside=False, k_auto=True), api_name="/run"))
