@@ -129,6 +129,11 @@ def mean_acceptance_length(events: Iterable[StepEvent]) -> float:
     return pooled_tau([drafting_counts(events)])
 
 
+def per_second(count: float, seconds: float) -> float:
+    """count / seconds; 0 where no time passed."""
+    return count / seconds if seconds > 0 else 0.0
+
+
 def tokens_per_pass(decode_tokens: int, verify_steps: int) -> float:
     """Tokens after the prefill's over the verify steps that made them: 1 without speculation (and
     where no step verified)."""
@@ -160,8 +165,8 @@ def summarize(events: list[StepEvent]) -> RunSummary:
         per_position_acceptance=unconditional,
         per_position_acceptance_conditional=conditional,
         means={name: sums.means for name, sums in totals.depths.items()},
-        tokens_per_s=totals.tokens / totals.seconds if totals.seconds > 0 else 0.0,
-        decode_tokens_per_s=totals.decode_tokens / totals.decode_seconds if totals.decode_seconds > 0 else 0.0,
+        tokens_per_s=per_second(totals.tokens, totals.seconds),
+        decode_tokens_per_s=per_second(totals.decode_tokens, totals.decode_seconds),
         time_to_first_token_s=first.elapsed_s,
         elapsed_s=last.elapsed_s,
         draft_ms=sum(e.draft_ms for e in events),   # the prefill's step too
@@ -298,26 +303,26 @@ class Pooled:
         n = max(1, steps)
         draft_ms, verify_ms = sum(r.draft_ms for r in runs) / n, sum(r.verify_ms for r in runs) / n
         reaching = sum_by_depth(r.reaching for r in runs)
+        decode_tokens, decode_seconds = sum(r.decode_tokens for r in runs), sum(r.decode_seconds for r in runs)
         return cls(runs=len(runs), min_prompt_tokens=min(r.prompt_tokens for r in runs),
                    tokens=sum(r.tokens for r in runs), seconds=sum(r.seconds for r in runs), steps=steps,
                    mean_acceptance_length=pooled_tau(r.counts for r in runs),
                    acceptance=tuple(a / drafting for a in reaching) if drafting else (),
                    means={q.name: DepthSums.total([r.depths[q.name] for r in runs]).means for q in DEPTH_QUANTITIES},
                    draft_ms=draft_ms, verify_ms=verify_ms,
-                   other_ms=max(0.0, sum(r.decode_seconds for r in runs) * 1e3 / n - draft_ms - verify_ms),
-                   tokens_per_pass=tokens_per_pass(sum(r.decode_tokens for r in runs), steps),
-                   decode_tokens=sum(r.decode_tokens for r in runs),
-                   decode_seconds=sum(r.decode_seconds for r in runs))
+                   other_ms=max(0.0, decode_seconds * 1e3 / n - draft_ms - verify_ms),
+                   tokens_per_pass=tokens_per_pass(decode_tokens, steps),
+                   decode_tokens=decode_tokens, decode_seconds=decode_seconds)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return per_second(self.tokens, self.seconds)
 
     @property
     def decode_tokens_per_s(self) -> float:
         """Tokens per second after each run's prefill: what speculation changes (the prefill is the
         same work for every method, and on long prompts most of the time)."""
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        return per_second(self.decode_tokens, self.decode_seconds)
 
     def mean(self, quantity: DepthQuantity) -> tuple[float, ...]:
         return self.means.get(quantity.name, ())

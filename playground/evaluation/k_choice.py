@@ -23,7 +23,6 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-
 from playground.engines.events import collect
 from playground.engines.request import K_RANGE, GenerationRequest
 from playground.errors import PlaygroundError
@@ -180,7 +179,7 @@ def measure(engine) -> StepCosts:
     per_1k = (long[0].prompt_tokens - short[0].prompt_tokens) / 1000
     slopes = {k + 1: max(0.0, (run.step_ms - short[k].step_ms) / per_1k) for k, run in long.items()}
     per_rows = tuple(_interpolated(slopes, rows) for rows in range(1, K_RANGE[1] + 2))
-    drafter_short = min(runs[1].drafter_prompt_ms for runs in rounds)
+    drafter_short = min(round_runs[1].drafter_prompt_ms for round_runs in rounds)   # k=1's, each round
     drafter_long = min(run.drafter_prompt_ms for runs in long_rounds for run in runs if run.drafter_prompt_ms)
     return StepCosts(described(machine()), engine.target.weights, tuple(run.step_ms for run in short), per_rows,
                      max(0.0, (drafter_long - drafter_short) / per_1k))

@@ -32,11 +32,7 @@ def move_into_huge_pages(owners: list[tuple[object, str]]) -> None:
         return
     total = sum(_padded(t.numel() * t.element_size()) for t in tensors)
     del tensors
-    arena = mmap.mmap(-1, (total + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE,
-                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        arena.madvise(mmap.MADV_HUGEPAGE)
-    memory = torch.frombuffer(arena, dtype=torch.uint8)  # holds the mapping for as long as a view lives
+    memory = _huge_page_bytes(total)
     offset = 0
     for owner, name in owners:
         tensor = getattr(owner, name)
@@ -56,12 +52,19 @@ def move_into_huge_pages(owners: list[tuple[object, str]]) -> None:
 def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor in an anonymous mapping of its own advised into huge pages (anonymous memory
     starts zeroed); the mapping goes with the tensor's last view."""
-    size = _padded(torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size())
+    numel = torch.Size(shape).numel()
+    size = _padded(numel * torch.empty((), dtype=dtype).element_size())
+    return _huge_page_bytes(size)[:size].view(dtype)[:numel].view(shape)
+
+
+def _huge_page_bytes(size: int) -> torch.Tensor:
+    """At least `size` zeroed bytes (whole huge pages) of an anonymous mapping advised into huge pages, as a
+    uint8 tensor that holds the mapping for as long as a view of it lives."""
     arena = mmap.mmap(-1, max(HUGE_PAGE, (size + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE),
                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         arena.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(arena, dtype=torch.uint8)[:size].view(dtype)[:torch.Size(shape).numel()].view(shape)
+    return torch.frombuffer(arena, dtype=torch.uint8)
 
 
 def _release_freed_memory() -> None:
