@@ -166,3 +166,24 @@ def test_the_gguf_target_never_reads_the_float32_projections():
     assert all(torch.equal(t, full.state_dict()[name]) for name, t in read.items())
     assert torch.equal(skeleton.model.rotary_emb.inv_freq, full.model.rotary_emb.inv_freq)
     assert skeleton.generation_config.eos_token_id == full.generation_config.eos_token_id
+
+
+def test_the_tensor_table_is_gguf_readers_every_tensor_byte_for_byte(tmp_path):
+    """Our header walk finds the tensors gguf's own reader finds: names, types, shapes and bytes."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from playground.model.gguf_blocks import tensor_table
+    from playground.model.target import EMBEDDED_GGUF, embedded_gguf_dir
+
+    path = embedded_gguf_dir() / EMBEDDED_GGUF
+    ours, theirs = tensor_table(path), GGUFReader(str(path)).tensors
+    assert list(ours) == [t.name for t in theirs] and len(ours) == 272
+    for tensor in theirs:
+        stored = ours[tensor.name]
+        assert stored.kind == tensor.tensor_type.name
+        assert np.asarray(stored.rows).tobytes() == np.asarray(tensor.data).tobytes(), tensor.name
+    assert {t.kind for t in ours.values()} == {"F32", "Q4_1", "Q8_0"}
+    (tmp_path / "not.gguf").write_bytes(b"GGML" + bytes(40))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        tensor_table(tmp_path / "not.gguf")

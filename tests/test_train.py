@@ -188,6 +188,17 @@ def test_tau_ratio_of_a_drafter_with_itself_is_one():
     assert value == pytest.approx(1 / (1 + 12 / 15)) and lo <= value <= hi
 
 
+def printed(capsys, train_args: list[str]) -> str:
+    """What `train ...` prints, run in this process (a subprocess spends seconds importing the libraries)."""
+    from playground.cli import main
+
+    capsys.readouterr()
+    code = main(["train", *train_args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
 def refused(capsys, train_args: list[str], message: str) -> bool:
     """Whether `train ...` exits non-zero with `message` on stderr (an exception would fail the test itself)."""
     from playground.cli import main
@@ -267,8 +278,7 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
     assert process.returncode == 0 and "stopped at step" in said and "on SIGTERM" in said
     assert 0 < checkpoint_step(stopping) < 100000
     # a step's parts timed: each data folder's longest and median batch, the target's states and both passes
-    costs = json.loads(subprocess.run(cli + ["cost", "--data", str(data), "--batch", "2", "--json"], check=True,
-                                      capture_output=True, text=True).stdout)
+    costs = json.loads(printed(capsys, ["cost", "--data", str(data), "--batch", "2", "--json"]))
     assert [(r["batch"], r["sequences"]) for r in costs["rows"]] == [("longest", 2), ("median", 2)]
     lengths = sorted(len(ex["ids"]) - 1 for shard in data.glob("shard-*.pt") for ex in torch.load(shard))
     assert costs["rows"][0]["longest"] == lengths[-1] and costs["rows"][0]["tokens"] == sum(lengths[-2:])
@@ -276,8 +286,8 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
     # the same measure for a finished drafter: validating its exported checkpoint (bf16 weights)
     # gives what its run logged at that step
     val = json.loads((runs[0] / "val.jsonl").read_text().splitlines()[0])
-    table = subprocess.run(cli + ["validate", "--drafters", str(alone / "drafter"), "--data", str(self_data),
-                                  "--ttt-steps", "2", "--no-bf16"], check=True, capture_output=True, text=True).stdout
+    table = printed(capsys, ["validate", "--drafters", str(alone / "drafter"), "--data", str(self_data),
+                             "--ttt-steps", "2", "--no-bf16"])
     row = next(line for line in table.splitlines() if line.startswith(f"| {alone / 'drafter'} |")).split("|")
     assert float(row[4]) == pytest.approx(val["loss"], rel=1e-2) and int(row[3]) == val["tokens"]
     shipped = ship(runs, engine, max_tokens=4, assets=tmp_path / "assets", prompts=2)

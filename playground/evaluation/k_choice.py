@@ -34,10 +34,6 @@ STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / 
 SHORT_CONTEXT = 64           # about the prompt the step costs are measured at
 MEASURED_TOKENS = 48
 COSTS_VERSION = 4            # bump when what is measured changes: older caches are measured again
-STEP_ROUNDS = 3              # every k once a round, in turns: a burst of load elsewhere slows one of each k's runs
-LONG_KS = (0, 2, 5, 10)      # measured at a long prompt too: a step's cost at 4,000 tokens rises steeply from
-                             # one row to three (attention), then less: k=2 between plain and k=5 was 16% low
-LONG_ROUNDS = 2              # one run of each put plain decoding's extra cost at 2.4 and at 3.7 ms per 1k minutes apart
 ANSWER_TOKENS = 128          # the answer the drafter's pass over the prompt is spread over, where none is given
 
 
@@ -137,6 +133,19 @@ def cache_path(engine) -> Path:
 
 
 @dataclass(frozen=True)
+class MeasurePlan:
+    """How the costs are measured: the runs, and the long prompt's length."""
+    step_rounds: int = 3              # every k once a round, in turns: a burst of load elsewhere slows one of each
+                                      # k's runs
+    long_ks: tuple[int, ...] = (0, 2, 5, 10)   # measured at a long prompt too: a step's cost at 4,000 tokens rises
+                                      # steeply from one row to three (attention), then less: k=2 between plain and
+                                      # k=5 was 16% low
+    long_rounds: int = 2              # one run of each put plain decoding's extra cost at 2.4 and at 3.7 ms per 1k
+                                      # minutes apart
+    long_tokens: int = 4000           # the long prompt's document (LONG_CONTEXT's sizes: 1000, 2000, 4000)
+
+
+@dataclass(frozen=True)
 class MeasuredRun:
     """One engine run's costs: a step's ms after the first (the median: a burst of load elsewhere slows a few
     steps), and the drafter's pass over the prompt."""
@@ -156,26 +165,26 @@ def _run(engine, k: int, prompt: str) -> MeasuredRun:
     return MeasuredRun(statistics.median(steps_ms), drafter_ms, events[0].position)
 
 
-def measure(engine) -> StepCosts:
+def measure(engine, plan: MeasurePlan = MeasurePlan()) -> StepCosts:
     """This host's step costs with the engine's target and EAGLE 3.1 (about two minutes here), every figure
-    from the engine's own runs. At a short prompt each k's step is its fastest of STEP_ROUNDS runs taken
-    in turns (k = 0..10, then again): the cost on this host when nothing else runs, which a median of runs
-    taken one k after another is not while another program comes and goes. At a prompt of about 4,000
-    tokens, LONG_KS in turns, LONG_ROUNDS times (each k's fastest): what a step costs more there, per
-    1,000 tokens of context, by the rows it verifies (interpolated between), and the drafter's pass over
-    that prompt.
+    from the engine's own runs. At a short prompt each k's step is its fastest of the plan's step_rounds
+    runs taken in turns (k = 0..10, then again): the cost on this host when nothing else runs, which a median
+    of runs taken one k after another is not while another program comes and goes. At a prompt of about
+    4,000 tokens, the plan's long_ks in turns, long_rounds times (each k's fastest): what a step costs more
+    there, per 1,000 tokens of context, by the rows it verifies (interpolated between), and the drafter's
+    pass over that prompt.
     Forwards timed alone over a cache (the first way) put plain decoding's extra cost at 4,000 tokens 18%
     above its real runs' and k=2's 6% below, and chose speculation on a 4,000-token prompt where plain
     decoding was faster."""
     from playground.prompts.sets import CHAT, LONG_CONTEXT as DOCUMENTS, document_prompt, long_context
 
     ks = range(K_RANGE[1] + 1)
-    rounds = [[_run(engine, k, CHAT[0]) for k in ks] for _ in range(STEP_ROUNDS)]
+    rounds = [[_run(engine, k, CHAT[0]) for k in ks] for _ in range(plan.step_rounds)]
     short = [min(runs, key=lambda run: run.step_ms) for runs in zip(*rounds)]
-    documents, questions = DOCUMENTS[4000]
-    long_prompt = document_prompt(long_context(4000, documents, engine.target.tokenizer), questions[0])
-    long_rounds = [[_run(engine, k, long_prompt) for k in LONG_KS] for _ in range(LONG_ROUNDS)]
-    long = {k: min(runs, key=lambda run: run.step_ms) for k, runs in zip(LONG_KS, zip(*long_rounds))}
+    documents, questions = DOCUMENTS[plan.long_tokens]
+    long_prompt = document_prompt(long_context(plan.long_tokens, documents, engine.target.tokenizer), questions[0])
+    long_rounds = [[_run(engine, k, long_prompt) for k in plan.long_ks] for _ in range(plan.long_rounds)]
+    long = {k: min(runs, key=lambda run: run.step_ms) for k, runs in zip(plan.long_ks, zip(*long_rounds))}
     per_1k = (long[0].prompt_tokens - short[0].prompt_tokens) / 1000
     slopes = {k + 1: max(0.0, (run.step_ms - short[k].step_ms) / per_1k) for k, run in long.items()}
     per_rows = tuple(_interpolated(slopes, rows) for rows in range(1, K_RANGE[1] + 2))
@@ -193,14 +202,14 @@ def _interpolated(points: dict[int, float], x: int) -> float:
     return points[xs[0]] if x < xs[0] else points[xs[-1]]
 
 
-def costs(engine) -> StepCosts:
-    """This host's step costs: cached, else measured now and cached."""
+def costs(engine, plan: MeasurePlan = MeasurePlan()) -> StepCosts:
+    """This host's step costs: cached, else measured now by the plan and cached."""
     path = cache_path(engine)
     if path.exists():
         data = json.loads(path.read_text())
         return StepCosts(data["host"], data["weights"], tuple(data["step_ms"]), tuple(data["context_ms_per_1k"]),
                          data["drafter_prompt_ms_per_1k"])
-    measured = engine.call(measure, engine)   # where the engine computes, as its runs do
+    measured = engine.call(measure, engine, plan)   # where the engine computes, as its runs do
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(measured), indent=1))
