@@ -5,7 +5,6 @@ says how many, and a point over fewer than FEW_SAMPLES is drawn hollow."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from html import escape
 from typing import Iterable, Mapping, Protocol, Sequence
 
@@ -149,18 +148,6 @@ class MeasuredByDepth(Protocol):
     behind each (None where not known)."""
     def mean(self, quantity: DepthQuantity) -> tuple[float, ...]: ...
     def samples_of(self, quantity: DepthQuantity) -> tuple[int, ...] | None: ...
-
-
-@dataclass(frozen=True)
-class PooledRow:
-    """A report's pooled row (Pooled.to_json: each quantity's means under its name) as a MeasuredByDepth."""
-    row: dict
-
-    def mean(self, quantity: DepthQuantity) -> tuple[float, ...]:
-        return tuple(self.row.get(quantity.name) or ())
-
-    def samples_of(self, quantity: DepthQuantity) -> None:
-        return None
 
 
 def attention(runs: Mapping[str, MeasuredByDepth]) -> go.Figure:

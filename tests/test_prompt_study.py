@@ -9,6 +9,7 @@ import pytest
 import playground.cli as command_line
 from playground.evaluation import prompt_report
 from playground.evaluation.prompt_report import run
+from playground.evaluation.study_report import StudyReport
 from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.prompts.files import read_prompts
 from tests.engines import CountingEngine
@@ -98,7 +99,9 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
     assert len(csv_lines) == 5 and csv_lines[0].startswith("index,id,category,prompt_tokens,skipped,eagle3 tau")
     html = (tmp_path / "report" / "charts.html").read_text()
     assert "tokens per target pass against prompt length" in html and 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000
-    attention = prompt_report.figure_set(res)["sink"]   # each drafter's sink, own-draft and rest lines
+    reloaded = StudyReport.from_json(res)   # the file read back draws what the run drew, and writes what it wrote
+    assert reloaded.to_json() == res
+    attention = prompt_report.figure_set(reloaded)["sink"]   # each drafter's sink, own-draft and rest lines
     assert {(t.legendgroup, t.line.dash) for t in attention.data} == {
         (d, dash) for d in ("eagle3", "eagle3.1") for dash in ("solid", "dot", "dash")}
     rest = next(t for t in attention.data if t.legendgroup == "eagle3.1" and t.line.dash == "dash")
@@ -112,9 +115,9 @@ def test_a_stopped_study_goes_on_where_it_stopped(engine, tmp_path):
         run(CountingEngine(engine, stop_at=3), config, prompts, "mine.txt", tmp_path)
     resumed = CountingEngine(engine)
     res, _ = run(resumed, config, prompts, "mine.txt", tmp_path)
-    assert resumed.calls == 4 and [p["id"] for p in res["prompts"]] == ["prompt 1", "prompt 2", "prompt 3"]
+    assert resumed.calls == 4 and [p.id for p in res.prompts] == ["prompt 1", "prompt 2", "prompt 3"]
     fresh = [u.result for u in measure(engine, prompts, config) if u.result]
-    assert [p["runs"]["eagle3.1"]["mean_acceptance_length"] for p in res["prompts"]] == [
+    assert [p.runs["eagle3.1"].mean_acceptance_length for p in res.prompts] == [
         r.runs["eagle3.1"].tau for r in fresh]
     assert not (tmp_path / "progress.pkl").exists()
 

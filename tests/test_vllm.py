@@ -295,7 +295,8 @@ def test_a_prompt_file_runs_on_the_vllm_servers_several_at_once(vllm, engine, tm
 
     prompts = read_prompts("\n\n".join(PROMPTS))
     config = StudyConfig(drafters=("eagle3", "eagle3.1", "none"), k=K, max_tokens=16, backend="vllm", concurrency=2)
-    res, paths = run(vllm, config, prompts, "mine.txt", tmp_path)
+    report, paths = run(vllm, config, prompts, "mine.txt", tmp_path)
+    res = report.to_json()
     assert [p["id"] for p in res["prompts"]] == ["prompt 1", "prompt 2", "prompt 3"] and len(paths) == 4
     ours = [u.result for u in measure(engine, prompts, StudyConfig(max_tokens=16)) if u.result]
     assert [p["prompt_tokens"] for p in res["prompts"]] == [r.prompt_tokens for r in ours]

@@ -266,7 +266,7 @@ def bench_prompts(args: argparse.Namespace) -> int:
         return 130
     print(prompt_report.markdown(res))
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
-    return 0 if res["lossless"] or vllm else 1
+    return 0 if res.lossless or vllm else 1
 
 
 def bench_ui(args: argparse.Namespace) -> int:
