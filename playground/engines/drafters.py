@@ -13,7 +13,6 @@ import torch
 
 from playground.errors import PlaygroundError
 from playground.model.drafter import DrafterConfig, Eagle3Drafter, load_drafter
-from playground.model.packed_linear import pack_linears
 from playground.model.variants import NAMES, NONE, SHIPPED, shipped_path
 
 RANDOM_SEED = 0
@@ -66,7 +65,7 @@ class DrafterStore:
             drafter = load_drafter(path, self.dtype)
             info = DrafterInfo(path.name, drafter.config.variant, str(path), trained=True)
         self._check_fits(drafter, name)
-        return pack_linears(drafter, self.target.kernels), info
+        return drafter.pack(self.target.kernels), info
 
     def _check_fits(self, drafter: Eagle3Drafter, name: str) -> None:
         c, t = drafter.config, self.target

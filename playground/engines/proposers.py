@@ -21,6 +21,7 @@ from playground.engines.quantities import (FED_BACK_RMS, OWN_DRAFT_ATTENTION, RE
 from playground.engines.sampling import SamplingParams, probabilities
 from playground.engines.tree import ROOT, DraftTree, TreeShape
 from playground.model.drafter import Eagle3Drafter
+from playground.model.kernels import ops
 from playground.model.kv_cache import KVCache
 
 DEFAULT_SINK_TOKENS = 4
@@ -149,24 +150,25 @@ class EagleProposer:
         """propose's loop at temperature 0, every depth in one call (kernels/eagle_step.cpp)."""
         cos, sin = self.drafter.rope(torch.arange(committed, end + k - 1), hidden.dtype)
         c = self.drafter.config
-        drafts, probs, sink, own, rms = torch.ops.playground.eagle_chain(
-            hidden[0], ids, self.embed_tokens.weight, self.step_weights, self.drafter.lm_head.weight,
-            self.draft_vocab_ids, cos, sin, self.cache.keys, self.cache.values, committed, k, c.rms_norm_eps,
-            c.num_attention_heads, self.sink_tokens, c.norm_output)
+        chain = ops.eagle_chain(hidden[0], ids, embedding=self.embed_tokens.weight, weights=self.step_weights,
+                                head=self.drafter.lm_head.weight, draft_to_target=self.draft_vocab_ids, cos=cos, sin=sin,
+                                keys=self.cache.keys, values=self.cache.values, start=committed, k=k,
+                                eps=c.rms_norm_eps, num_heads=c.num_attention_heads, sink_tokens=self.sink_tokens,
+                                norm_output=c.norm_output)
         self.cache.truncate(end)
-        return Proposal(ids=drafts.tolist(), probs=probs.tolist(), sink_attention=sink.tolist(),
-                        self_attention=own.tolist(), hidden_norm=rms.tolist())
+        return Proposal(ids=chain.ids.tolist(), probs=chain.probs.tolist(), sink_attention=chain.sink.tolist(),
+                        self_attention=chain.own.tolist(), hidden_norm=chain.rms.tolist())
 
     def _kernel_step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int,
                      start: int, mask: torch.Tensor | None = None) -> DepthOutput:
         """The drafter's step written at `start`.. with attention causal over its cache, or as `mask`
         [T, start+T] allows, in one call (kernels/eagle_step.cpp)."""
         cos, sin = self.drafter.rope(positions, hidden.dtype)
-        normed, h_pre, sink, own = torch.ops.playground.eagle_step(
-            hidden[0], embeds[0], self.step_weights, cos, sin, self.cache.keys, self.cache.values, start,
-            self.drafter.config.rms_norm_eps, self.drafter.config.num_attention_heads, self.sink_tokens, committed_end,
-            mask)
-        return DepthOutput(normed[None], (normed if self.drafter.config.norm_output else h_pre)[None], sink, own)
+        c = self.drafter.config
+        step = ops.eagle_step(hidden[0], embeds[0], self.step_weights, cos=cos, sin=sin, keys=self.cache.keys,
+                              values=self.cache.values, start=start, eps=c.rms_norm_eps, num_heads=c.num_attention_heads,
+                              sink_tokens=self.sink_tokens, committed_end=committed_end, mask=mask)
+        return DepthOutput(step.normed[None], (step.normed if c.norm_output else step.h_pre)[None], step.sink, step.own)
 
     def _module_step(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, committed_end: int,
                      start: int, mask: torch.Tensor | None = None) -> DepthOutput:

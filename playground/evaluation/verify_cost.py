@@ -22,6 +22,7 @@ import torch
 from playground.evaluation.ceiling import matmul_flops, memory_bandwidth
 from playground.evaluation.tables import markdown_table
 from playground.evaluation.timing import timings
+from playground.model.kernels import ops
 from playground.model.target import Target
 
 
@@ -73,7 +74,6 @@ def measure(target: Target, rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
             contexts: tuple[int, ...] = (128, 1024, 4096), repeats: int = 15) -> Breakdown:
     if target.stack_weights is None:
         raise SystemExit("the verify breakdown times our kernels' stack; they do not run this target here")
-    ops = torch.ops.playground
     projections = [x for layer in target.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     head = target.lm_head
     cache = target.new_cache(max(contexts) + max(rows))
@@ -81,8 +81,9 @@ def measure(target: Target, rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
     tiny_x, tiny_w = torch.randn(1, 64), torch.randn(8, 64)
     tiny_q, tiny_cache = torch.randn(1, target.num_heads, 1, target.head_dim), target.new_cache(8)
     projection_calls = _median_ms(lambda: [ops.rows_linear(tiny_x, tiny_w) for _ in projections], repeats)
-    attention_calls = _median_ms(lambda: [ops.cache_attention(tiny_q, tiny_cache.keys[0], tiny_cache.values[0], 0, None,
-                                                              True) for _ in range(target.num_layers)], repeats)
+    attention_calls = _median_ms(lambda: [ops.cache_attention(tiny_q, tiny_cache.keys[0], tiny_cache.values[0], start=0,
+                                                              mask=None, causal=True)
+                                          for _ in range(target.num_layers)], repeats)
     cells = []
     for context in sorted(contexts):
         cache.truncate(0)
@@ -104,7 +105,7 @@ def measure(target: Target, rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
 
             def attention():
                 for layer in range(target.num_layers):
-                    ops.cache_attention(q, cache.keys[layer], cache.values[layer], context, None, True)
+                    ops.cache_attention(q, cache.keys[layer], cache.values[layer], start=context, mask=None, causal=True)
 
             final = torch.randn(r, target.hidden_size, generator=generator)
             tokens = head(final).argmax(-1).tolist()[:-1]  # every draft the target's own: all rows scored

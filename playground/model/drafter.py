@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from playground.errors import PlaygroundError
+from playground.model.kernels import ops
+from playground.model.packed_linear import PackedLinear, pack_linears
 from playground.model.rope import apply_rope
 from playground.model.variants import EAGLE3, EAGLE31
 
@@ -230,6 +232,15 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))
         # a plain attribute, not a buffer: .to(bfloat16) must not round the frequencies
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        self.kernels = False   # whether our kernels run its fuse and steps: pack() decides, for inference
+
+    def pack(self, kernels: bool) -> Eagle3Drafter:
+        """For inference: every linear packed (model/packed_linear.py), and where `kernels` run them all (float32
+        weights of sizes they take), the fuse and the steps as one call each (kernels/eagle_step.cpp)."""
+        pack_linears(self, kernels)
+        linears = [x for x in self.modules() if isinstance(x, PackedLinear)]
+        self.kernels = self.dtype == torch.float32 and all(x.rows_kernel for x in linears)
+        return self
 
     @property
     def dtype(self) -> torch.dtype:
@@ -237,10 +248,10 @@ class Eagle3Drafter(nn.Module):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [.., n_aux * Ht] -> the first step's hidden input [.., H]."""
-        if getattr(self.fc, "rows_kernel", False) and features.dtype == self.dtype == torch.float32:
+        if self.kernels and features.dtype == torch.float32:
             norms = [norm.weight for norm in self.fc_norm] if self.fc_norm is not None else []
-            fused = torch.ops.playground.eagle_fuse(features.reshape(-1, features.shape[-1]), norms, self.fc.weight,
-                                                    self.config.rms_norm_eps)
+            fused = ops.eagle_fuse(features.reshape(-1, features.shape[-1]), norms=norms, fc=self.fc.weight,
+                                   eps=self.config.rms_norm_eps)
             return fused.view(*features.shape[:-1], fused.shape[-1])
         if self.fc_norm is not None:
             chunks = features.chunk(len(self.fc_norm), dim=-1)
@@ -274,7 +285,7 @@ class Eagle3Drafter(nn.Module):
         steps (and the head: a greedy chain's every depth)."""
         layer, attn, mlp = self.midlayer, self.midlayer.self_attn, self.midlayer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if self.dtype != torch.float32 or not all(getattr(p, "rows_kernel", False) for p in (*projections, self.lm_head)):
+        if not self.kernels:
             return None
         return [layer.input_layernorm.weight, layer.hidden_norm.weight, *(p.weight for p in projections[:4]),
                 layer.post_attention_layernorm.weight, *(p.weight for p in projections[4:]), self.norm.weight]

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from playground.model.kernels import ops
+
 # the row count oneDNN lays the weights out for; any count runs, 1-16 rows all about as fast
 LAYOUT_ROWS = 8
 
@@ -74,7 +76,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rows_kernel:
-            return torch.ops.playground.rows_linear(x, self.weight)
+            return ops.rows_linear(x, self.weight)
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         return F.linear(x, self.weight)

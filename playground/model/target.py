@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from playground.errors import PlaygroundError
 from playground.settings import cache_root
-from playground.model.kernels import ROWS_KERNEL_MAX, status as kernel_status
+from playground.model.kernels import ROWS_KERNEL_MAX, ops, status as kernel_status
 from playground.model.gguf_blocks import GGUFBlocks
 from playground.model.huge_pages import move_into_huge_pages
 from playground.model.kv_cache import KVCache
@@ -296,7 +296,7 @@ class Target:
         and -1 for the rows a rejected draft leaves unread: on our kernels one pass over the head
         that stops scoring them (kernels/rows_linear.cpp); else every row's argmax."""
         if self.lm_head.rows_kernel and final.dtype == torch.float32 and final.shape[0] <= ROWS_KERNEL_MAX:
-            return torch.ops.playground.verify_argmax(final, self.lm_head.weight, tokens, parents).tolist()
+            return ops.verify_argmax(final, self.lm_head.weight, tokens, parents)
         return self.lm_head(final).float().argmax(-1).tolist()
 
     @torch.inference_mode()
@@ -326,10 +326,9 @@ class Target:
     def _layers(self, h, cos, sin, cache, start, mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The decoder stack; also the inputs of the aux layers (EAGLE-3's features)."""
         if self.stack_weights is not None and isinstance(start, int):
-            h, *taps = torch.ops.playground.decoder_layers(
-                h, self.stack_weights, cos, sin, cache.keys, cache.values, start, mask,
-                _is_causal(mask, start, h.shape[1]), self.config.rms_norm_eps, self.num_heads, self.aux_layers)
-            return h, taps
+            return ops.decoder_layers(h, self.stack_weights, cos=cos, sin=sin, keys=cache.keys, values=cache.values,
+                                      start=start, mask=mask, causal=_is_causal(mask, start, h.shape[1]),
+                                      eps=self.config.rms_norm_eps, num_heads=self.num_heads, taps=self.aux_layers)
         taps = []
         for i, layer in enumerate(self.layers):
             if i in self.aux_layers:
