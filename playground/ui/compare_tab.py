@@ -30,8 +30,8 @@ from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored, st
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, RunLog, export
 from playground.ui.step_columns import ColumnsDiff, divergence_marks, step_diff, step_figure, step_note, step_tolerance
-from playground.ui.streams import (MAX_SEED, NEW_SEED, SHARED_CPU, SHARED_NOTE, Limits, StopRequests, backend, follow,
-                                   make_request, stop_handler)
+from playground.ui.streams import (MAX_SEED, NEW_SEED, SHARED_NOTE, STARTING, Frame, Limits, StopRequests, backend,
+                                   drive, make_request, stop_handler)
 
 DRAFTERS, CHAIN_VS_TREE, CHAIN_VS_STOP = "drafters", "chain-vs-tree", "chain-vs-stop"
 MODES = [("two drafters", DRAFTERS), ("chain vs tree, one drafter", CHAIN_VS_TREE),
@@ -261,33 +261,27 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         except Exception as e:
             raise refusal(e) from None
         logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
-        yield update(logs, notes, names, baseline, tolerance, live, True, False)
-        with SHARED_CPU.job() as overlapped:
-            try:
-                for frame in follow(streams, logs, lambda: stops.take(session)):
-                    out = update(logs, notes, names, baseline, tolerance, live, frame.redraw, frame.final)
-                    if frame.final and overlapped():
-                        out["note"] = f"{SHARED_NOTE} {out['note']}"
-                    yield out
-            except Exception as e:
-                yield update(logs, notes, names, baseline, tolerance, live, True, True)
-                raise refusal(e) from None
+        draw = lambda frame: update(logs, notes, names, baseline, tolerance, live, frame)
+        yield draw(STARTING._replace(redraw=True))
+        yield from drive(streams, logs, lambda: stops.take(session), draw)
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
-               tolerance: Tolerance, live: LivePlots, redraw: bool, final: bool) -> dict:
+               tolerance: Tolerance, live: LivePlots, frame: Frame) -> dict:
         summaries = {n: log.summary for n, log in logs.items() if log.events}
         drafted = {n: s for n, s in summaries.items() if n != baseline}
-        steps = step_diff(logs, tolerance) if final else None
+        steps = step_diff(logs, tolerance) if frame.final else None
         out, marks = {}, divergence_marks(steps)
         for slot, name in zip(SLOTS, names):
             out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name),
                                  marks.get(name))
-        shown = live.get(lambda: plots.all_figures(drafted), redraw)   # a final update always redraws
+        shown = live.get(lambda: plots.all_figures(drafted), frame.redraw)   # a final update always redraws
         out |= dict(zip(PLOTS, shown))
         out["table"] = summary_table(summaries, baseline)
-        out["note"] = outputs_note(logs, steps, baseline) if final else ""
+        out["note"] = outputs_note(logs, steps, baseline) if frame.final else ""
+        if frame.shared:
+            out["note"] = f"{SHARED_NOTE} {out['note']}"
         out["step_plot"] = step_figure(logs, steps)
-        out["files"] = export(logs, (*live.figures, *((out["step_plot"],) if steps else ()))) if final else None
+        out["files"] = export(logs, (*live.figures, *((out["step_plot"],) if steps else ()))) if frame.final else None
         return out
 
     handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)

@@ -22,7 +22,7 @@ from playground.ui.controls import (answer_header, beside_label, beside_name, de
 from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, failure_message, input_validator,
                                      named_inputs, refusal, stream_handler)
 from playground.ui.runs import LivePlots, RunLog, export
-from playground.ui.streams import (SHARED_CPU, SHARED_NOTE, Limits, StopRequests, backend, follow, make_request,
+from playground.ui.streams import (SHARED_NOTE, STARTING, Frame, Limits, StopRequests, backend, drive, make_request,
                                    stop_handler)
 
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
@@ -34,7 +34,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
     first = next(iter(backends.values()))
     stored = first_screen.load() if first.capabilities.in_process else None   # recorded in process
     initial = update(stored[0], first_screen.DRAFTERS[0], f"A stored run of this example ({stored[1]}). Press Run to "
-                     "run it live.", LivePlots(), True, True, stored=True) if stored else {}
+                     "run it live.", LivePlots(), Frame(redraw=True, final=True), stored=True) if stored else {}
     shown_steps = len(initial.get("events", []))
     with gr.Row(equal_height=False, elem_id="pg-layout"):
         with gr.Column(scale=2, min_width=300, elem_id="pg-controls"):
@@ -88,18 +88,15 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         except Exception as e:  # bad input: nothing ran
             raise refusal(e) from None
         logs, main, live = {r.drafter: RunLog(r) for r in requests}, requests[0].drafter, LivePlots()
-        yield update(logs, main, note or render.PREFILL_NOTE, live, False, False)
-        with SHARED_CPU.job() as overlapped:
-            try:
-                for frame in follow(streams, logs, lambda: stops.take(session)):
-                    note = without_failed(logs, failed, note)
-                    if frame.final and overlapped():
-                        note = " ".join(filter(None, (note, SHARED_NOTE)))
-                    yield update(logs, main, note, live, frame.redraw, frame.final)
-            except Exception as e:
-                error = refusal(e)
-                yield update(logs, main, note, live, True, True, error.message)
-                raise error from None
+        yield update(logs, main, note or render.PREFILL_NOTE, live, STARTING)
+
+        def draw(frame: Frame) -> dict:
+            nonlocal note
+            note = without_failed(logs, failed, note)
+            shared = SHARED_NOTE if frame.shared else ""
+            return update(logs, main, " ".join(filter(None, (note, shared))), live, frame)
+
+        yield from drive(streams, logs, lambda: stops.take(session), draw)
 
     def run_requests(settings: RunSettings, engine: Engine,
                      choose_k: bool = True) -> tuple[list[GenerationRequest], KChoice | None]:
@@ -157,26 +154,26 @@ def without_failed(logs: dict[str, RunLog], failed: Mapping[str, str], note: str
     return note
 
 
-def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, redraw: bool, final: bool,
-           error: str = "", stored: bool = False) -> dict:
+def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, frame: Frame,
+           stored: bool = False) -> dict:
     """The tab's outputs: the answer, text, cards, inspector and downloads of the run `main`, the plots of
     every run in `logs`."""
     run_log = logs[main]
     summaries = {name: log.summary for name, log in logs.items() if log.events}
     steps = run_log.steps   # what the answer's data-step numbers index, so a clicked token opens its step
     shown, waits = steps, [plots.label(name) for name, log in logs.items() if not log.finished]
-    if run_log.finished and not final:   # the answer ends with the run: the other drafter is still drafting
+    if run_log.finished and not frame.final:   # the answer ends with the run: the other drafter is still drafting
         shown = [*steps[:-1], replace(steps[-1], finish_reason=None)]
         note = " ".join(filter(None, (note, f"{' and '.join(waits)} is finishing beside it, for the plots…")))
-    html = render.answer_html(shown, note, stored) + (render.error_html(error) if error else "")
+    html = render.answer_html(shown, note, stored) + (render.error_html(frame.error) if frame.error else "")
     last = len(steps) - 1
-    figures = live.get(lambda: plots.all_figures(summaries), redraw)   # a final update always redraws
+    figures = live.get(lambda: plots.all_figures(summaries), frame.redraw)   # a final update always redraws
     return {"answer": html, "text": run_log.text,
             "cards": render.figures_html(summaries.get(main)) + render.pair_html(summaries),
             **dict(zip(PLOTS, figures)),
-            "step": gr.update(maximum=max(1, last), value=last) if final else 0,
-            "inspector": render.inspector_html(steps[-1] if final else None),
-            "files": export(logs, live.figures) if final and not stored else None,
+            "step": gr.update(maximum=max(1, last), value=last) if frame.final else 0,
+            "inspector": render.inspector_html(steps[-1] if frame.final else None),
+            "files": export(logs, live.figures) if frame.final and not stored else None,
             "events": steps,
             "tree": tree_view.tree_html(steps[-1] if steps else None)}
 

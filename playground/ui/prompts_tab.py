@@ -22,6 +22,7 @@ from playground.errors import PlaygroundError
 from playground.evaluation import prompt_report
 from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.evaluation.runner import PromptResult
+from playground.evaluation.study_report import StudyReport
 from playground.plots import label
 from playground.prompts.files import PromptFile, PromptFileError, PromptLimits, check_size, \
     read_prompt_file, read_prompts
@@ -160,12 +161,12 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
         source = Path(settings.file).name if settings.file else "pasted prompts"
         texts = [(p.prompt, p.system or "") for p in prompts.prompts]
 
-        def report(intervals: bool) -> tuple[dict, list[PromptResult]]:
+        def report(intervals: bool) -> tuple[StudyReport, list[PromptResult]]:
             """The report of the prompts measured so far, with them: the table shows the same prompts."""
             measured = list(results)
             return prompt_report.results(config, prompts, source, measured, intervals), measured
 
-        def update(shown: tuple[dict, list[PromptResult]], progress: str, redraw: bool, files=None,
+        def update(shown: tuple[StudyReport, list[PromptResult]], progress: str, *, redraw: bool, files=None,
                    figures: dict | None = None) -> dict:
             res, measured = shown
             drawn = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, NOT_YET)
@@ -176,7 +177,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
                     "table": table(measured, [m.name for m in config.methods()], prompts)}
 
         interim = report(False)
-        yield update(interim, progress_html(0, len(prompts.prompts), "starting"), True)
+        yield update(interim, progress_html(0, len(prompts.prompts), "starting"), redraw=True)
         updates, error, how = measure(engine, prompts, config), "", "finished"
         with SHARED_CPU.job() as overlapped:   # the runs of other tabs learn that this study shares their CPU
             try:
@@ -186,13 +187,13 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
                     if stops.take(session):   # the engine is free at once; the report with its intervals follows
                         how = "stopped"
                         line = f"stopped · {_clock(started)} · writing the report"
-                        yield update(interim, progress_html(u.done, u.total, line), False)
+                        yield update(interim, progress_html(u.done, u.total, line), redraw=False)
                         break
                     if pacer.due("text"):
                         redraw = pacer.due("plots")
                         interim = report(False) if redraw else interim
                         line = f"{u.current} · {_clock(started)}"
-                        yield update(interim, progress_html(u.done, u.total, line), redraw)
+                        yield update(interim, progress_html(u.done, u.total, line), redraw=redraw)
             except Exception as e:
                 error, how = failure_message(e), "failed"
             finally:
@@ -202,7 +203,8 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
         files = [str(p) for p in prompt_report.write(final[0], export_folder(), figures)] if results else None
         line = f"{how} · {_clock(started)}" + (" · another visitor's job shared the CPU: speeds are lower than "
                                                 "alone" if overlapped() else "")
-        yield update(final, progress_html(len(results), len(prompts.prompts), line, error), True, files, figures)
+        yield update(final, progress_html(len(results), len(prompts.prompts), line, error), redraw=True, files=files,
+                     figures=figures)
 
     outputs = [*(view[name] for name in STUDY_OUTPUTS), opened]
     handler = stream_handler(StudySettings, (*STUDY_OUTPUTS, "opened"), stream)

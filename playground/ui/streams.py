@@ -17,7 +17,7 @@ from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
-from playground.ui.endpoints import RunSettings, choice, number, text, whole_number
+from playground.ui.endpoints import RunSettings, choice, number, refusal, text, whole_number
 from playground.ui.runs import Pacer, RunLog
 
 log = logging.getLogger("playground.ui")
@@ -108,6 +108,11 @@ class Frame(NamedTuple):
     """A moment the page is due an update: whether the plots are redrawn, and whether it is the last."""
     redraw: bool
     final: bool
+    shared: bool = False   # the last frame of runs during which another visitor's job ran on this CPU
+    error: str = ""        # the last frame of runs a failure ended: its one line
+
+
+STARTING = Frame(redraw=False, final=False)   # before the first step: the page cleared
 
 
 def follow(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog],
@@ -212,3 +217,18 @@ class SharedCpu:
 SHARED_CPU = SharedCpu()
 SHARED_NOTE = ("Another visitor's job ran on this CPU during this run: its speeds are lower than the run alone "
                "would give.")
+
+
+def drive(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog], stop_pressed: Callable[[], bool],
+          draw: Callable[[Frame], dict]) -> Iterator[dict]:
+    """A page event's updates while its runs stream (after the tab's first): draw(frame) for each of
+    follow()'s frames, the last saying whether another job shared the CPU; where a stream raises, draw of a
+    last frame with the failure's line, then the refusal raised (the API caller's error)."""
+    with SHARED_CPU.job() as overlapped:
+        try:
+            for frame in follow(streams, logs, stop_pressed):
+                yield draw(frame._replace(shared=frame.final and overlapped()))
+        except Exception as e:
+            error = refusal(e)
+            yield draw(Frame(redraw=True, final=True, error=error.message))
+            raise error from None
