@@ -41,8 +41,8 @@ _STRING, _ARRAY = 8, 9
 
 def tensor_table(path: Path) -> dict[str, StoredTensor]:
     """A GGUF file's tensors by name, read from its header (format v2/v3: docs/gguf.md in ggml). The
-    metadata is stepped over, not parsed: gguf's own reader builds an object for every one of the
-    tokenizer's 98,000 strings, 4 of the target's 6 seconds of loading."""
+    metadata is stepped over, not parsed: gguf's own reader builds objects for every one of the
+    tokenizer's 98,000 strings (2.4 s here, this 0.05 s), and the target loaded in 5.9 s with it."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     data = np.memmap(path, mode="r")
