@@ -18,8 +18,9 @@ def target(engine):
 @pytest.fixture(scope="session")
 def step_costs(engine):
     """This host's step costs for `--k auto`, measured once a session, afresh: every test that runs k auto,
-    in this process or another, reads the file this writes. Measured at half the runs and half the long
-    prompt (a third of the time), and removed afterwards: the costs `--k auto` keeps are measured in full."""
+    in this process or another, reads the file this writes. Measured by a smaller plan (one round of the
+    short runs, one of the long at a 2,000-token prompt: about a third of the time), and removed afterwards:
+    the costs `--k auto` keeps are measured in full."""
     from playground.evaluation import k_choice
 
     path = k_choice.cache_path(engine)

@@ -71,7 +71,7 @@ def test_the_costs_are_measured_once_on_the_engine_and_read_back(engine, step_co
     # the drafter reads a long prompt's features once, after the first token: tens of ms per 1,000 tokens
     assert measured.drafter_prompt_ms_per_1k > 10
 
-    def measure_again(engine):
+    def measure_again(engine, plan):
         raise AssertionError("measured twice")
 
     monkeypatch.setattr(k_choice, "measure", measure_again)

@@ -47,7 +47,7 @@ def tensor_table(path: Path) -> dict[str, StoredTensor]:
 
     data = np.memmap(path, mode="r")
     header = bytes(data[:24])
-    if header[:4] != b"GGUF" or struct.unpack_from("<I", header, 4)[0] < 2:
+    if len(header) < 24 or header[:4] != b"GGUF" or struct.unpack_from("<I", header, 4)[0] < 2:
         raise ValueError(f"{path} is not a GGUF file of version 2 or later")
     n_tensors, n_values = struct.unpack_from("<QQ", header, 8)
     at, alignment = 24, 32
@@ -84,6 +84,8 @@ def tensor_table(path: Path) -> dict[str, StoredTensor]:
         (kind,) = unpack("<I")
         if key == "general.alignment" and kind == 4:
             (alignment,) = unpack("<I")
+            if alignment == 0:
+                raise ValueError(f"{path}: general.alignment is 0")
         else:
             skip(kind)
     infos = []
