@@ -188,24 +188,27 @@ def test_tau_ratio_of_a_drafter_with_itself_is_one():
     assert value == pytest.approx(1 / (1 + 12 / 15)) and lo <= value <= hi
 
 
-def printed(capsys, train_args: list[str]) -> str:
-    """What `train ...` prints, run in this process (a subprocess spends seconds importing the libraries)."""
+def train_here(capsys, train_args: list[str]) -> tuple[int, str, str]:
+    """`train ...` run in this process (a subprocess spends seconds importing the libraries): its exit
+    status, stdout and stderr."""
     from playground.cli import main
 
     capsys.readouterr()
     code = main(["train", *train_args])
-    out, err = capsys.readouterr()
+    return code, *capsys.readouterr()
+
+
+def printed(capsys, train_args: list[str]) -> str:
+    """What `train ...` prints; it must succeed."""
+    code, out, err = train_here(capsys, train_args)
     assert code == 0, err
     return out
 
 
 def refused(capsys, train_args: list[str], message: str) -> bool:
     """Whether `train ...` exits non-zero with `message` on stderr (an exception would fail the test itself)."""
-    from playground.cli import main
-
-    capsys.readouterr()
-    code = main(["train", *train_args])
-    return code != 0 and message in capsys.readouterr().err
+    code, _, err = train_here(capsys, train_args)
+    return code != 0 and message in err
 
 
 @pytest.mark.slow

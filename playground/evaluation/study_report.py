@@ -44,16 +44,18 @@ class PooledMethod:
         return None
 
     def to_json(self) -> dict:
-        head = {f.name: getattr(self, f.name) for f in fields(self)[:9]}
-        tail = {"tokens_per_s": self.tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s}
-        return head | self.by_depth | tail | (asdict(self.speedups) if self.speedups else {})
+        """Its fields in order, each depth quantity's means where `by_depth` stands and the speed-ups last."""
+        row = asdict(self)
+        by_depth, speedups = row.pop("by_depth"), row.pop("speedups")
+        tail = {name: row.pop(name) for name in ("tokens_per_s", "decode_tokens_per_s")}
+        return row | by_depth | tail | (speedups or {})
 
     @classmethod
     def from_json(cls, row: dict) -> PooledMethod:
-        names = [f.name for f in fields(cls)[:9]]
+        flat = [f.name for f in fields(cls) if f.name not in ("by_depth", "speedups")]
         speedups = Speedups(**{f.name: row[f.name] for f in fields(Speedups)}) if "speedup_vs_none" in row else None
-        return cls(**{n: row[n] for n in names}, by_depth={q.name: row[q.name] for q in DEPTH_QUANTITIES if q.name in row},
-                   tokens_per_s=row["tokens_per_s"], decode_tokens_per_s=row["decode_tokens_per_s"], speedups=speedups)
+        return cls(**{name: row[name] for name in flat}, speedups=speedups,
+                   by_depth={q.name: row[q.name] for q in DEPTH_QUANTITIES if q.name in row})
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored, st
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, RunLog, export
 from playground.ui.step_columns import ColumnsDiff, divergence_marks, step_diff, step_figure, step_note, step_tolerance
-from playground.ui.streams import (MAX_SEED, NEW_SEED, SHARED_NOTE, STARTING, Frame, Limits, StopRequests, backend,
+from playground.ui.streams import (MAX_SEED, NEW_SEED, SHARED_NOTE, Frame, Limits, StopRequests, backend,
                                    drive, make_request, stop_handler)
 
 DRAFTERS, CHAIN_VS_TREE, CHAIN_VS_STOP = "drafters", "chain-vs-tree", "chain-vs-stop"
@@ -262,7 +262,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
             raise refusal(e) from None
         logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
         draw = lambda frame: update(logs, notes, names, baseline, tolerance, live, frame)
-        yield draw(STARTING._replace(redraw=True))
+        yield draw(Frame(redraw=True, final=False))   # before the first step: the plots cleared
         yield from drive(streams, logs, lambda: stops.take(session), draw)
 
     def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
