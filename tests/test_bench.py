@@ -4,16 +4,20 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from playground.engines import chat
 from playground.engines.tree import TreeShape
 from playground.evaluation import report, trees
+from playground.evaluation.bench_report import BenchReport
 from playground.evaluation.benchmark import BenchConfig, collect, results
 from playground.prompts.sets import CATEGORIES, EVAL_KINDS, suite
 from playground.training.prompts import conversations
 from tests.engines import CountingEngine
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_suite_covers_every_category_with_long_contexts_near_their_budget(engine):
@@ -79,6 +83,27 @@ def test_bench_cli_writes_table_json_and_charts_and_is_lossless(tmp_path):
     assert "plotly" in (out / "charts.html").read_text()[:5_000_000]
 
 
+def holds(written, stored) -> bool:
+    """Whether `written` holds every field of `stored` with its value, fields it adds aside."""
+    if isinstance(stored, dict):
+        return isinstance(written, dict) and all(k in written and holds(written[k], v) for k, v in stored.items())
+    if isinstance(stored, list):
+        return isinstance(written, list) and len(written) == len(stored) and all(map(holds, written, stored))
+    return written == stored
+
+
+@pytest.mark.parametrize("name", ["reference", "k-auto"])
+def test_a_stored_suite_report_reads_back_and_writes_every_field_it_held(name):
+    """The shipped reports, the older without the fields added since (the decode phase, the chosen ks, attention
+    to the rest of the context), read as records that write every field again with its value."""
+    stored = json.loads((ROOT / "assets" / "benchmark" / name / "results.json").read_text())
+    read = BenchReport.from_json(stored)
+    again = json.loads(json.dumps(read.to_json()))
+    assert holds(again, stored) and not holds(again | {"lossless": not stored["lossless"]}, stored)
+    assert (again == stored) == (name == "k-auto")   # the newer one has every field already
+    assert report.markdown(read).startswith(f"k={stored['config']['k']}, greedy")
+
+
 def test_an_interrupted_bench_goes_on_from_its_last_finished_prompt(engine, tmp_path):
     config = BenchConfig(drafters=("eagle3.1",), max_tokens=6, categories=("coding",), per_category=2, sweep_ks=())
     progress = tmp_path / "progress.pkl"
@@ -111,25 +136,29 @@ def test_both_tree_benchmarks_build_and_print_their_rows_alike(engine):
     res = results(collect(engine, engine, config), config)
     swept = trees.measure(engine, trees.TreeBenchConfig(drafters=("eagle3.1",), kinds=(EVAL_KINDS["chat"],),
                                                         tree=tree, shapes=(), prompts=1, max_tokens=6))
-    rows = res["trees"] + swept["compare"] + swept["sweep"]
+    rows = [r.to_json() for r in res.trees + swept.compare + swept.sweep]
     assert [r["method"] for r in rows] == ["eagle3.1 · tree 2/2/3", "chain k=5", "tree 2/2/3", "chain k=5"]
     for r in rows:
         assert not (SUITE_TREE_FIELDS | TREE_BENCH_FIELDS) - set(r), (SUITE_TREE_FIELDS | TREE_BENCH_FIELDS) - set(r)
         assert r["kind"] == r["category"] and r["tau"] == r["mean_acceptance_length"]
         assert r["speedup_vs_chain"] == pytest.approx(r["tokens_per_s"] / r["chain_tokens_per_s"])
-    chain = next(r for r in res["rows"] if r["method"] == "eagle3.1")
-    assert res["trees"][0]["chain_tau"] == chain["mean_acceptance_length"] and res["trees"][0]["speedup_vs_none"] > 0
+    chain = res.row("coding", "eagle3.1").pooled
+    assert res.trees[0].chain_tau == chain.mean_acceptance_length and res.trees[0].speedup_vs_none > 0
     # the chain row is the chain's own run, measured again here (greedy: the same steps)
     from playground.engines.stats import summarize
     from playground.evaluation.heldout import eval_requests
 
     alone = summarize(list(engine.generate(eval_requests(EVAL_KINDS["chat"], "eagle3.1", 5, 6)[0])))
-    assert swept["compare"][0]["tau"] == alone.mean_acceptance_length and swept["compare"][0]["tokens"] == alone.tokens
-    assert swept["compare"][0]["chain_tau"] == swept["compare"][0]["tau"] and swept["compare"][0]["tree"] is None
-    assert swept["compare"][1]["tree"] == {"top_k": 2, "depth": 2, "nodes": 3}
+    first = rows[1]   # swept.compare[0]
+    assert first["tau"] == alone.mean_acceptance_length and first["tokens"] == alone.tokens
+    assert first["chain_tau"] == first["tau"] and first["tree"] is None
+    assert rows[2]["tree"] == {"top_k": 2, "depth": 2, "nodes": 3}
+    # the report reads back as it was written, and writes the same file again
+    written = json.loads(json.dumps(res.to_json()))
+    assert json.loads(json.dumps(BenchReport.from_json(written).to_json())) == written
     # one writer: the same table in the suite's report and in the tree benchmark's
-    assert trees.chain_vs_tree_table(res["trees"]) in report.markdown(res)
-    assert trees.chain_vs_tree_table(swept["compare"]) in trees.markdown(swept)
+    assert trees.chain_vs_tree_table(res.trees) in report.markdown(res)
+    assert trees.chain_vs_tree_table(swept.compare) in trees.markdown(swept)
     assert "| coding | eagle3.1 | tree 2/2/3 |" in report.markdown(res)
 
 

@@ -1,10 +1,13 @@
 """`bench draft-stop`: thresholds chosen on held-out prompts, then rules against fixed k on prompts the
 choice never saw, every answer the same as fixed k's."""
 
+import json
+from pathlib import Path
+
 from playground.engines.draft_stop import DraftStop
 from playground.prompts.files import read_prompt_file
 from playground.studies import draft_stops
-from playground.studies.draft_stops import CANDIDATES, DraftStopConfig
+from playground.studies.draft_stops import CANDIDATES, DraftStopConfig, DraftStopReport
 from playground.studies.rejection import SAMPLE
 
 
@@ -21,15 +24,17 @@ def test_thresholds_are_chosen_on_prompts_the_evaluation_never_sees(engine):
 def test_a_measured_choice_keeps_the_fastest_candidate_and_every_answer_equals_fixed_ks(engine):
     config = DraftStopConfig(drafters=("eagle3.1",), prompts=1, documents=0, max_tokens=24)
     result = draft_stops.measure(engine, config)
-    choice = result["choice"]
+    written = json.loads(json.dumps(result.to_json()))   # as results.json holds it, and as it reads back
+    assert json.loads(json.dumps(DraftStopReport.from_json(written).to_json())) == written
+    choice = written["choice"]
     assert [r["method"] for r in choice][0] == "k=5" and len(choice) == 1 + sum(map(len, CANDIDATES.values()))
-    for rules, chosen in zip(CANDIDATES.values(), result["chosen"]["eagle3.1"]):
+    for rules, chosen in zip(CANDIDATES.values(), written["chosen"]["eagle3.1"]):
         fastest = max((r for r in choice if r["rule"] in rules), key=lambda r: r["tokens_per_s"])
         assert chosen == fastest["rule"]
-    rows = result["evaluation"]
+    rows = written["evaluation"]
     assert {r["set"] for r in rows} == {"chat sample"}
     assert [r["method"] for r in rows] == ["k=5", "k=1", "k=2", "k=10", "k=5, a call per depth",
-                                           *(f"k<=10 until {rule}" for rule in result["chosen"]["eagle3.1"])]
+                                           *(f"k<=10 until {rule}" for rule in written["chosen"]["eagle3.1"])]
     for r in choice + rows:
         assert r["answers_differ"] == 0, r
         assert 0 <= r["refused_per_step"] <= r["drafted_per_step"] <= r["k"]
@@ -39,6 +44,14 @@ def test_a_measured_choice_keeps_the_fastest_candidate_and_every_answer_equals_f
     assert steps_of(by_method["k=5, a call per depth"]) == steps_of(by_method["k=5"])   # the same drafts, greedy
     assert by_method["k=5, a call per depth"]["rule"] is None
     assert by_method["k=10"]["drafted_per_step"] > by_method["k=5"]["drafted_per_step"]
-    strict = DraftStop.parse(result["chosen"]["eagle3.1"][0])
+    strict = DraftStop.parse(written["chosen"]["eagle3.1"][0])
     assert by_method[f"k<=10 until {strict}"]["drafted_per_step"] < 10
-    assert "Against fixed k" in draft_stops.markdown(result)
+    assert "Against fixed k" in draft_stops.markdown(result) and result.lossless
+
+
+def test_the_stored_report_reads_back_and_writes_the_same_file_and_table():
+    stored = Path(__file__).resolve().parents[1] / "assets" / "benchmark" / "draft-stop"
+    written = json.loads((stored / "results.json").read_text())
+    report = DraftStopReport.from_json(written)
+    assert json.loads(json.dumps(report.to_json())) == written
+    assert draft_stops.markdown(report) == (stored / "results.md").read_text()

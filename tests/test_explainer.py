@@ -5,12 +5,16 @@ import json
 from playground.engines.quantities import BY_NAME, FED_BACK_RMS, OWN_DRAFT_ATTENTION, SINK_ATTENTION
 from playground.ui import first_screen
 from playground.ui.explainer import (STORED_DRAFT_STOP, STORED_REJECTION, STORED_RESULTS, explainer_markdown, signed,
-                                     stored_probes)
+                                     stored_bench, stored_probes)
 
 
 def test_the_explainers_drift_statement_matches_the_stored_benchmark():
     results = json.loads(STORED_RESULTS.read_text())
-    old, new = stored_probes(results)["eagle3"], stored_probes(results)["eagle3.1"]
+    probes = stored_probes(stored_bench())
+    old, new = probes["eagle3"], probes["eagle3.1"]
+    # the probes are the chat rows' first and deepest values in the file
+    chat = {r["method"]: r for r in results["rows"] if r["category"] == "chat"}
+    assert (old.sink_first, old.rms_last) == (chat["eagle3"]["sink_attention"][0], chat["eagle3"]["hidden_norm"][-1])
     # what the explainer states: EAGLE 3's attention moves away from the sink tokens with depth while
     # its fed-back state grows; EAGLE 3.1's drifts far less and its state keeps one scale
     assert old.sink_last < old.sink_first
@@ -144,7 +148,7 @@ def test_the_page_claim_and_the_readme_say_what_the_stored_data_measured():
     per_pass = {m: tokens_per_pass(sum(r["tokens"] - r["runs"] for r in rows(m)), sum(r["steps"] for r in rows(m)))
                 for m in ("eagle3", "eagle3.1")}
     speedups = [r["speedup_vs_none"] for r in rows("eagle3.1")]
-    line = claim(results)
+    line = claim(stored_bench())
     assert (f"give {per_pass['eagle3.1']:.2f} tokens per target pass to EAGLE 3's {per_pass['eagle3']:.2f}: "
             f"{min(speedups):.2f}x to {max(speedups):.2f}x the speed of no speculation") in line
     assert "They do not make it attend less to its own drafts." in line and "drift" not in line

@@ -18,7 +18,7 @@ from playground.engines.step_diff import DRAFT_QUANTITIES
 from playground.engines.tree import TreeShape
 from playground.ui import render
 from playground.ui.compare_tab import TABLE_HEADERS, outputs_note, slower_reason, summary_table
-from playground.ui.explainer import STORED_RESULTS, stored_speedups
+from playground.ui.explainer import stored_bench, stored_speedups
 from playground.ui.runs import CSV_FIELDS, RunLog, csv_rows, export, file_stem
 from playground.ui.step_columns import QUANTITY_NAMES, divergence_marks, step_diff, step_figure, step_tolerance
 
@@ -220,7 +220,7 @@ def test_outputs_note_says_whether_the_answers_agree(temperature, other, expecte
             "none": log((7, 8, 9))}
     note = outputs_note(logs)
     assert note.startswith(expected) and "one run on a shared CPU, and noisy" in note
-    assert note.endswith(stored_speedups(json.loads(STORED_RESULTS.read_text())))   # beside it, what many runs measured
+    assert note.endswith(stored_speedups(stored_bench()))   # beside it, what many runs measured
 
 
 def test_outputs_note_says_where_two_greedy_runs_of_one_drafter_first_differ_step_by_step(engine):
@@ -262,10 +262,11 @@ def test_outputs_note_says_where_two_greedy_runs_of_one_drafter_first_differ_ste
 
 def test_the_stored_speedups_are_each_drafters_range_over_the_categories():
     host = {"processor": "x86_64", "cpu": "Some CPU", "threads": 2, "torch": "2.13.0"}
-    rows = [{"category": c, "method": m, "speedup_vs_none": v} for c, m, v in (
+    stored = stored_bench()
+    rows = [replace(stored.rows[0], category=c, method=m, speedup_vs_none=v) for c, m, v in (
         ("chat", "none", 1.0), ("chat", "eagle3", 1.2), ("chat", "eagle3.1", 1.4),
         ("code", "none", 1.0), ("code", "eagle3", 0.9), ("code", "eagle3.1", 1.7))]
-    assert stored_speedups({"rows": rows, "machine": host}) == (
+    assert stored_speedups(replace(stored, rows=rows, machine=host)) == (
         "The stored benchmark measured, over its 2 prompt categories, the speed without speculation times "
         "EAGLE 3 0.90x to 1.20x, EAGLE 3.1 1.40x to 1.70x (Some CPU, 2 threads, torch 2.13.0).")
 

@@ -274,15 +274,14 @@ def test_benchmark_suite_and_load_run_on_the_vllm_servers(vllm, engine):
     config = BenchConfig(k=K, max_tokens=12, categories=("coding", "long context 4k"), per_category=1, sweep_ks=(),
                          compare_generate=False, backend="vllm")
     res = results(collect(vllm, engine, config), config)
-    assert res["lossless"], res["mismatches"]    # each drafter's tokens equal the server without speculation
-    rows = {(r["category"], r["method"]): r for r in res["rows"]}
-    assert rows[("long context 4k", "none")]["min_prompt_tokens"] > 4000
-    assert all(r["tokens"] > 0 and r["generate_tokens_per_s"] is None for r in rows.values())
-    res["concurrency"] = throughput(vllm, LoadConfig(concurrency=(1, 4), max_tokens=8, k=K))
-    assert {(r["concurrency"], r["drafter"]) for r in res["concurrency"]} == {
+    assert res.lossless, res.mismatches    # each drafter's tokens equal the server without speculation
+    assert res.row("long context 4k", "none").pooled.min_prompt_tokens > 4000
+    assert all(r.pooled.tokens > 0 and r.generate_tokens_per_s is None for r in res.rows)
+    res = replace(res, concurrency=throughput(vllm, LoadConfig(concurrency=(1, 4), max_tokens=8, k=K)))
+    assert {(r["concurrency"], r["drafter"]) for r in res.concurrency} == {
         (c, d) for c in (1, 4) for d in ("eagle3", "eagle3.1", "none")}
     # each request lasts at most the whole wall time, so a user sees at least the aggregate rate shared out
-    assert all(r["per_user_tokens_per_s"] >= 0.99 * r["tokens_per_s"] / r["concurrency"] > 0 for r in res["concurrency"])
+    assert all(r["per_user_tokens_per_s"] >= 0.99 * r["tokens_per_s"] / r["concurrency"] > 0 for r in res.concurrency)
     table = markdown(res)
     assert "vLLM under load" in table and "the server without speculation" in table
 

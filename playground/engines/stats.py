@@ -14,7 +14,7 @@ Definitions:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -331,6 +331,14 @@ class Pooled:
         out = {k: v for k, v in asdict(self).items() if k != "means"}
         return {**out, **{q.name: self.mean(q) for q in DEPTH_QUANTITIES}, "tokens_per_s": self.tokens_per_s,
                 "decode_tokens_per_s": self.decode_tokens_per_s}
+
+    @classmethod
+    def from_json(cls, row: dict) -> Pooled:
+        """Read back from a report's row (its rates are recomputed; a field written after the row was, such as a
+        depth quantity or the decode phase, reads as absent)."""
+        stored = {f.name: row[f.name] for f in fields(cls) if f.name in row and f.name not in ("acceptance", "means")}
+        return cls(**stored, acceptance=tuple(row["acceptance"]),
+                   means={q.name: tuple(row[q.name]) for q in DEPTH_QUANTITIES if q.name in row})
 
 
 def pool(runs: list[list[StepEvent]]) -> Pooled:

@@ -24,11 +24,11 @@ from playground.engines.stats import Pooled
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.evaluation import drift_signals, report, runner
+from playground.evaluation.bench_report import BenchReport, ChainVsTree, Mismatch, MethodRow, SweepRow
 from playground.evaluation.ceiling import Ceiling, measure as measure_ceiling
 from playground.evaluation.generate_baseline import transformers_greedy
 from playground.evaluation.machine import machine
 from playground.evaluation.runner import Method, PromptResult
-from playground.evaluation.trees import chain_vs_tree_row
 from playground.model.variants import EAGLE3, EAGLE31, NONE, run_name
 from playground.prompts.sets import CATEGORIES, BenchPrompt, suite
 
@@ -128,8 +128,9 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling | None = None) -> dict:
-    """The JSON the report is written from."""
+def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling | None = None,
+            weights: str | None = None) -> BenchReport:
+    """The report, of the prompts that ran."""
     ran = [r for r in measured if r.skipped is None]
     of = lambda categories, method: Pooled.of([r.runs[method] for r in ran if r.category in categories])
     generate_rate = lambda categories: _rate([(len(r.answer), r.reference_seconds) for r in ran
@@ -142,35 +143,26 @@ def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling 
         for method in (NONE, *config.drafters):
             p = pooled[method]
             ks = Counter(r.runs[method].longest_chain for r in ran if r.category == category)
-            rows.append({"category": category, "method": method, **p.to_json(),
-                         "chain_ks": {str(k): n for k, n in sorted(ks.items())},
-                         "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
-                         "decode_speedup_vs_none": _ratio(p.decode_tokens_per_s, none.decode_tokens_per_s),
-                         "vs_generate": p.tokens_per_s / generate_tps if generate_tps else None,
-                         "generate_tokens_per_s": generate_tps})
-        trees += [chain_vs_tree_row(category, drafter, method, config.tree, pooled[method], pooled[drafter], none)
+            rows.append(MethodRow(category, method, p, p.tokens_per_s / none.tokens_per_s,
+                                  p.tokens_per_s / generate_tps if generate_tps else None, generate_tps,
+                                  _ratio(p.decode_tokens_per_s, none.decode_tokens_per_s),
+                                  {str(k): n for k, n in sorted(ks.items())}))
+        trees += [ChainVsTree.of(category, drafter, method, config.tree, pooled[method], pooled[drafter], none)
                   for method, drafter in config.tree_methods().items()]
     sweep = []
     swept = [c for c in config.sweep_categories if any(r.category == c for r in ran)]
     for k in config.sweep_ks if swept else ():
         p = of(swept, sweep_name(config.sweep_drafter, k))
         none, gen_tps = of(swept, NONE), generate_rate(swept)
-        sweep.append({"k": k, "drafter": config.sweep_drafter, **p.to_json(),
-                      "speedup_vs_none": p.tokens_per_s / none.tokens_per_s,
-                      "vs_generate": p.tokens_per_s / gen_tps if gen_tps else None})
-    mismatches = [{"category": r.category, "prompt": r.id, "method": method, "first_differing_token": first}
-                  for r in ran for method, first in r.mismatches]
-    return {
-        "config": asdict(config),
-        "machine": machine(),
-        "rows": rows, "sweep": sweep, "trees": trees,
-        "signals": drift_signals.by_depth(ran, config.drafters, bootstrap_interval) if ran else [],
-        "ceiling": ceiling.to_json() if ceiling is not None else None,
-        "lossless": not mismatches, "mismatches": mismatches,
-    }
+        sweep.append(SweepRow(k, config.sweep_drafter, p, p.tokens_per_s / none.tokens_per_s,
+                              p.tokens_per_s / gen_tps if gen_tps else None))
+    mismatches = [Mismatch(r.category, r.id, method, first) for r in ran for method, first in r.mismatches]
+    return BenchReport(asdict(config), machine(), rows, sweep, trees,
+                       drift_signals.by_depth(ran, config.drafters, bootstrap_interval) if ran else [], ceiling,
+                       not mismatches, mismatches, weights)
 
 
-def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple[dict, list[Path]]:
+def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple[BenchReport, list[Path]]:
     """The suite on the embedded engine, or on the vLLM `servers` (backend "vllm"; then the same
     servers under load too); the report written to `out`. What is measured is saved to
     out/progress.pkl as it goes, so a rerun of the same configuration goes on from there."""
@@ -183,13 +175,13 @@ def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple
 
         with serving(reference, servers) as engine:
             config = config.runnable_on(engine)
-            res = results(collect(engine, reference, config, progress), config)
-            res["concurrency"] = throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k))
+            res = replace(results(collect(engine, reference, config, progress), config),
+                          concurrency=throughput(engine, LoadConfig(max_tokens=min(64, config.max_tokens), k=config.k)))
     else:
         config = config.runnable_on(reference)
         measured_ceiling = measure_ceiling(reference.target, (1, fixed_k(config) + 1))
-        res = results(collect(reference, reference, config, progress), config, measured_ceiling)
-        res["weights"] = reference.target.weights
+        res = results(collect(reference, reference, config, progress), config, measured_ceiling,
+                      reference.target.weights)
     paths = report.write(res, out)
     progress.unlink(missing_ok=True)
     return res, paths

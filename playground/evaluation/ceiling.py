@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from playground.evaluation.timing import timings
-from playground.model.target import Target
+
+if TYPE_CHECKING:
+    from playground.model.target import Target
 
 
 def _best_seconds(fn, repeats: int = 7) -> float:
@@ -46,6 +49,13 @@ class Ceiling:
 
     def to_json(self) -> dict:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+    @classmethod
+    def from_json(cls, row: dict) -> Ceiling:
+        """Read back (JSON writes the token counts as strings)."""
+        by_tokens = lambda times: {int(tokens): ms for tokens, ms in times.items()}
+        return cls(row["weight_bytes"], row["bandwidth_gb_s"], row["matmul_gflop_s"], by_tokens(row["floor_ms"]),
+                   by_tokens(row["measured_ms"]))
 
 
 def measure(target: Target, token_counts: tuple[int, ...] = (1, 6), context: int = 128) -> Ceiling:

@@ -6,6 +6,7 @@ the suite report them alike."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from playground.engines.intervals import Statistic, value_of
@@ -18,10 +19,35 @@ SIGNALS = {q.name: q.label for q in DEPTH_QUANTITIES}
 Interval = Callable[[Statistic, int], "tuple[float, float] | None"]   # None: a report without intervals
 
 
-def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Interval) -> list[dict]:
-    """A row per signal and depth: {"signal", "depth", "mean": {drafter: value}, "ci": {drafter: [lo, hi]},
-    "differences": [{"a", "b", "difference", "ci"}]}. A drafter that measured a signal at no step of a
-    depth has no value there; own-draft attention has no row at depth 1 (there are no drafts before it)."""
+@dataclass(frozen=True)
+class Difference:
+    """Drafter b's mean less drafter a's, with its paired interval."""
+    a: str
+    b: str
+    difference: float
+    ci: list[float] | None
+
+
+@dataclass(frozen=True)
+class SignalRow:
+    """One signal at one draft depth over the prompts: each drafter's mean and interval (a drafter that
+    measured the signal at no step of the depth has none), and each later drafter against the first."""
+    signal: str
+    depth: int
+    mean: dict[str, float]
+    ci: dict[str, list[float] | None]
+    differences: list[Difference]
+
+    def difference(self, a: str, b: str) -> Difference | None:
+        return next((d for d in self.differences if (d.a, d.b) == (a, b)), None)
+
+    @classmethod
+    def from_json(cls, row: dict) -> SignalRow:
+        return cls(row["signal"], row["depth"], row["mean"], row["ci"], [Difference(**d) for d in row["differences"]])
+
+
+def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Interval) -> list[SignalRow]:
+    """A row per signal and depth; own-draft attention has no row at depth 1 (there are no drafts before it)."""
     units, rows, first = len(ran), [], drafters[0]
     for quantity in DEPTH_QUANTITIES:
         signal = quantity.name
@@ -32,29 +58,27 @@ def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Int
                      if any(len(p.counts) >= depth and p.counts[depth - 1] for p in ps)}
             if not means:
                 continue
-            row = {"signal": signal, "depth": depth, "mean": {m: value_of(f, units) for m, f in means.items()},
-                   "ci": {m: listed(interval(f, units)) for m, f in means.items()}, "differences": []}
-            for other in (m for m in drafters[1:] if m in means and first in means):
-                difference = lambda idx, a=means[first], b=means[other]: b(idx) - a(idx)
-                change = row["mean"][other] - row["mean"][first]
-                row["differences"].append({"a": first, "b": other, "difference": change,
-                                           "ci": listed(interval(difference, units))})
-            rows.append(row)
+            mean = {m: value_of(f, units) for m, f in means.items()}
+            differences = [Difference(first, other, mean[other] - mean[first],
+                                      listed(interval(lambda idx, a=means[first], b=means[other]: b(idx) - a(idx),
+                                                      units)))
+                           for other in drafters[1:] if other in means and first in means]
+            rows.append(SignalRow(signal, depth, mean, {m: listed(interval(f, units)) for m, f in means.items()},
+                                  differences))
     return rows
 
 
-def table(rows: list[dict]) -> tuple[str, list[str], list[list[str]]]:
+def table(rows: list[SignalRow]) -> tuple[str, list[str], list[list[str]]]:
     """(title, header, rows) of the signals: a row per signal and depth, a column per drafter and pair."""
-    drafters = list(dict.fromkeys(m for row in rows for m in row["mean"]))
-    pairs = list(dict.fromkeys((d["a"], d["b"]) for row in rows for d in row["differences"]))
+    drafters = list(dict.fromkeys(m for row in rows for m in row.mean))
+    pairs = list(dict.fromkeys((d.a, d.b) for row in rows for d in row.differences))
     cells = []
     for row in rows:
-        digits = BY_NAME[row["signal"]].digits
-        found = {(d["a"], d["b"]): d for d in row["differences"]}
-        cells.append([SIGNALS[row["signal"]], str(row["depth"]),
-                      *(_value(row["mean"][m], row["ci"][m], digits, False) if m in row["mean"] else "–"
-                        for m in drafters),
-                      *(_value(found[p]["difference"], found[p]["ci"], digits, True) if p in found else "–"
+        digits = BY_NAME[row.signal].digits
+        found = {(d.a, d.b): d for d in row.differences}
+        cells.append([SIGNALS[row.signal], str(row.depth),
+                      *(_value(row.mean[m], row.ci[m], digits, False) if m in row.mean else "–" for m in drafters),
+                      *(_value(found[p].difference, found[p].ci, digits, True) if p in found else "–"
                         for p in pairs)])
     return ("Drift signals by depth (95% CI over prompts)",
             ["signal", "depth", *map(label, drafters), *(f"{label(b)} − {label(a)}" for a, b in pairs)], cells)

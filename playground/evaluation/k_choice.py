@@ -26,6 +26,7 @@ from pathlib import Path
 from playground.engines.events import collect
 from playground.engines.request import K_RANGE, GenerationRequest
 from playground.errors import PlaygroundError
+from playground.evaluation.bench_report import BenchReport
 from playground.evaluation.machine import described, machine
 from playground.model.variants import EAGLE31, NONE, SHIPPED
 from playground.settings import cache_root
@@ -88,12 +89,13 @@ def stored_acceptance(drafter: str, results: Path = STORED_RESULTS) -> tuple[flo
     by their steps, carried on past the stored depths at the last two depths' ratio; None where the
     benchmark has no chain rows of it (a checkpoint folder). Read once per process, like the page's
     other shipped reports."""
-    rows = [row for row in json.loads(results.read_text())["rows"] if row["method"] == drafter and row["acceptance"]]
+    rows = [row.pooled for row in BenchReport.from_json(json.loads(results.read_text())).of_method(drafter)
+            if row.pooled.acceptance]
     if not rows:
         return None
-    steps = sum(row["steps"] for row in rows)
-    pooled = [sum(row["acceptance"][d] * row["steps"] for row in rows) / steps
-              for d in range(min(len(row["acceptance"]) for row in rows))]
+    steps = sum(row.steps for row in rows)
+    pooled = [sum(row.acceptance[d] * row.steps for row in rows) / steps
+              for d in range(min(len(row.acceptance) for row in rows))]
     while len(pooled) < K_RANGE[1]:
         ratio = pooled[-1] / pooled[-2] if len(pooled) > 1 and pooled[-2] > 0 else 0.0
         pooled.append(pooled[-1] * min(1.0, ratio))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from playground.engines.quantities import DEPTH_QUANTITIES, DepthQuantity
+from playground.evaluation.drift_signals import SignalRow
 
 Interval = list[float] | None
 
@@ -179,7 +180,7 @@ class StudyReport:
     machine: dict
     pooled: list[PooledMethod]
     ratios: list[PairedRatio]
-    signals: list[dict]                  # drift_signals.by_depth's rows
+    signals: list[SignalRow]
     by_length: list[PromptGroup]
     by_category: list[PromptGroup]
     gains: Gains | None
@@ -190,7 +191,7 @@ class StudyReport:
     def to_json(self) -> dict:
         return {"config": self.config, "source": asdict(self.source), "machine": self.machine,
                 "pooled": [p.to_json() for p in self.pooled], "ratios": [asdict(r) for r in self.ratios],
-                "signals": self.signals, "by_length": [asdict(g) for g in self.by_length],
+                "signals": [asdict(s) for s in self.signals], "by_length": [asdict(g) for g in self.by_length],
                 "by_category": [asdict(g) for g in self.by_category],
                 "gains": self.gains.to_json() if self.gains else {}, "prompts": [asdict(p) for p in self.prompts],
                 "lossless": self.lossless, "mismatches": [asdict(m) for m in self.mismatches]}
@@ -199,7 +200,7 @@ class StudyReport:
     def from_json(cls, res: dict) -> StudyReport:
         return cls(res["config"], Source(**res["source"]), res["machine"],
                    [PooledMethod.from_json(p) for p in res["pooled"]], [PairedRatio(**r) for r in res["ratios"]],
-                   res["signals"], [PromptGroup(**g) for g in res["by_length"]],
+                   [SignalRow.from_json(s) for s in res["signals"]], [PromptGroup(**g) for g in res["by_length"]],
                    [PromptGroup(**g) for g in res["by_category"]], Gains.from_json(res["gains"]),
                    [PromptRow.from_json(p) for p in res["prompts"]], res["lossless"],
                    [Mismatch(**m) for m in res["mismatches"]])

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeVar
 
 NUMBER = re.compile(r"[-+]?[\d.,]+\S*( \(.*\))?")   # 12.5, 1.41x, 3.8%, 0.91 (0.85-0.97)
 NO_VALUE = ("", "-", "–")
+Record = TypeVar("Record")
 
 
 def with_interval(value: float, ci: Sequence[float] | None, digits: int = 2) -> str:
@@ -40,3 +42,9 @@ def write_results(out: Path, result: dict, markdown: str) -> list[Path]:
     paths[0].write_text(markdown)
     paths[1].write_text(json.dumps(result, indent=1))
     return paths
+
+
+def read_record(cls: type[Record], row: dict, **given: Any) -> Record:
+    """A report's record from its JSON row: the fields `cls` declares that the row holds (a field the row
+    lacks, written before the field existed, takes its default), and `given` for those built otherwise."""
+    return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row and f.name not in given}, **given)

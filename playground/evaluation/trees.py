@@ -5,19 +5,20 @@ verify, for both drafters, and a sweep of tree shapes for EAGLE 3.1 on held-out 
 
 Every method answers the same prompts, one prompt at a time and method after method, so the
 machine's drift falls on all of them alike; tokens/s is engine time (waits excluded), greedy.
-A chain-vs-tree row (`chain_vs_tree_row`) and its table (`chain_vs_tree_table`) are the same here
+A chain-vs-tree row (bench_report.ChainVsTree) and its table (`chain_vs_tree_table`) are the same here
 and in the prompt suite's report.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from playground.engines.reference import ReferenceEngine
 from playground.engines.stats import Pooled
 from playground.engines.tree import TreeShape
 from playground.evaluation import runner
+from playground.evaluation.bench_report import ChainVsTree
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
 from playground.evaluation.runner import Method
@@ -40,30 +41,16 @@ class TreeBenchConfig:
     max_tokens: int = 96
 
 
-def chain_vs_tree_row(category: str, drafter: str, method: str, tree: TreeShape | None, pooled: Pooled,
-                      chain: Pooled, none: Pooled | None = None) -> dict:
-    """One method's runs (`tree` None: a chain) against its drafter's chain on the same prompts,
-    and against no speculation where `none` was measured. `kind` and `tau` repeat `category` and
-    `mean_acceptance_length` under the names that `bench trees` results carry."""
-    return {"category": category, "kind": category, "drafter": drafter, "method": method,
-            "tree": asdict(tree) if tree is not None else None, **pooled.to_json(),
-            "tau": pooled.mean_acceptance_length,
-            "speedup_vs_chain": pooled.tokens_per_s / chain.tokens_per_s,
-            "speedup_vs_none": pooled.tokens_per_s / none.tokens_per_s if none is not None else None,
-            "chain_tau": chain.mean_acceptance_length, "chain_tokens_per_s": chain.tokens_per_s,
-            "chain_verify_ms": chain.verify_ms, "chain_draft_ms": chain.draft_ms}
-
-
-def chain_vs_tree_table(rows: list[dict]) -> str:
-    """The markdown table of chain_vs_tree_row rows: each method beside its drafter's chain (a run
-    named "<drafter> · <how>" shows as its how)."""
+def chain_vs_tree_table(rows: list[ChainVsTree]) -> str:
+    """The markdown table of chain-vs-tree rows: each method beside its drafter's chain (a run named
+    "<drafter> · <how>" shows as its how)."""
     head = ["category", "drafter", "method (tree: top-k/depth/nodes)", "chain tau", "tau", "chain tok/s", "tok/s",
             "vs chain", "chain draft ms/step", "draft ms/step", "chain verify ms/step", "verify ms/step"]
-    return markdown_table(head, ([r["category"], r["drafter"], r["method"].partition(SEPARATOR)[2] or r["method"],
-                                  f"{r['chain_tau']:.2f}", f"{r['mean_acceptance_length']:.2f}",
-                                  f"{r['chain_tokens_per_s']:.1f}", f"{r['tokens_per_s']:.1f}",
-                                  f"{r['speedup_vs_chain']:.2f}x", f"{r['chain_draft_ms']:.1f}", f"{r['draft_ms']:.1f}",
-                                  f"{r['chain_verify_ms']:.1f}", f"{r['verify_ms']:.1f}"] for r in rows))
+    return markdown_table(head, ([r.category, r.drafter, r.method.partition(SEPARATOR)[2] or r.method,
+                                  f"{r.chain_tau:.2f}", f"{r.pooled.mean_acceptance_length:.2f}",
+                                  f"{r.chain_tokens_per_s:.1f}", f"{r.pooled.tokens_per_s:.1f}",
+                                  f"{r.speedup_vs_chain:.2f}x", f"{r.chain_draft_ms:.1f}", f"{r.pooled.draft_ms:.1f}",
+                                  f"{r.chain_verify_ms:.1f}", f"{r.pooled.verify_ms:.1f}"] for r in rows))
 
 
 def label(shape: TreeShape | None, k: int) -> str:
@@ -79,8 +66,19 @@ def run_methods(engine, drafter: str, kind: str, shapes: list[TreeShape | None],
     return {m.tree: Pooled.of([r.runs[m.name] for r in measured]) for m in methods}
 
 
-def measure(engine, config: TreeBenchConfig = TreeBenchConfig()) -> dict:
-    """{"compare": rows for chain vs the tree per drafter and kind, "sweep": rows per shape}."""
+@dataclass(frozen=True)
+class TreeBench:
+    """The chain against the tree for each drafter and kind, and the last drafter's chain against each shape."""
+    compare: list[ChainVsTree]
+    sweep: list[ChainVsTree]
+    machine: dict | None = None
+
+    def to_json(self) -> dict:
+        rows = {"compare": [r.to_json() for r in self.compare], "sweep": [r.to_json() for r in self.sweep]}
+        return rows | ({"machine": self.machine} if self.machine is not None else {})
+
+
+def measure(engine, config: TreeBenchConfig = TreeBenchConfig()) -> TreeBench:
     compare, sweep = [], []
     for kind in config.kinds:
         for drafter in config.drafters:
@@ -88,21 +86,21 @@ def measure(engine, config: TreeBenchConfig = TreeBenchConfig()) -> dict:
             compare += _rows(kind, drafter, pooled, config)
         pooled = run_methods(engine, config.drafters[-1], kind, [None, *config.shapes], config)
         sweep += _rows(kind, config.drafters[-1], pooled, config)
-    return {"compare": compare, "sweep": sweep}
+    return TreeBench(compare, sweep)
 
 
-def _rows(kind: str, drafter: str, pooled: dict[TreeShape | None, Pooled], config: TreeBenchConfig) -> list[dict]:
-    return [chain_vs_tree_row(kind, drafter, label(shape, config.k), shape, p, pooled[None])
-            for shape, p in pooled.items()]
+def _rows(kind: str, drafter: str, pooled: dict[TreeShape | None, Pooled], config: TreeBenchConfig
+          ) -> list[ChainVsTree]:
+    return [ChainVsTree.of(kind, drafter, label(shape, config.k), shape, p, pooled[None]) for shape, p in pooled.items()]
 
 
-def markdown(result: dict) -> str:
-    host = f"{described(result['machine'])}\n\n" if "machine" in result else ""
-    return (f"{host}### Chain against tree\n\n{chain_vs_tree_table(result['compare'])}\n\n"
-            f"### Tree shapes\n\n{chain_vs_tree_table(result['sweep'])}\n")
+def markdown(result: TreeBench) -> str:
+    host = f"{described(result.machine)}\n\n" if result.machine is not None else ""
+    return (f"{host}### Chain against tree\n\n{chain_vs_tree_table(result.compare)}\n\n"
+            f"### Tree shapes\n\n{chain_vs_tree_table(result.sweep)}\n")
 
 
-def run(config: TreeBenchConfig, out: Path) -> tuple[dict, list[Path]]:
+def run(config: TreeBenchConfig, out: Path) -> tuple[TreeBench, list[Path]]:
     """Measure on the embedded engine; write results.json and results.md to `out`."""
-    result = {**measure(ReferenceEngine.load(), config), "machine": machine()}
-    return result, write_results(out, result, markdown(result))
+    result = replace(measure(ReferenceEngine.load(), config), machine=machine())
+    return result, write_results(out, result.to_json(), markdown(result))

@@ -21,9 +21,9 @@ k=5's, token for token. `--draft-stop RULE` measures that rule and skips the cho
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from playground.engines.draft_stop import DraftStop
 from playground.engines.reference import ReferenceEngine
@@ -33,7 +33,7 @@ from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
 from playground.evaluation.machine import described, machine
 from playground.evaluation.runner import Method, PromptResult
-from playground.evaluation.tables import markdown_table, write_results
+from playground.evaluation.tables import markdown_table, read_record, write_results
 from playground.model.variants import EAGLE3, EAGLE31
 from playground.prompts.files import read_prompt_file
 from playground.prompts.sets import EVAL_KINDS, suite
@@ -83,19 +83,74 @@ def evaluation_sets(config: DraftStopConfig, tokenizer) -> dict[str, list]:
     return sets
 
 
+@dataclass(frozen=True)
+class StopRow:
+    """One method of one drafter over one prompt set, against fixed k=5 on the same prompts (paired ratios,
+    95% intervals over prompts)."""
+    prompt_set: str
+    drafter: str
+    method: str
+    k: int
+    rule: str | None                  # the rule that ends its chains; None for fixed k
+    prompts: int
+    tau: float
+    tokens_per_step: float            # tokens after the prefill, over every verify step
+    tokens_per_step_vs_k5: float
+    tokens_per_step_vs_k5_ci: list[float]
+    tokens_per_s: float
+    speedup_vs_k5: float
+    speedup_vs_k5_ci: list[float]
+    drafted_per_step: float
+    refused_per_step: float           # drafted, not accepted
+    draft_ms: float
+    verify_ms: float
+    answers_differ: int               # prompts whose answer differs from k=5's
+
+    def to_json(self) -> dict:
+        row = asdict(self)
+        return {"set": row.pop("prompt_set"), **row}
+
+    @classmethod
+    def from_json(cls, row: dict) -> StopRow:
+        return read_record(cls, row, prompt_set=row["set"])
+
+
+@dataclass(frozen=True)
+class DraftStopReport:
+    choice: list[StopRow]             # every candidate on the held-out prompts (none where rules were given)
+    chosen: dict[str, list[str]]      # drafter -> its rules, one per signal
+    evaluation: list[StopRow]         # on the chat sample and the long documents
+    config: dict                      # the DraftStopConfig, as asdict writes it
+    machine: dict | None = None
+
+    @property
+    def lossless(self) -> bool:
+        return not any(r.answers_differ for r in self.evaluation)
+
+    def to_json(self) -> dict:
+        out = {"choice": [r.to_json() for r in self.choice], "chosen": self.chosen,
+               "evaluation": [r.to_json() for r in self.evaluation], "config": self.config}
+        return out | ({"machine": self.machine} if self.machine is not None else {})
+
+    @classmethod
+    def from_json(cls, res: dict) -> DraftStopReport:
+        return cls([StopRow.from_json(r) for r in res["choice"]], res["chosen"],
+                   [StopRow.from_json(r) for r in res["evaluation"]], res["config"], res.get("machine"))
+
+
 def choose(engine, drafter: str, config: DraftStopConfig, progress: Path | None = None
-           ) -> tuple[list[dict], list[str]]:
+           ) -> tuple[list[StopRow], list[str]]:
     """Every candidate on the held-out prompts (k=5 beside them): rows, and the fastest rule per signal."""
     methods = [fixed(5, drafter)] + [ruled(rule, drafter) for rules in CANDIDATES.values() for rule in rules]
     results = _measured(engine, choice_prompts(config), methods, config, progress, f"choice {drafter}")
     rows = [_row("held-out chat and code", drafter, m, results, methods[0]) for m in methods]
-    chosen = [max((r for r in rows if r["rule"] in rules), key=lambda r: r["tokens_per_s"])["rule"]
+    chosen = [max((r for r in rows if r.rule in rules), key=lambda r: r.tokens_per_s).rule
               for rules in CANDIDATES.values()]
     return rows, chosen
 
 
 def evaluate(engine, drafter: str, rules: Sequence[str], config: DraftStopConfig, progress: Path | None = None
-             ) -> list[dict]:
+             ) -> list[StopRow]:
     methods = [fixed(k, drafter) for k in FIXED] + [per_depth(5, drafter)] + [ruled(rule, drafter) for rule in rules]
     rows = []
     for name, prompts in evaluation_sets(config, engine.tokenizer).items():
@@ -113,7 +168,7 @@ def _measured(engine, prompts: list, methods: list[Method], config: DraftStopCon
     return [r for r in results if not r.skipped]
 
 
-def _row(prompt_set: str, drafter: str, method: Method, results: list[PromptResult], base: Method) -> dict:
+def _row(prompt_set: str, drafter: str, method: Method, results: list[PromptResult], base: Method) -> StopRow:
     runs: list[RunTotals] = [r.runs[method.name] for r in results]
     bases = [r.runs[base.name] for r in results]
     pooled = Pooled.of(runs)
@@ -122,21 +177,17 @@ def _row(prompt_set: str, drafter: str, method: Method, results: list[PromptResu
     step_ratio, step_ratio_ci = paired_ratio(per_step(runs), per_step(bases), len(runs))
     steps = max(1, pooled.steps)
     rule = method.draft_stop if method.draft_stop != NEVER else None
-    return {"set": prompt_set, "drafter": drafter, "method": method.name, "k": method.k,
-            "rule": str(rule) if rule else None, "prompts": len(runs), "tau": pooled.mean_acceptance_length,
-            "tokens_per_step": sum(r.decode_tokens for r in runs) / steps, "tokens_per_step_vs_k5": step_ratio,
-            "tokens_per_step_vs_k5_ci": list(step_ratio_ci), "tokens_per_s": pooled.tokens_per_s,
-            "speedup_vs_k5": speedup, "speedup_vs_k5_ci": list(speedup_ci),
-            "drafted_per_step": sum(r.drafted for r in runs) / steps,
-            "refused_per_step": sum(r.drafted - r.accepted for r in runs) / steps,
-            "draft_ms": pooled.draft_ms, "verify_ms": pooled.verify_ms,
-            "answers_differ": sum(1 for r in results if any(m == method.name for m, _ in r.mismatches))}
+    return StopRow(prompt_set, drafter, method.name, method.k, str(rule) if rule else None, len(runs),
+                   pooled.mean_acceptance_length, sum(r.decode_tokens for r in runs) / steps, step_ratio,
+                   list(step_ratio_ci), pooled.tokens_per_s, speedup, list(speedup_ci),
+                   sum(r.drafted for r in runs) / steps, sum(r.drafted - r.accepted for r in runs) / steps,
+                   pooled.draft_ms, pooled.verify_ms,
+                   sum(1 for r in results if any(m == method.name for m, _ in r.mismatches)))
 
 
-def measure(engine, config: DraftStopConfig = DraftStopConfig(), progress: Path | None = None) -> dict:
-    """{"choice": rows on the held-out prompts (none where rules were given), "chosen": {drafter: rules},
-    "evaluation": rows on the chat sample and the long documents}. With `progress` (a folder), each stage
-    is saved prompt by prompt, and the same call goes on after an interruption."""
+def measure(engine, config: DraftStopConfig = DraftStopConfig(), progress: Path | None = None) -> DraftStopReport:
+    """The choice (unless rules were given) and the evaluation. With `progress` (a folder), each stage is
+    saved prompt by prompt, and the same call goes on after an interruption."""
     choice, chosen, evaluation = [], {}, []
     for drafter in config.drafters:
         if config.rules:
@@ -145,34 +196,34 @@ def measure(engine, config: DraftStopConfig = DraftStopConfig(), progress: Path 
             rows, chosen[drafter] = choose(engine, drafter, config, progress)
             choice += rows
         evaluation += evaluate(engine, drafter, chosen[drafter], config, progress)
-    return {"choice": choice, "chosen": chosen, "evaluation": evaluation, "config": asdict(config)}
+    return DraftStopReport(choice, chosen, evaluation, asdict(config))
 
 
-COLUMNS = (("prompts", lambda r: f"{r['set']} ({r['prompts']})"), ("drafter", lambda r: r["drafter"]),
-           ("method", lambda r: r["method"]), ("tau", lambda r: f"{r['tau']:.2f}"),
-           ("tokens/step", lambda r: f"{r['tokens_per_step']:.2f}"), ("tok/s", lambda r: f"{r['tokens_per_s']:.1f}"),
-           ("vs k=5 (95% CI over prompts)", lambda r: f"{r['speedup_vs_k5']:.2f}x ({r['speedup_vs_k5_ci'][0]:.2f}-"
-                                                     f"{r['speedup_vs_k5_ci'][1]:.2f})"),
-           ("drafted/step", lambda r: f"{r['drafted_per_step']:.2f}"),
-           ("refused/step", lambda r: f"{r['refused_per_step']:.2f}"),
-           ("draft ms/step", lambda r: f"{r['draft_ms']:.1f}"),
-           ("verify ms/step", lambda r: f"{r['verify_ms']:.1f}"), ("answers differing", lambda r: r["answers_differ"]))
+COLUMNS: tuple[tuple[str, Callable[[StopRow], object]], ...] = (
+    ("prompts", lambda r: f"{r.prompt_set} ({r.prompts})"), ("drafter", lambda r: r.drafter),
+    ("method", lambda r: r.method), ("tau", lambda r: f"{r.tau:.2f}"),
+    ("tokens/step", lambda r: f"{r.tokens_per_step:.2f}"), ("tok/s", lambda r: f"{r.tokens_per_s:.1f}"),
+    ("vs k=5 (95% CI over prompts)", lambda r: f"{r.speedup_vs_k5:.2f}x ({r.speedup_vs_k5_ci[0]:.2f}-"
+                                              f"{r.speedup_vs_k5_ci[1]:.2f})"),
+    ("drafted/step", lambda r: f"{r.drafted_per_step:.2f}"), ("refused/step", lambda r: f"{r.refused_per_step:.2f}"),
+    ("draft ms/step", lambda r: f"{r.draft_ms:.1f}"), ("verify ms/step", lambda r: f"{r.verify_ms:.1f}"),
+    ("answers differing", lambda r: r.answers_differ))
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[StopRow]) -> str:
     return markdown_table([name for name, _ in COLUMNS], ([cell(r) for _, cell in COLUMNS] for r in rows))
 
 
-def markdown(result: dict) -> str:
-    host = f"{described(result['machine'])}\n\n" if "machine" in result else ""
-    choice = (f"### The thresholds, chosen on held-out prompts\n\n{table(result['choice'])}\n\nchosen: " +
-              "; ".join(f"{d}: {', '.join(rules)}" for d, rules in result["chosen"].items()) + "\n\n"
-              if result["choice"] else "")
-    return f"{host}{choice}### Against fixed k, on prompts the choice never saw\n\n{table(result['evaluation'])}\n"
+def markdown(result: DraftStopReport) -> str:
+    host = f"{described(result.machine)}\n\n" if result.machine is not None else ""
+    choice = (f"### The thresholds, chosen on held-out prompts\n\n{table(result.choice)}\n\nchosen: " +
+              "; ".join(f"{d}: {', '.join(rules)}" for d, rules in result.chosen.items()) + "\n\n"
+              if result.choice else "")
+    return f"{host}{choice}### Against fixed k, on prompts the choice never saw\n\n{table(result.evaluation)}\n"
 
 
-def run(config: DraftStopConfig, out: Path) -> tuple[dict, list[Path]]:
+def run(config: DraftStopConfig, out: Path) -> tuple[DraftStopReport, list[Path]]:
     """Measure on the embedded engine; write results.json and results.md to `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    result = {**measure(ReferenceEngine.load(), config, out), "machine": machine()}
-    return result, write_results(out, result, markdown(result))
+    result = replace(measure(ReferenceEngine.load(), config, out), machine=machine())
+    return result, write_results(out, result.to_json(), markdown(result))

@@ -9,7 +9,7 @@ import gradio as gr
 
 from playground.engines.protocol import Engine
 from playground.ui import compare_tab, playground_tab, prompts_tab, render, servers_tab, tree_view
-from playground.ui.explainer import STORED_RESULTS, claim, explainer_markdown, stored
+from playground.ui.explainer import claim, explainer_markdown, stored_bench
 from playground.ui.streams import Limits
 
 TITLE = "EAGLE 3.1 Playground"
@@ -29,7 +29,7 @@ def create_ui(backends: Mapping[str, Engine], limits: Limits = Limits(),
     """The page; `backends` maps a backend name (e.g. "reference", "vllm") to an engine; the Your servers
     tab watches the vLLM backend's servers and `watched` (name -> URL)."""
     with gr.Blocks(title=TITLE, delete_cache=CACHE_SWEEP) as demo:
-        results = stored(STORED_RESULTS)
+        results = stored_bench()
         gr.Markdown(f"# {TITLE}\n{claim(results) if results else ''}", elem_id="claim")
         with gr.Accordion("What am I looking at?", open=False):
             gr.Markdown(explainer_markdown(), sanitize_html=False)

@@ -26,7 +26,7 @@ from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_d
                                     wire_presets, with_default)
 from playground.ui.endpoints import (COMPARE_OUTPUTS, PLOTS, SLOTS, CompareSettings, RunSettings, column,
                                      input_validator, named_inputs, refusal, stream_handler)
-from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored, stored_speedups
+from playground.ui.explainer import STORED_REJECTION, STORED_RESULTS, stored, stored_bench, stored_speedups
 from playground.ui.presets import DRIFT_EXAMPLE
 from playground.ui.runs import LivePlots, RunLog, export
 from playground.ui.step_columns import ColumnsDiff, divergence_marks, step_diff, step_figure, step_note, step_tolerance
@@ -50,7 +50,7 @@ DRIFT_NOTE = ("*See attention drift* runs EAGLE 3 beside EAGLE 3.1 on the coding
 
 def noise_note() -> str:
     """How far one run's speeds can be trusted, and what the stored benchmark measured over many."""
-    results = stored(STORED_RESULTS)
+    results = stored_bench()
     speedups = stored_speedups(results) if results else ""
     return ("The speeds above are one run on a shared CPU, and noisy: the runs take turns step by step, and a slow "
             "first token lowers a whole run's rate (python -m playground bench measures over many prompts). "
@@ -347,8 +347,8 @@ def stored_rejection_study() -> None:
 
 def generate_note() -> str:
     """What the stored table's two kinds of speedup measure."""
-    rows = (stored(STORED_RESULTS) or {}).get("rows", [])
-    own = [row["vs_generate"] for row in rows if row["method"] == NONE and row.get("vs_generate")]
+    results = stored_bench()
+    own = [row.vs_generate for row in results.of_method(NONE) if row.vs_generate] if results else []
     engine = f" (without speculation it runs {min(own):.1f}x to {max(own):.1f}x as fast)" if own else ""
     return ("*vs none* is the gain from speculation alone: the same engine without a drafter. *vs generate* is "
             f"against transformers' `generate()`, and counts this engine's own kernels too{engine}.")

@@ -11,7 +11,9 @@ from string import Template
 
 from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, SINK_ATTENTION
 from playground.engines.stats import RunSummary, tokens_per_pass
+from playground.evaluation.bench_report import BenchReport
 from playground.evaluation.machine import described
+from playground.studies.draft_stops import DraftStopReport
 from playground.model.variants import EAGLE3, EAGLE31, LABELS
 from playground.ui import first_screen
 
@@ -20,11 +22,18 @@ STORED_REJECTION = STORED_RESULTS.parents[1] / "rejection" / "results.json"
 STORED_DRAFT_STOP = STORED_RESULTS.parents[1] / "draft-stop" / "results.json"
 
 
-@functools.lru_cache(maxsize=4)
-def stored(path: Path) -> dict | None:
-    """A report shipped with the app (the benchmark's, the rejection study's), read once per process; None
-    where it is absent. Its readers do not change it."""
-    return json.loads(path.read_text()) if path.exists() else None
+@functools.lru_cache(maxsize=8)
+def stored(path: Path, record: type | None = None):
+    """A report shipped with the app, read once per process: as `record` (its from_json) where given, else
+    its JSON (the rejection study's); None where it is absent. Its readers do not change it."""
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    return record.from_json(report) if record is not None else report
+
+
+def stored_bench(path: Path = STORED_RESULTS) -> BenchReport | None:
+    return stored(path, BenchReport)
 
 
 CATEGORY = "chat"
@@ -40,11 +49,14 @@ class DepthProbes:
     rms_last: float
 
 
-def stored_probes(results: dict, category: str = CATEGORY) -> dict[str, DepthProbes]:
-    """The chain rows of `category` in a benchmark's results.json, by drafter."""
-    sink, rms = SINK_ATTENTION.name, FED_BACK_RMS.name
-    return {row["method"]: DepthProbes(len(row[sink]), row[sink][0], row[sink][-1], row[rms][0], row[rms][-1])
-            for row in results["rows"] if row["category"] == category and row[sink]}
+def stored_probes(results: BenchReport, category: str = CATEGORY) -> dict[str, DepthProbes]:
+    """The chain rows of `category` in a benchmark's report, by drafter."""
+    probes = {}
+    for row in results.rows:
+        sink, rms = row.pooled.mean(SINK_ATTENTION), row.pooled.mean(FED_BACK_RMS)
+        if row.category == category and sink:
+            probes[row.method] = DepthProbes(len(sink), sink[0], sink[-1], rms[0], rms[-1])
+    return probes
 
 
 def trend(first: float, last: float) -> str:
@@ -63,11 +75,10 @@ def measured(probes: dict[str, DepthProbes], k: int, category: str = CATEGORY) -
             f"to {new.sink_last:.3f} and its fed-back RMS from {new.rms_first:.1f} to {new.rms_last:.1f}.")
 
 
-def suite_signals(results: dict) -> str:
+def suite_signals(results: BenchReport) -> str:
     """How EAGLE 3.1's attention and fed-back state differ from EAGLE 3's over the whole suite, depth by
-    depth, where the paired 95% interval leaves out no difference (results.json's `signals`)."""
-    rows = [r for r in results.get("signals", []) if r["differences"]
-            and (r["differences"][0]["a"], r["differences"][0]["b"]) == (EAGLE3, EAGLE31)]
+    depth, where the paired 95% interval leaves out no difference (the report's `signals`)."""
+    rows = [(r, r.difference(EAGLE3, EAGLE31)) for r in results.signals if r.difference(EAGLE3, EAGLE31)]
     if not rows:
         return ""
 
@@ -75,20 +86,19 @@ def suite_signals(results: dict) -> str:
         parts = []
         for way, holds in (("more", lambda ci: ci[0] > 0), ("less", lambda ci: ci[1] < 0),
                            ("about as much", lambda ci: ci[0] <= 0 <= ci[1])):
-            found = [r for r in rows if r["signal"] == signal and holds(r["differences"][0]["ci"])]
+            found = [(r, d) for r, d in rows if r.signal == signal and holds(d.ci)]
             if found:
-                changes = ", ".join(f"{r['differences'][0]['difference']:+.3f}" for r in found)
+                changes = ", ".join(f"{d.difference:+.3f}" for _, d in found)
                 parts.append(f"{way}{'' if parts else what} at depth{'s' * (len(found) > 1)} "
-                             f"{', '.join(str(r['depth']) for r in found)}"
+                             f"{', '.join(str(r.depth) for r, _ in found)}"
                              + ("" if way == "about as much" else f" ({changes})"))
         return ", ".join(parts)
 
-    rms = {r["depth"]: r["mean"] for r in rows if r["signal"] == FED_BACK_RMS.name}
+    rms = {r.depth: r.mean for r, _ in rows if r.signal == FED_BACK_RMS.name}
     state = (f"; its fed-back state stays at RMS {min(m[EAGLE31] for m in rms.values()):.1f} to "
              f"{max(m[EAGLE31] for m in rms.values()):.1f} where EAGLE 3's grows from {rms[min(rms)][EAGLE3]:.1f} to "
              f"{rms[max(rms)][EAGLE3]:.1f}") if rms else ""
-    prompts = results["config"]["per_category"] * len({row["category"] for row in results["rows"]})
-    return (f"Over the whole suite ({prompts} prompts, EAGLE 3.1 against EAGLE 3 where the paired 95% interval "
+    return (f"Over the whole suite ({results.prompts} prompts, EAGLE 3.1 against EAGLE 3 where the paired 95% interval "
             f"leaves out no difference), EAGLE 3.1 puts "
             f"{compared(OWN_DRAFT_ATTENTION.name, ' of its attention on its own drafts')}; "
             f"{compared(SINK_ATTENTION.name, ' on the sink tokens')}{state}.")
@@ -108,29 +118,28 @@ class SuiteFigures:
     speedups: dict[str, tuple[float, float]]   # the range over categories of the speed-up over no speculation
 
 
-def suite_figures(results: dict) -> SuiteFigures | None:
-    rows = {(r["signal"], r["depth"]): r for r in results.get("signals", [])}
-    rms = {depth: r["mean"] for (signal, depth), r in rows.items() if signal == FED_BACK_RMS.name}
-    own = {depth: r for (signal, depth), r in rows.items() if signal == OWN_DRAFT_ATTENTION.name}
+def suite_figures(results: BenchReport) -> SuiteFigures | None:
+    rms = {r.depth: r.mean for r in results.signals if r.signal == FED_BACK_RMS.name}
+    own = {r.depth: r for r in results.signals if r.signal == OWN_DRAFT_ATTENTION.name}
     if not rms or not own:
         return None
     per_pass = {}
     for method in (EAGLE3, EAGLE31):
-        drafted = [r for r in results["rows"] if r["method"] == method]
-        per_pass[method] = tokens_per_pass(sum(r["tokens"] - r["runs"] for r in drafted), sum(r["steps"] for r in drafted))
+        drafted = [r.pooled for r in results.of_method(method)]
+        per_pass[method] = tokens_per_pass(sum(p.tokens - p.runs for p in drafted), sum(p.steps for p in drafted))
     return SuiteFigures(
-        prompts=results["config"]["per_category"] * len({row["category"] for row in results["rows"]}),
+        prompts=results.prompts,
         rms31=(min(m[EAGLE31] for m in rms.values()), max(m[EAGLE31] for m in rms.values())),
         rms3=(rms[min(rms)][EAGLE3], rms[max(rms)][EAGLE3]), per_pass=per_pass,
-        more_own=tuple(d for d, r in sorted(own.items()) if r["differences"][0]["ci"][0] > 0), own_depths=len(own),
-        deepest=max(own), own_deepest=own[max(own)]["mean"], speedups=speedup_ranges(results))
+        more_own=tuple(d for d, r in sorted(own.items()) if r.difference(EAGLE3, EAGLE31).ci[0] > 0),
+        own_depths=len(own), deepest=max(own), own_deepest=own[max(own)].mean, speedups=speedup_ranges(results))
 
 
-# how the claim names the weights a stored benchmark read (results.json's `weights`; float32 before it had one)
+# how the claim names the weights a stored benchmark read (its `weights`; float32 before it had one)
 WEIGHT_NAMES = {"f32": "float32 weights", "gguf": "Q4_1 GGUF weights"}
 
 
-def claim(results: dict) -> str:
+def claim(results: BenchReport) -> str:
     """The page's one-line claim under its title: what the switches change and what they do not, with the
     speed over no speculation, all from the stored suite ("" without one)."""
     f = suite_figures(results)
@@ -140,13 +149,13 @@ def claim(results: dict) -> str:
     lo, hi = f.speedups[EAGLE31]
     fastest = fastest_k(results)
     at_fastest = (f", {fastest.speedup_vs_none:.2f}x at k={fastest.k}, the fastest on {' and '.join(fastest.categories)}"
-                  if fastest and fastest.k != results["config"]["k"] else "")
+                  if fastest and fastest.k != results.config["k"] else "")
     return (f"EAGLE 3.1 is EAGLE 3 with two switches. On SmolLM2-135M, over {f.prompts} stored prompts, they hold "
             f"the drafter's fed-back state at one scale (RMS {f.rms31[0]:.1f}-{f.rms31[1]:.1f}; EAGLE 3's grows "
             f"{f.rms3[0]:.1f} → {f.rms3[1]:.1f}) and give {f.per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's "
-            f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation at k={results['config']['k']}"
-            f"{at_fastest} ({results['machine']['cpu']}, {results['machine']['threads']} threads, "
-            f"{WEIGHT_NAMES[results.get('weights', 'f32')]}).{not_less}")
+            f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation at k={results.config['k']}"
+            f"{at_fastest} ({results.machine['cpu']}, {results.machine['threads']} threads, "
+            f"{WEIGHT_NAMES[results.weights or 'f32']}).{not_less}")
 
 
 class FastestK(NamedTuple):
@@ -155,16 +164,16 @@ class FastestK(NamedTuple):
     categories: tuple[str, ...]
 
 
-def fastest_k(results: dict) -> FastestK | None:
+def fastest_k(results: BenchReport) -> FastestK | None:
     """EAGLE 3.1's fastest k in the stored benchmark's k sweep, and its speed-up over no speculation there."""
-    sweep = [row for row in results.get("sweep", []) if row["drafter"] == EAGLE31 and row.get("speedup_vs_none")]
+    sweep = [row for row in results.sweep if row.drafter == EAGLE31 and row.speedup_vs_none]
     if not sweep:
         return None
-    best = max(sweep, key=lambda row: row["tokens_per_s"])
-    return FastestK(best["k"], best["speedup_vs_none"], tuple(results["config"]["sweep_categories"]))
+    best = max(sweep, key=lambda row: row.pooled.tokens_per_s)
+    return FastestK(best.k, best.speedup_vs_none, tuple(results.config["sweep_categories"]))
 
 
-def headline(results: dict) -> str:
+def headline(results: BenchReport) -> str:
     """What EAGLE 3.1's switches change on the shipped drafters, and what they do not, over the stored suite:
     the fed-back state's scale, tokens per target pass, and attention to their own drafts."""
     f = suite_figures(results)
@@ -181,22 +190,21 @@ def headline(results: dict) -> str:
             f"({f.own_deepest[EAGLE31]:.2f} against {f.own_deepest[EAGLE3]:.2f} at depth {f.deepest}, the dotted lines).")
 
 
-def speedup_ranges(results: dict) -> dict[str, tuple[float, float]]:
+def speedup_ranges(results: BenchReport) -> dict[str, tuple[float, float]]:
     """By drafter, the lowest and highest speed-up over no speculation the stored benchmark measured over
     its categories."""
     by_method: dict[str, list[float]] = {}
-    for row in results["rows"]:
-        if row["method"] in (EAGLE3, EAGLE31) and row.get("speedup_vs_none"):
-            by_method.setdefault(row["method"], []).append(row["speedup_vs_none"])
+    for row in results.rows:
+        if row.method in (EAGLE3, EAGLE31) and row.speedup_vs_none:
+            by_method.setdefault(row.method, []).append(row.speedup_vs_none)
     return {method: (min(v), max(v)) for method, v in sorted(by_method.items())}
 
 
-def stored_speedups(results: dict) -> str:
+def stored_speedups(results: BenchReport) -> str:
     """The range of speedups over no speculation the stored benchmark measured, by drafter, in a sentence."""
     ranges = ", ".join(f"{LABELS[m]} {lo:.2f}x to {hi:.2f}x" for m, (lo, hi) in speedup_ranges(results).items())
-    categories = len({row["category"] for row in results["rows"]})
-    return (f"The stored benchmark measured, over its {categories} prompt categories, the speed without speculation "
-            f"times {ranges} ({described(results['machine'])}).") if ranges else ""
+    return (f"The stored benchmark measured, over its {len(results.categories)} prompt categories, the speed without "
+            f"speculation times {ranges} ({described(results.machine)}).") if ranges else ""
 
 
 def own_drafts(runs: dict[str, RunSummary]) -> str:
@@ -226,22 +234,22 @@ def rejection(report: dict) -> str:
             "the averages by depth, not as a warning on one draft.")
 
 
-def draft_stop(result: dict) -> str:
+def draft_stop(result: DraftStopReport) -> str:
     """What a chain that stops at a probability rule gained, from `python -m playground bench draft-stop`'s
     report: EAGLE 3.1 on the chat sample, against fixed k=5 and the fastest fixed k."""
-    rows = [r for r in result["evaluation"] if r["set"] == "chat sample" and r["drafter"] == EAGLE31]
-    ruled = next((r for r in rows if (r["rule"] or "").startswith("probability<")), None)
-    fixed = [r for r in rows if r["rule"] is None and r["method"] == f"k={r['k']}"]
+    rows = [r for r in result.evaluation if r.prompt_set == "chat sample" and r.drafter == EAGLE31]
+    ruled = next((r for r in rows if (r.rule or "").startswith("probability<")), None)
+    fixed = [r for r in rows if r.rule is None and r.method == f"k={r.k}"]
     if ruled is None or not fixed:
         return ""
-    best = max(fixed, key=lambda r: r["speedup_vs_k5"])
-    beside = (f"fixed {best['method']} runs faster still ({best['speedup_vs_k5']:.2f}x)"
-              if best["speedup_vs_k5"] > ruled["speedup_vs_k5"] else
-              f"faster than every fixed k (the fastest, {best['method']}, {best['speedup_vs_k5']:.2f}x)")
+    best = max(fixed, key=lambda r: r.speedup_vs_k5)
+    beside = (f"fixed {best.method} runs faster still ({best.speedup_vs_k5:.2f}x)"
+              if best.speedup_vs_k5 > ruled.speedup_vs_k5 else
+              f"faster than every fixed k (the fastest, {best.method}, {best.speedup_vs_k5:.2f}x)")
     return (f"Acting on it, a chain that stops before a draft of probability below "
-            f"{ruled['rule'].partition('<')[2]} (chosen on held-out prompts: `python -m playground bench draft-stop`) "
-            f"runs {LABELS[EAGLE31]} at {ruled['speedup_vs_k5']:.2f}x fixed k=5's tokens/s on the chat sample; "
-            f"{beside} ({described(result['machine'])}).")
+            f"{ruled.rule.partition('<')[2]} (chosen on held-out prompts: `python -m playground bench draft-stop`) "
+            f"runs {LABELS[EAGLE31]} at {ruled.speedup_vs_k5:.2f}x fixed k=5's tokens/s on the chat sample; "
+            f"{beside} ({described(result.machine)}).")
 
 
 def signed(value: float) -> str:
@@ -253,13 +261,14 @@ def explainer_markdown(results_path: Path = STORED_RESULTS, rejection_path: Path
                        draft_stop_path: Path = STORED_DRAFT_STOP) -> str:
     text = Template(Path(__file__).with_name("explainer.md").read_text())
     first = first_screen.load()
-    acting = draft_stop(stored(draft_stop_path)) if stored(draft_stop_path) else ""
+    stops = stored(draft_stop_path, DraftStopReport)
+    acting = draft_stop(stops) if stops else ""
     parts = {"own_drafts": own_drafts({name: run.summary for name, run in first[0].items()}) if first else "",
              "rejection": f"{rejection(stored(rejection_path))} {acting}".strip() if stored(rejection_path) else ""}
-    results = stored(results_path)
+    results = stored_bench(results_path)
     if results is None:
         return text.substitute(measured="Run `python -m playground bench` to measure it on this machine.",
                                headline="What the switches change on this machine's drafters, "
                                         "`python -m playground bench` measures.", **parts)
-    return text.substitute(measured=measured(stored_probes(results), results["config"]["k"]) + " "
+    return text.substitute(measured=measured(stored_probes(results), results.config["k"]) + " "
                            + suite_signals(results), headline=headline(results), **parts)
