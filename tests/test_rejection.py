@@ -8,7 +8,9 @@ import numpy as np
 from playground.engines.events import StepEvent
 from playground.engines.stats import VerifiedDraft, verified_drafts
 from playground.evaluation.runner import PromptResult
+from playground.model.variants import LABELS
 from playground.studies import rejection
+from playground.studies.rejection_report import DRIFT, SIGNALS, RejectionReport, figure, markdown
 
 
 def test_auc_counts_pairs_and_halves_ties():
@@ -29,7 +31,7 @@ def test_only_drafts_the_target_verified_count():
 
 def noise(rng) -> dict[str, float]:
     """Every drift signal drawn at random."""
-    return {name: rng.uniform() for name in rejection.DRIFT}
+    return {name: rng.uniform() for name in DRIFT}
 
 
 def synthetic(prompts: int, seed: int = 0) -> list[PromptResult]:
@@ -48,16 +50,16 @@ def synthetic(prompts: int, seed: int = 0) -> list[PromptResult]:
 
 def test_a_signal_that_decides_acceptance_separates_and_noise_and_shuffled_verdicts_do_not():
     config = rejection.RejectionConfig(drafters=("eagle3.1",), k=2)
-    report = rejection.analyse(synthetic(30), config, resamples=300)["drafters"]["eagle3.1"]
-    for row in report["by_depth"]:
-        low, high = row["auc_ci"]
-        if row["signal"] == "probability":
+    report = rejection.analyse(synthetic(30), config, resamples=300).drafters["eagle3.1"]
+    for row in report.by_depth:
+        low, high = row.auc_ci
+        if row.signal == "probability":
             assert low > 0.6, row   # P(accepted) = p: an AUC near 0.83
-            assert row["null_band"][0] <= 0.5 <= row["null_band"][1] < low, row
+            assert row.null_band[0] <= 0.5 <= row.null_band[1] < low, row
         else:
             assert low <= 0.5 <= high, row
-    assert report["added_value"]["gain_ci"][0] <= 0 <= report["added_value"]["gain_ci"][1]
-    assert report["added_value"]["probability_auc"] > 0.7
+    assert report.added_value.gain_ci[0] <= 0 <= report.added_value.gain_ci[1]
+    assert report.added_value.probability_auc > 0.7
 
 
 def test_the_within_prompt_auc_counts_only_pairs_of_one_prompt():
@@ -88,20 +90,37 @@ def confounded(prompts: int, seed: int = 0) -> list[PromptResult]:
 
 def test_a_signal_that_only_tells_the_prompt_apart_says_nothing_within_prompts():
     config = rejection.RejectionConfig(drafters=("eagle3.1",), k=1)
-    rows = {r["signal"]: r for r in rejection.analyse(confounded(40), config, resamples=300)["drafters"]["eagle3.1"]
-            ["by_depth"]}
+    report = rejection.analyse(confounded(40), config, resamples=300)
+    rows = {r.signal: r for r in report.drafters["eagle3.1"].by_depth}
     sink, probability = rows["sink_attention"], rows["probability"]
-    assert sink["auc_ci"][0] > 0.55, sink                                   # pooled, the prompt's level shows
-    assert sink["within_auc_ci"][0] <= 0.5 <= sink["within_auc_ci"][1], sink   # within prompts, nothing
-    assert probability["within_auc_ci"][0] > 0.55, probability
+    assert sink.auc_ci[0] > 0.55, sink                                   # pooled, the prompt's level shows
+    assert sink.within_auc_ci[0] <= 0.5 <= sink.within_auc_ci[1], sink   # within prompts, nothing
+    assert probability.within_auc_ci[0] > 0.55, probability
     # shuffled within prompts, the verdicts keep each prompt's acceptance: the band moves off 0.5 only as far
     # as the prompts' differences carry, and the probability stays above it
-    low, high = probability["null_within_band"]
-    assert high < probability["auc_ci"][0], probability
-    assert probability["null_band"][0] <= 0.5 <= probability["null_band"][1], probability
+    low, high = probability.null_within_band
+    assert high < probability.auc_ci[0], probability
+    assert probability.null_band[0] <= 0.5 <= probability.null_band[1], probability
+    # as results.json holds it: the controls on the probability's row only, and it reads back as written
+    written = json.loads(json.dumps(report.to_json()))
+    assert {"null_band", "null_within_band"} <= set(written["drafters"]["eagle3.1"]["by_depth"][0])
+    assert not any("null_band" in r for r in written["drafters"]["eagle3.1"]["by_depth"][1:])
+    assert json.loads(json.dumps(RejectionReport.from_json(written).to_json())) == written
 
 
 STORED = rejection.Path(__file__).resolve().parents[1] / "assets" / "benchmark" / "rejection" / "results.json"
+
+
+def test_the_stored_report_reads_back_and_writes_the_same_file_and_table():
+    written = json.loads(STORED.read_text())
+    report = RejectionReport.from_json(written)
+    assert json.loads(json.dumps(report.to_json())) == written
+    table = markdown(report)
+    for name, part in written["drafters"].items():
+        for r in part["by_depth"]:
+            assert f"{r['auc']:.2f} ({r['auc_ci'][0]:.2f}–{r['auc_ci'][1]:.2f})" in table
+        gain = part["added_value"]["gain"]
+        assert f"| {LABELS[name]} |" in table and f"{gain:+.3f}" in table
 
 
 def test_the_stored_reports_control_is_at_chance_and_the_probability_far_from_it():
@@ -114,13 +133,13 @@ def test_the_stored_reports_control_is_at_chance_and_the_probability_far_from_it
 
 def test_the_figure_draws_each_drafters_aucs_with_their_intervals_and_the_shuffled_band():
     report = json.loads(STORED.read_text())
-    fig = rejection.figure(report)
+    fig = figure(RejectionReport.from_json(report))
     drafters = list(report["drafters"])
     for col, drafter in enumerate(drafters, start=1):
         axis = "x" if col == 1 else f"x{col}"
         traces = [t for t in fig.data if t.xaxis == axis]
         rows = report["drafters"][drafter]["by_depth"]
-        for signal, title in rejection.SIGNALS.items():
+        for signal, title in SIGNALS.items():
             line = next(t for t in traces if t.name == title)
             mine = [r for r in rows if r["signal"] == signal]
             assert list(line.x) == [r["depth"] for r in mine] and list(line.y) == [r["auc"] for r in mine]
@@ -129,6 +148,6 @@ def test_the_figure_draws_each_drafters_aucs_with_their_intervals_and_the_shuffl
             assert np.allclose(tops, [r["auc_ci"][1] for r in mine])
             assert np.allclose(bottoms, [r["auc_ci"][0] for r in mine])
         band = next(t for t in traces if t.name == "verdicts shuffled within prompts (draft probability)")
-        nulls = [r.get("null_within_band", r["null_band"]) for r in rows if "null_band" in r]
+        nulls = [r["null_within_band"] for r in rows if "null_band" in r]
         assert max(band.y) == max(hi for _, hi in nulls) and min(band.y) == min(lo for lo, _ in nulls)
     assert f"{report['prompts']} prompts" in fig.layout.title.text

@@ -328,12 +328,12 @@ def bench_long_context(args: argparse.Namespace) -> int:
 
 
 def bench_rejection(args: argparse.Namespace) -> int:
-    from playground.studies import rejection
+    from playground.studies import rejection, rejection_report
 
     config = rejection.RejectionConfig(drafters=tuple(args.drafters), k=args.k, max_tokens=args.max_tokens,
                                        prompts=args.prompts)
     report, paths = rejection.run(config, args.out or Path("assets/benchmark/rejection"))
-    print(rejection.markdown(report))
+    print(rejection_report.markdown(report))
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0
 

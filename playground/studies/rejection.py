@@ -23,31 +23,26 @@ on (prompts in five folds), and the paired difference of their AUCs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from playground import plots
 from playground.engines.intervals import bootstrap_interval
-from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, REST_ATTENTION, SINK_ATTENTION
+from playground.engines.quantities import REST_ATTENTION
 from playground.engines.reference import ReferenceEngine
-from playground.evaluation import drift_signals, runner
+from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
-from playground.evaluation.machine import described, machine
+from playground.evaluation.machine import machine
 from playground.evaluation.runner import Method, PromptResult
-from playground.evaluation.tables import markdown_table, write_results
-from playground.model.variants import EAGLE3, EAGLE31, LABELS as DRAFTER_LABELS
+from playground.evaluation.tables import write_results
+from playground.model.variants import EAGLE3, EAGLE31
 from playground.prompts.files import read_prompt_file
 from playground.prompts.sets import EVAL_KINDS
+from playground.studies.rejection_report import (DRIFT, SIGNALS, AddedValue, AucRow, DrafterVerdicts, RejectionReport,
+                                                 markdown)
 
-SIGNALS = {"probability": "draft probability", **drift_signals.SIGNALS}
-SIGNAL_COLORS = {"probability": "#1e293b", SINK_ATTENTION.name: "#0d9488", OWN_DRAFT_ATTENTION.name: "#db2777",
-                 REST_ATTENTION.name: "#7c3aed", FED_BACK_RMS.name: "#ca8a04"}
-DRIFT = tuple(drift_signals.SIGNALS)   # what the drift story is about
 # the model's inputs: the attention on the rest of the context is what sink and own leave, so it adds nothing
 # to a model that has both
 MODEL_INPUTS = tuple(name for name in DRIFT if name != REST_ATTENTION.name)
@@ -159,7 +154,7 @@ def interval_of(statistic, units: int, resamples: int) -> tuple[float, float]:
     return bootstrap_interval(lambda idx: np.nan_to_num(statistic(idx), nan=0.5), units, resamples=resamples)
 
 
-def depth_rows(drafts: Drafts, units: int, depths: int, resamples: int) -> list[dict]:
+def depth_rows(drafts: Drafts, units: int, depths: int, resamples: int) -> list[AucRow]:
     """Per depth and signal: the AUC with its interval, the within-prompt AUC with its own, the counts,
     and the shuffled-verdict controls (pooled, and within prompts)."""
     rows, shuffle = [], np.random.default_rng(SEED)
@@ -171,20 +166,19 @@ def depth_rows(drafts: Drafts, units: int, depths: int, resamples: int) -> list[
                 continue                                               # there are no own drafts to attend to)
             groups, values = _by_prompt(reported, drafts, units), drafts.signals[name]
             statistic = auc_statistic(values, drafts.accepted, groups)
-            row = {"depth": depth, "signal": name, "accepted": int(drafts.accepted[reported].sum()),
-                   "rejected": int((~drafts.accepted[reported]).sum()),
-                   "auc": float(statistic(np.arange(units))[0]), "auc_ci": interval_of(statistic, units, resamples),
-                   "acceptance_by_quartile": quartile_rates(values[reported], drafts.accepted[reported])}
             within = within_statistic(values, drafts.accepted, groups)
-            row |= {"within_auc": float(within(np.arange(units))[0]), "within_auc_ci": interval_of(within, units, resamples)}
+            row = AucRow(depth, name, int(drafts.accepted[reported].sum()), int((~drafts.accepted[reported]).sum()),
+                         float(statistic(np.arange(units))[0]), interval_of(statistic, units, resamples),
+                         quartile_rates(values[reported], drafts.accepted[reported]),
+                         float(within(np.arange(units))[0]), interval_of(within, units, resamples))
             if name == "probability":   # the negative controls, on the strongest signal
                 verdicts = drafts.accepted[reported]
                 null = [auc(values[reported][v], values[reported][~v])
                         for v in (shuffle.permutation(verdicts) for _ in range(SHUFFLES))]
                 null_within = [auc(values[reported][v[reported]], values[reported][~v[reported]])
                                for v in (shuffled_within(drafts.accepted, groups, shuffle) for _ in range(SHUFFLES))]
-                row |= {"null_auc": float(np.mean(null)), "null_band": _band(null),
-                        "null_within_auc": float(np.mean(null_within)), "null_within_band": _band(null_within)}
+                row = replace(row, null_auc=float(np.mean(null)), null_band=_band(null),
+                              null_within_auc=float(np.mean(null_within)), null_within_band=_band(null_within))
             rows.append(row)
     return rows
 
@@ -235,7 +229,7 @@ def out_of_fold_scores(drafts: Drafts, names: Sequence[str], units: int, depths:
     return scores
 
 
-def added_value(drafts: Drafts, units: int, depths: int, resamples: int) -> dict:
+def added_value(drafts: Drafts, units: int, depths: int, resamples: int) -> AddedValue:
     """AUC of probability (and depth) alone, with attention and RMS added, and their paired difference."""
     base = out_of_fold_scores(drafts, ["probability"], units, depths)
     full = out_of_fold_scores(drafts, ["probability", *MODEL_INPUTS], units, depths)
@@ -243,130 +237,24 @@ def added_value(drafts: Drafts, units: int, depths: int, resamples: int) -> dict
     alone, both = (auc_statistic(s, drafts.accepted, groups) for s in (base, full))
     gain = lambda idx: both(idx) - alone(idx)
     everything = np.arange(units)
-    return {"probability_auc": float(alone(everything)[0]), "probability_auc_ci": interval_of(alone, units, resamples),
-            "with_attention_auc": float(both(everything)[0]),
-            "with_attention_auc_ci": interval_of(both, units, resamples),
-            "gain": float(gain(everything)[0]), "gain_ci": bootstrap_interval(gain, units, resamples=resamples)}
+    return AddedValue(float(alone(everything)[0]), interval_of(alone, units, resamples), float(both(everything)[0]),
+                      interval_of(both, units, resamples), float(gain(everything)[0]),
+                      bootstrap_interval(gain, units, resamples=resamples))
 
 
-def analyse(results: Sequence[PromptResult], config: RejectionConfig, resamples: int = 1000) -> dict:
+def analyse(results: Sequence[PromptResult], config: RejectionConfig, resamples: int = 1000) -> RejectionReport:
     units = len(results)
-    report = {"config": asdict(config), "prompts": units, "drafters": {}}
+    verdicts = {}
     for drafter in config.drafters:
         drafts = Drafts.of(results, drafter)
-        report["drafters"][drafter] = {"drafts": len(drafts.depth),
-                                       "by_depth": depth_rows(drafts, units, config.k, resamples),
-                                       "added_value": added_value(drafts, units, config.k, resamples)}
-    return report
+        verdicts[drafter] = DrafterVerdicts(len(drafts.depth), depth_rows(drafts, units, config.k, resamples),
+                                            added_value(drafts, units, config.k, resamples))
+    return RejectionReport(asdict(config), units, verdicts)
 
 
-def _ci(interval: Sequence[float]) -> str:
-    return f"{interval[0]:.2f}–{interval[1]:.2f}"
-
-
-def markdown(report: dict) -> str:
-    config = report["config"]
-    lines = [f"{report['prompts']} prompts (the shipped sample and the held-out {', '.join(config['kinds'])}), k="
-             f"{config['k']}, greedy, up to {config['max_tokens']} tokens; {described(report['machine'])}", "",
-             "AUC: the chance that an accepted draft's value is higher than a rejected draft's at the same depth "
-             "(95% bootstrap interval over prompts); 0.5 says nothing, below 0.5 higher values go with rejection.",
-             ""]
-    by_depth, within = [], []
-    for drafter, part in report["drafters"].items():
-        for depth in range(1, config["k"] + 1):
-            rows = {r["signal"]: r for r in part["by_depth"] if r["depth"] == depth}
-            if not rows:
-                continue
-            first, control = next(iter(rows.values())), rows.get("probability")
-            head = [DRAFTER_LABELS.get(drafter, drafter), depth, f"{first['accepted']} / {first['rejected']}"]
-            by_depth.append([*head, *(f"{rows[s]['auc']:.2f} ({_ci(rows[s]['auc_ci'])})" if s in rows else "–"
-                                      for s in SIGNALS),
-                             _ci(control.get("null_within_band", control["null_band"])) if control else "–"])
-            within.append([*head, *(f"{rows[s]['within_auc']:.2f} ({_ci(rows[s]['within_auc_ci'])})"
-                                    if "within_auc" in rows.get(s, {}) else "–" for s in SIGNALS)])
-    lines.append(markdown_table(["drafter", "depth", "verified (accepted / rejected)", *SIGNALS.values(),
-                                 "no information (verdicts shuffled within prompts)"], by_depth))
-    if any(cell != "–" for row in within for cell in row[3:]):
-        lines += ["", "Within prompts: the AUC over pairs of drafts from the same prompt only (95% bootstrap interval "
-                  "over prompts):", "",
-                  markdown_table(["drafter", "depth", "verified (accepted / rejected)", *SIGNALS.values()], within)]
-    lines += ["", "Acceptance rate by quartile of each signal within its depth (lowest quartile first), all depths:", "",
-              markdown_table(["drafter", *SIGNALS.values()],
-                             ([DRAFTER_LABELS.get(drafter, drafter),
-                               *(" ".join(f"{v:.2f}" for v in quartiles_pooled(part["by_depth"], name)) or "–"
-                                 for name in SIGNALS)] for drafter, part in report["drafters"].items()))]
-    added = [(DRAFTER_LABELS.get(drafter, drafter), part["added_value"]) for drafter, part in report["drafters"].items()]
-    lines += ["", "Does attention add to the probability? Logistic models scored on prompts they were not fitted on "
-              "(AUC over all verified drafts, depth in both models):", "",
-              markdown_table(["drafter", "probability and depth", "+ sink, own-draft attention and RMS", "gain"],
-                             ([name, f"{a['probability_auc']:.3f} ({_ci(a['probability_auc_ci'])})",
-                               f"{a['with_attention_auc']:.3f} ({_ci(a['with_attention_auc_ci'])})",
-                               f"{a['gain']:+.3f} ({a['gain_ci'][0]:+.3f} to {a['gain_ci'][1]:+.3f})"]
-                              for name, a in added))]
-    return "\n".join(lines) + "\n"
-
-
-def figure(report: dict) -> go.Figure:
-    """The report's AUCs by depth: a panel per drafter, a line per signal with its 95% interval, the grey
-    band where the probability's AUC falls with each prompt's verdicts shuffled, and 0.5 (tells nothing) dotted."""
-    drafters = list(report["drafters"])
-    lows = [r["auc_ci"][0] for part in report["drafters"].values() for r in part["by_depth"]]
-    fig = make_subplots(rows=1, cols=len(drafters), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[plots.label(name) for name in drafters])
-    for col, drafter in enumerate(drafters, start=1):
-        rows = report["drafters"][drafter]["by_depth"]
-        band = [(r["depth"], *r.get("null_within_band", r["null_band"])) for r in rows if "null_band" in r]
-        fig.add_scatter(x=[d for d, _, _ in band] + [d for d, _, _ in reversed(band)],
-                        y=[hi for _, _, hi in band] + [lo for _, lo, _ in reversed(band)], fill="toself", mode="lines",
-                        fillcolor="rgba(107,114,128,0.2)", line=dict(width=0), hoverinfo="skip", row=1, col=col,
-                        name="verdicts shuffled within prompts (draft probability)", legendgroup="shuffled",
-                        showlegend=col == 1)
-        for signal, title in SIGNALS.items():
-            mine = [r for r in rows if r["signal"] == signal]
-            fig.add_scatter(x=[r["depth"] for r in mine], y=[r["auc"] for r in mine], mode="lines+markers",
-                            error_y=dict(type="data", symmetric=False, thickness=1, width=3,
-                                         array=[r["auc_ci"][1] - r["auc"] for r in mine],
-                                         arrayminus=[r["auc"] - r["auc_ci"][0] for r in mine]),
-                            line=dict(color=SIGNAL_COLORS[signal], width=1.6), name=title, legendgroup=signal,
-                            showlegend=col == 1, row=1, col=col,
-                            customdata=[[*r["auc_ci"], r["accepted"], r["rejected"]] for r in mine],
-                            hovertemplate=f"{plots.label(drafter)} · {title}<br>depth %{{x}}: AUC %{{y:.2f}} "
-                                          "(%{customdata[0]:.2f}–%{customdata[1]:.2f}), %{customdata[2]} "
-                                          "accepted / %{customdata[3]} rejected<extra></extra>")
-        fig.add_hline(y=0.5, line=dict(color="#6b7280", dash="dot", width=1), row=1, col=col)
-    plots.layout(fig, f"What predicts a rejection: AUC, {report['prompts']} prompts",
-                 "AUC (accepted above rejected)", [min(0.3, *lows) - 0.02, 1.0],
-                 key=["bars: 95% interval · dotted 0.5, grey: no information"])
-    for col in range(2, len(drafters) + 1):   # the panels share the first one's axis
-        fig.update_yaxes(title_text=None, col=col)
-    fig.update_layout(height=360, legend=dict(y=-0.22))
-    fig.update_annotations(font=dict(size=12))
-    return fig
-
-
-def alone(report: dict) -> str:
-    """What the drift signals tell taken one at a time: where their AUC's interval leaves out 0.5."""
-    rows = [(drafter, r) for drafter, part in report["drafters"].items() for r in part["by_depth"]
-            if r["signal"] in DRIFT]
-    telling = [(drafter, r) for drafter, r in rows if not r["auc_ci"][0] <= 0.5 <= r["auc_ci"][1]]
-    if not telling:
-        return "Taken alone, no drift signal's interval leaves out 0.5 at any depth."
-    drafter, far = max(telling, key=lambda pair: abs(pair[1]["auc"] - 0.5))
-    return (f"Taken alone, a drift signal's interval leaves out 0.5 at {len(telling)} of {len(rows)} drafter and "
-            f"depth pairs (the farthest: {DRAFTER_LABELS.get(drafter, drafter)}'s {SIGNALS[far['signal']]} at depth "
-            f"{far['depth']}, {far['auc']:.2f}), but none adds to what the probability already says.")
-
-
-def quartiles_pooled(rows: list[dict], signal: str) -> list[float]:
-    """Each depth's quartile rates averaged over depths, weighted by the depth's verified drafts."""
-    parts = [(r["acceptance_by_quartile"], r["accepted"] + r["rejected"]) for r in rows if r["signal"] == signal]
-    total = sum(n for _, n in parts)
-    return [sum((rates[q] or 0.0) * n for rates, n in parts) / total for q in range(4)] if total else []
-
-
-def run(config: RejectionConfig, out: Path) -> tuple[dict, list[Path]]:
+def run(config: RejectionConfig, out: Path) -> tuple[RejectionReport, list[Path]]:
     """Measure (resuming from out/progress.pkl), analyse, and write results.json and results.md to `out`."""
     out.mkdir(parents=True, exist_ok=True)
     results = collect(config, out / "progress.pkl")
-    report = {**analyse(results, config), "machine": machine()}
-    return report, write_results(out, report, markdown(report))
+    report = replace(analyse(results, config), machine=machine())
+    return report, write_results(out, report.to_json(), markdown(report))

@@ -19,7 +19,7 @@ from playground.engines.step_diff import Tolerance
 from playground.errors import PlaygroundError
 from playground.evaluation.machine import described
 from playground.model.variants import NONE, run_name
-from playground.studies import rejection
+from playground.studies import rejection_report
 from playground.ui import explainer, render, unchecked
 from playground.ui.controls import (DEFAULT_MAX_TOKENS, answer_header, default_drafter, default_pair, drafter_choices,
                                     follow_backend, keep_or, preset_dropdown, prompt_box, run_note, settings_panel,
@@ -335,14 +335,14 @@ def stored_benchmark() -> None:
 
 def stored_rejection_study() -> None:
     """What tells a rejected draft in advance, from the `bench rejection` report shipped with the app."""
-    report = stored(STORED_REJECTION)
+    report = stored(STORED_REJECTION, rejection_report.RejectionReport)
     if report is None:
         return
     with gr.Accordion("What predicts a rejection: the drift signals draft by draft (python -m playground bench "
                       "rejection)", open=False, elem_id="stored-rejection"):
-        gr.Plot(rejection.figure(report), show_label=False, elem_id="rejection-plot")
-        gr.Markdown(f"{explainer.rejection(report)} {rejection.alone(report)} Measured on "
-                    f"{described(report['machine'])}; the method and the full table: docs/drift.md.")
+        gr.Plot(rejection_report.figure(report), show_label=False, elem_id="rejection-plot")
+        gr.Markdown(f"{explainer.rejection(report)} {rejection_report.alone(report)} Measured on "
+                    f"{described(report.machine)}; the method and the full table: docs/drift.md.")
 
 
 def generate_note() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 from pathlib import Path
 from string import Template
 
@@ -14,22 +14,21 @@ from playground.engines.stats import RunSummary, tokens_per_pass
 from playground.evaluation.bench_report import BenchReport
 from playground.evaluation.machine import described
 from playground.studies.draft_stops import DraftStopReport
+from playground.studies.rejection_report import RejectionReport
 from playground.model.variants import EAGLE3, EAGLE31, LABELS
 from playground.ui import first_screen
 
 STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 STORED_REJECTION = STORED_RESULTS.parents[1] / "rejection" / "results.json"
 STORED_DRAFT_STOP = STORED_RESULTS.parents[1] / "draft-stop" / "results.json"
+Report = TypeVar("Report")
 
 
 @functools.lru_cache(maxsize=8)
-def stored(path: Path, record: type | None = None):
-    """A report shipped with the app, read once per process: as `record` (its from_json) where given, else
-    its JSON (the rejection study's); None where it is absent. Its readers do not change it."""
-    if not path.exists():
-        return None
-    report = json.loads(path.read_text())
-    return record.from_json(report) if record is not None else report
+def stored(path: Path, record: type[Report]) -> Report | None:
+    """A report shipped with the app, read once per process as `record` (its from_json); None where it is
+    absent. Its readers do not change it."""
+    return record.from_json(json.loads(path.read_text())) if path.exists() else None
 
 
 def stored_bench(path: Path = STORED_RESULTS) -> BenchReport | None:
@@ -221,13 +220,11 @@ def own_drafts(runs: dict[str, RunSummary]) -> str:
             "dotted lines).")
 
 
-def rejection(report: dict) -> str:
+def rejection(report: RejectionReport) -> str:
     """What predicts a rejected draft, from `python -m playground bench rejection`'s report."""
-    probability = [r["auc"] for part in report["drafters"].values() for r in part["by_depth"]
-                   if r["signal"] == "probability"]
-    gains = " and ".join(f"{signed(part['added_value']['gain'])} for {LABELS[name]}"
-                         for name, part in report["drafters"].items())
-    return (f"Draft by draft (`python -m playground bench rejection`, {report['prompts']} prompts), the drafter's "
+    probability = [r.auc for part in report.drafters.values() for r in part.by_depth if r.signal == "probability"]
+    gains = " and ".join(f"{signed(part.added_value.gain)} for {LABELS[name]}" for name, part in report.drafters.items())
+    return (f"Draft by draft (`python -m playground bench rejection`, {report.prompts} prompts), the drafter's "
             f"own probability tells which drafts the target rejects (AUC {min(probability):.2f} to "
             f"{max(probability):.2f} by depth), while sink attention, own-draft attention and fed-back RMS add nothing "
             f"to it (added to a model of probability and depth, they change its AUC by {gains}): here drift shows in "
@@ -263,8 +260,9 @@ def explainer_markdown(results_path: Path = STORED_RESULTS, rejection_path: Path
     first = first_screen.load()
     stops = stored(draft_stop_path, DraftStopReport)
     acting = draft_stop(stops) if stops else ""
+    verdicts = stored(rejection_path, RejectionReport)
     parts = {"own_drafts": own_drafts({name: run.summary for name, run in first[0].items()}) if first else "",
-             "rejection": f"{rejection(stored(rejection_path))} {acting}".strip() if stored(rejection_path) else ""}
+             "rejection": f"{rejection(verdicts)} {acting}".strip() if verdicts else ""}
     results = stored_bench(results_path)
     if results is None:
         return text.substitute(measured="Run `python -m playground bench` to measure it on this machine.",
