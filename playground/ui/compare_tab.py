@@ -5,7 +5,7 @@ a baseline without speculation, with overlaid plots and a summary table."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Iterator, Mapping
 
@@ -187,7 +187,18 @@ def outputs_note(logs: Mapping[str, RunLog], steps: ColumnsDiff | None = None, b
     return f"The answers differ from token {differ + 1} on{why}. {step_note(steps)}{slower}{NOISE_NOTE}"
 
 
-def build(backends: Mapping[str, Engine], limits: Limits) -> None:
+@dataclass(frozen=True)
+class Layout:
+    """The tab's components: the comparison's settings (CompareSettings' inputs by name), what a run fills
+    (COMPARE_OUTPUTS by name), and the buttons."""
+    controls: dict[str, gr.components.Component]
+    view: dict[str, gr.components.Component]
+    run: gr.Button
+    guided: gr.Button
+    stop: gr.Button
+
+
+def layout(backends: Mapping[str, Engine], limits: Limits) -> Layout:
     c = {"prompt": prompt_box(limits, "cmp")}
     with gr.Row(elem_id="cmp-choices"):
         c["preset"] = preset_dropdown("cmp")
@@ -240,18 +251,25 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
     view["note"] = gr.Markdown(elem_id="compare-note")
     view["step_plot"] = gr.Plot(None, show_label=False, elem_id="compare-steps")
     view["files"] = gr.File(label="runs as JSON and CSV, plots as HTML", file_count="multiple", elem_id="compare-files")
+    return Layout(c, view, run, guided, stop)
 
-    stops = StopRequests()
 
-    def column_requests(settings: CompareSettings) -> list[GenerationRequest | None]:
-        engine = backend(backends, settings.backend_name)
-        return [make_request(limits, lane, engine) if lane else None for lane in lanes(settings, engine.drafter_names)]
+class Runs:
+    """The tab's handlers: a comparison checked before it queues, streamed column by column, and stopped."""
 
-    def stream(settings: CompareSettings, session: str | None) -> Iterator[dict]:
-        stops.take(session)   # a Stop pressed before this run started is not for it
+    def __init__(self, backends: Mapping[str, Engine], limits: Limits):
+        self.backends, self.limits, self.stops = backends, limits, StopRequests()
+
+    def column_requests(self, settings: CompareSettings) -> list[GenerationRequest | None]:
+        engine = backend(self.backends, settings.backend_name)
+        return [make_request(self.limits, lane, engine) if lane else None
+                for lane in lanes(settings, engine.drafter_names)]
+
+    def stream(self, settings: CompareSettings, session: str | None) -> Iterator[dict]:
+        self.stops.take(session)   # a Stop pressed before this run started is not for it
         try:
-            engine = backend(backends, settings.backend_name)
-            columns = column_requests(one_seed(settings))
+            engine = backend(self.backends, settings.backend_name)
+            columns = self.column_requests(one_seed(settings))
             names = [lane_name(settings.compare, r, slot == "none") if r else None for slot, r in zip(SLOTS, columns)]
             baseline = names[-1]
             requests = {n: r for n, r in zip(names, columns) if r}
@@ -263,49 +281,57 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> None:
         logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
         draw = lambda frame: update(logs, notes, names, baseline, tolerance, live, frame)
         yield draw(Frame(redraw=True, final=False))   # before the first step: the plots cleared
-        yield from drive(streams, logs, lambda: stops.take(session), draw)
+        yield from drive(streams, logs, lambda: self.stops.take(session), draw)
 
-    def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
-               tolerance: Tolerance, live: LivePlots, frame: Frame) -> dict:
-        summaries = {n: log.summary for n, log in logs.items() if log.events}
-        drafted = {n: s for n, s in summaries.items() if n != baseline}
-        steps = step_diff(logs, tolerance) if frame.final else None
-        out, marks = {}, divergence_marks(steps)
-        for slot, name in zip(SLOTS, names):
-            out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name),
-                                 marks.get(name))
-        shown = live.get(lambda: plots.all_figures(drafted), frame.redraw)   # a final update always redraws
-        out |= dict(zip(PLOTS, shown))
-        out["table"] = summary_table(summaries, baseline)
-        out["note"] = outputs_note(logs, steps, baseline) if frame.final else ""
-        if frame.shared:
-            out["note"] = f"{SHARED_NOTE} {out['note']}"
-        out["step_plot"] = step_figure(logs, steps)
-        out["files"] = export(logs, (*live.figures, *((out["step_plot"],) if steps else ()))) if frame.final else None
-        return out
-
-    handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, stream), named_inputs(CompareSettings, c)
-    outputs = [view[name] for name in COMPARE_OUTPUTS]
-    def check(settings: CompareSettings) -> None:
-        engine = backend(backends, settings.backend_name)
-        for request in filter(None, column_requests(settings)):
+    def check(self, settings: CompareSettings) -> None:
+        engine = backend(self.backends, settings.backend_name)
+        for request in filter(None, self.column_requests(settings)):
             engine.check(request)
 
-    validator = input_validator(CompareSettings, check)
-    picked = wire_presets(c)
+
+def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | None], baseline: str | None,
+           tolerance: Tolerance, live: LivePlots, frame: Frame) -> dict:
+    """The tab's outputs: each column's run (`names` by slot, None where a column does not run), the plots of
+    the drafting runs, the table against `baseline`, and once the runs end, where they first differ."""
+    summaries = {n: log.summary for n, log in logs.items() if log.events}
+    drafted = {n: s for n, s in summaries.items() if n != baseline}
+    steps = step_diff(logs, tolerance) if frame.final else None
+    out, marks = {}, divergence_marks(steps)
+    for slot, name in zip(SLOTS, names):
+        out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name), marks.get(name))
+    shown = live.get(lambda: plots.all_figures(drafted), frame.redraw)   # a final update always redraws
+    out |= dict(zip(PLOTS, shown))
+    out["table"] = summary_table(summaries, baseline)
+    out["note"] = outputs_note(logs, steps, baseline) if frame.final else ""
+    if frame.shared:
+        out["note"] = f"{SHARED_NOTE} {out['note']}"
+    out["step_plot"] = step_figure(logs, steps)
+    out["files"] = export(logs, (*live.figures, *((out["step_plot"],) if steps else ()))) if frame.final else None
+    return out
+
+
+def build(backends: Mapping[str, Engine], limits: Limits) -> None:
+    """The tab, wired, with the stored benchmark and rejection study under it."""
+    tab, runs = layout(backends, limits), Runs(backends, limits)
+    c = tab.controls
+    handler, inputs = stream_handler(CompareSettings, COMPARE_OUTPUTS, runs.stream), named_inputs(CompareSettings, c)
+    outputs = [tab.view[name] for name in COMPARE_OUTPUTS]
+    validator = input_validator(CompareSettings, runs.check)
+
     def runs_from(trigger: Callable, api_name: str | bool) -> None:
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
                 concurrency_id="engine", concurrency_limit=limits.concurrency)
 
-    runs_from(run.click, "compare")
+    picked = wire_presets(c)
+    runs_from(tab.run.click, "compare")
     runs_from(picked.then, False)
     # the settings the README's figures for the example were measured with
     example = {"prompt": DRIFT_EXAMPLE.prompt, "system": DRIFT_EXAMPLE.system, "template": DRIFT_EXAMPLE.template,
                "compare": DRAFTERS, "draft": "chain", "k": 5, "temperature": 0.0, "max_tokens": DEFAULT_MAX_TOKENS,
                "first": "", "second": "", "baseline": "", "draft_stop": ""}   # EAGLE 3 and 3.1, whatever was picked
-    runs_from(guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
-                           api_name=False).then, False)
-    stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
+    runs_from(tab.guided.click(lambda: tuple(example.values()), None, [c[name] for name in example], queue=False,
+                               api_name=False).then, False)
+    tab.stop.click(stop_handler(runs.stops), None, None, queue=False, api_name=False)
     stored_benchmark()
     stored_rejection_study()
 

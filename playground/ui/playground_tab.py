@@ -3,7 +3,7 @@ drafter paired with it (EAGLE 3 beside EAGLE 3.1) run live on the same prompt.""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Iterator, Mapping
 
 import gradio as gr
@@ -28,8 +28,20 @@ from playground.ui.streams import (SHARED_NOTE, STARTING, Frame, Limits, StopReq
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
 
 
-def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
-    """The tab; returns its controls by name (the Your prompts tab opens a prompt in them)."""
+@dataclass(frozen=True)
+class Layout:
+    """The tab's components: the run's settings (RunSettings' inputs by name), what a run fills (OUTPUTS by
+    name, and the inspector's step slider), and the buttons."""
+    controls: dict[str, gr.components.Component]
+    view: dict[str, gr.components.Component]
+    run: gr.Button
+    stop: gr.Button
+    previous: gr.Button
+    following: gr.Button
+
+
+def layout(backends: Mapping[str, Engine], limits: Limits) -> Layout:
+    """The tab's components, showing the stored first screen where the first backend runs in this process."""
     view = {}
     first = next(iter(backends.values()))
     stored = first_screen.load() if first.capabilities.in_process else None   # recorded in process
@@ -72,14 +84,20 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         view["text"] = gr.Textbox(label="answer (plain text)", lines=6, buttons=["copy"], elem_id="answer-text")
         view["files"] = gr.File(label="run as JSON and CSV, plots as HTML", file_count="multiple")
     view["events"] = gr.State(initial.get("events", []))
+    return Layout(c, view, run, stop, previous, following)
 
-    stops = StopRequests()
 
-    def stream(settings: RunSettings, session: str | None) -> Iterator[dict]:
-        stops.take(session)   # a Stop pressed before this run started is not for it
+class Runs:
+    """The tab's handlers: a run checked before it queues, streamed, and stopped."""
+
+    def __init__(self, backends: Mapping[str, Engine], limits: Limits):
+        self.backends, self.limits, self.stops = backends, limits, StopRequests()
+
+    def stream(self, settings: RunSettings, session: str | None) -> Iterator[dict]:
+        self.stops.take(session)   # a Stop pressed before this run started is not for it
         try:
-            engine = backend(backends, settings.backend_name)
-            requests, picked = run_requests(settings, engine)
+            engine = backend(self.backends, settings.backend_name)
+            requests, picked = self.requests(settings, engine)
             chose = f"k by this host's costs: {picked.reason}." if picked else ""
             note = " ".join(filter(None, (chose, run_note(engine, requests[0]))))
             failed: dict[str, str] = {}
@@ -96,13 +114,13 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
             shared = SHARED_NOTE if frame.shared else ""
             return update(logs, main, " ".join(filter(None, (note, shared))), live, frame)
 
-        yield from drive(streams, logs, lambda: stops.take(session), draw)
+        yield from drive(streams, logs, lambda: self.stops.take(session), draw)
 
-    def run_requests(settings: RunSettings, engine: Engine,
-                     choose_k: bool = True) -> tuple[list[GenerationRequest], KChoice | None]:
+    def requests(self, settings: RunSettings, engine: Engine,
+                 choose_k: bool = True) -> tuple[list[GenerationRequest], KChoice | None]:
         """The run the answer shows, then the one drawn beside it in the plots (when asked for and paired), and
         the k chosen for them where this host's costs choose it (`choose_k`: not when only checking)."""
-        main = make_request(limits, settings, engine)
+        main = make_request(self.limits, settings, engine)
         if not isinstance(settings.beside, bool):
             raise PlaygroundError("beside must be true or false", "beside")
         if not isinstance(settings.k_auto, bool):
@@ -113,17 +131,24 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
         other = beside_name(main.drafter, engine.drafter_names) if settings.beside else ""
         return [main, *([replace(main, drafter=other)] if other else [])], picked
 
-    handler = stream_handler(RunSettings, OUTPUTS, stream)
-    def check(settings: RunSettings) -> None:   # the run beside the answer may fail alone, at run time
-        engine = backend(backends, settings.backend_name)
-        engine.check(run_requests(settings, engine, choose_k=False)[0][0])
+    def check(self, settings: RunSettings) -> None:
+        """What the validator refuses before the run queues (the run beside the answer may fail alone, at run
+        time)."""
+        engine = backend(self.backends, settings.backend_name)
+        engine.check(self.requests(settings, engine, choose_k=False)[0][0])
 
-    validator = input_validator(RunSettings, check)
+
+def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
+    """The tab, wired; returns its controls by name (the Your prompts tab opens a prompt in them)."""
+    tab, runs = layout(backends, limits), Runs(backends, limits)
+    c, view = tab.controls, tab.view
+    handler = stream_handler(RunSettings, OUTPUTS, runs.stream)
+    validator = input_validator(RunSettings, runs.check)
     inputs, outputs = named_inputs(RunSettings, c), [view[name] for name in OUTPUTS]
-    for trigger, api_name in ((run.click, "run"), (c["prompt"].submit, False), (wire_presets(c).then, False)):
+    for trigger, api_name in ((tab.run.click, "run"), (c["prompt"].submit, False), (wire_presets(c).then, False)):
         trigger(handler, inputs_kwargs=inputs, outputs=outputs, validator=validator, api_name=api_name,
                 concurrency_id="engine", concurrency_limit=limits.concurrency)
-    stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
+    tab.stop.click(stop_handler(runs.stops), None, None, queue=False, api_name=False)
     c["drafter"].change(lambda name, backend_name: gr.update(label=beside_label(
                             name, backends[backend_name].drafter_names)) if backend_name in backends else gr.skip(),
                         [c["drafter"], c["backend_name"]], c["beside"], api_name=False, queue=False)
@@ -131,7 +156,7 @@ def build(backends: Mapping[str, Engine], limits: Limits) -> dict:
                        view["inspector"], api_name="inspect", queue=False, trigger_mode="always_last"
                        ).then(lambda i, evs: tree_view.tree_html(event_at(i, evs)), [view["step"], view["events"]],
                               view["tree"], api_name=False, queue=False)
-    for button, delta in ((previous, -1), (following, 1)):
+    for button, delta in ((tab.previous, -1), (tab.following, 1)):
         button.click(lambda i, evs, delta=delta: step_by(i, evs, delta), [view["step"], view["events"]],
                      [view["step"], view["inspector"], view["tree"]], api_name=False, queue=False)
     return c

@@ -8,6 +8,7 @@ its own steps. Clicking a prompt of the report opens it in the Playground tab.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -89,9 +90,18 @@ def study_prompts(limits: Limits, settings: StudySettings) -> PromptFile:
     return read_prompts(text(settings.pasted, "pasted"), prompt_limits(limits), sample)
 
 
-def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playground: dict) -> None:
-    """The tab; `playground` holds the Playground tab's prompt, system and template controls, which a click
-    on a prompt of the report fills before it switches to `tabs`' "playground" tab."""
+@dataclass(frozen=True)
+class Layout:
+    """The tab's components: the study's settings (StudySettings' inputs by name), what a study fills
+    (STUDY_OUTPUTS by name), the buttons, and the last study's prompts for the table's clicks."""
+    controls: dict[str, gr.components.Component]
+    view: dict[str, gr.components.Component]
+    run: gr.Button
+    stop: gr.Button
+    opened: gr.State
+
+
+def layout(backends: Mapping[str, Engine], limits: Limits) -> Layout:
     view = {}
     with gr.Row(equal_height=False):
         with gr.Column(min_width=300):
@@ -129,101 +139,118 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
             view["progress"] = gr.HTML("<div class='study-line'>Upload a file or paste prompts, then press Run.</div>",
                                        elem_id="study-progress")
     view["report"] = gr.Markdown(elem_id="study-report", elem_classes=["report"])
-    with gr.Row():
-        for name in STUDY_PLOTS[:3]:
-            view[name] = gr.Plot(NOT_YET, show_label=False, min_width=300,
-                                 elem_id=f"study-{name.replace('_', '-')}")
-    with gr.Row():
-        for name in STUDY_PLOTS[3:]:
-            view[name] = gr.Plot(NOT_YET, show_label=False, min_width=300,
-                                 elem_id=f"study-{name.replace('_', '-')}")
+    for row in (STUDY_PLOTS[:3], STUDY_PLOTS[3:]):
+        with gr.Row():
+            for name in row:
+                view[name] = gr.Plot(NOT_YET, show_label=False, min_width=300,
+                                     elem_id=f"study-{name.replace('_', '-')}")
     view["table"] = gr.Dataframe(label="Prompts (click one to open it in the Playground tab)", interactive=False,
                                  wrap=True, elem_id="study-table")
     view["files"] = gr.File(label="report: JSON, markdown, CSV per prompt, HTML (self-contained)",
                             file_count="multiple", elem_id="study-files")
-    opened = gr.State([])   # the prompts of the last study, for the table's clicks
+    return Layout(c, view, run, stop, gr.State([]))
 
-    stops = StopRequests()
 
-    def stream(settings: StudySettings, session: str | None) -> Iterator[dict]:
-        stops.take(session)
+class StudyShown:
+    """One study as the tab shows it: its prompts and configuration, the prompts measured so far, and the
+    plots drawn of them."""
+
+    def __init__(self, config: StudyConfig, prompts: PromptFile, source: str):
+        self.config, self.prompts, self.source = config, prompts, source
+        self.results: list[PromptResult] = []
+        self.live = LivePlots(len(STUDY_PLOTS))
+        self.texts = [(p.prompt, p.system or "") for p in prompts.prompts]   # what a click on the table opens
+
+    def report(self, intervals: bool) -> tuple[StudyReport, list[PromptResult]]:
+        """The report of the prompts measured so far, with them: the table shows the same prompts."""
+        measured = list(self.results)
+        return prompt_report.results(self.config, self.prompts, self.source, measured, intervals), measured
+
+    def update(self, shown: tuple[StudyReport, list[PromptResult]], progress: str, *, redraw: bool, files=None,
+               figures: dict | None = None) -> dict:
+        res, measured = shown
+        drawn = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, NOT_YET) for kind in FIGURES.values())
+        ran = any(r.skipped is None for r in measured)
+        return {"progress": progress, "report": prompt_report.markdown(res) if ran else "",
+                **dict(zip(STUDY_PLOTS, self.live.get(drawn, redraw))), "files": files, "opened": self.texts,
+                "table": table(measured, [m.name for m in self.config.methods()], self.prompts)}
+
+
+class Studies:
+    """The tab's handlers: a study checked before it queues, streamed prompt by prompt, and stopped."""
+
+    def __init__(self, backends: Mapping[str, Engine], limits: Limits):
+        self.backends, self.limits, self.stops = backends, limits, StopRequests()
+
+    def check(self, settings: StudySettings) -> None:
+        study_config(self.limits, settings, backend(self.backends, settings.backend_name))
+
+    def stream(self, settings: StudySettings, session: str | None) -> Iterator[dict]:
+        self.stops.take(session)
         try:
-            engine = backend(backends, settings.backend_name)
-            config = study_config(limits, settings, engine)
-            prompts = study_prompts(limits, settings)
+            engine = backend(self.backends, settings.backend_name)
+            config = study_config(self.limits, settings, engine)
+            prompts = study_prompts(self.limits, settings)
         except Exception as e:   # the file, read here in the queue: its message where the progress shows
             error = quiet_refusal(e)
             yield {"progress": progress_html(0, 0, "not run", error.message), "report": "",
                    **dict.fromkeys(STUDY_PLOTS), "table": None, "files": None, "opened": []}
             raise error from None
-        results: list[PromptResult] = []
-        pacer, live, started = Pacer(text_every_s=0.5, plots_every_s=2.0), LivePlots(len(STUDY_PLOTS)), time.monotonic()
-        source = Path(settings.file).name if settings.file else "pasted prompts"
-        texts = [(p.prompt, p.system or "") for p in prompts.prompts]
-
-        def report(intervals: bool) -> tuple[StudyReport, list[PromptResult]]:
-            """The report of the prompts measured so far, with them: the table shows the same prompts."""
-            measured = list(results)
-            return prompt_report.results(config, prompts, source, measured, intervals), measured
-
-        def update(shown: tuple[StudyReport, list[PromptResult]], progress: str, *, redraw: bool, files=None,
-                   figures: dict | None = None) -> dict:
-            res, measured = shown
-            drawn = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, NOT_YET)
-                                  for kind in FIGURES.values())
-            ran = any(r.skipped is None for r in measured)
-            return {"progress": progress, "report": prompt_report.markdown(res) if ran else "",
-                    **dict(zip(STUDY_PLOTS, live.get(drawn, redraw))), "files": files, "opened": texts,
-                    "table": table(measured, [m.name for m in config.methods()], prompts)}
-
-        interim = report(False)
-        yield update(interim, progress_html(0, len(prompts.prompts), "starting"), redraw=True)
+        study = StudyShown(config, prompts, Path(settings.file).name if settings.file else "pasted prompts")
+        pacer, started = Pacer(text_every_s=0.5, plots_every_s=2.0), time.monotonic()
+        interim = study.report(False)
+        yield study.update(interim, progress_html(0, len(prompts.prompts), "starting"), redraw=True)
         updates, error, how = measure(engine, prompts, config), "", "finished"
         with SHARED_CPU.job() as overlapped:   # the runs of other tabs learn that this study shares their CPU
             try:
                 for u in updates:
                     if u.result is not None:
-                        results.append(u.result)
-                    if stops.take(session):   # the engine is free at once; the report with its intervals follows
+                        study.results.append(u.result)
+                    if self.stops.take(session):   # the engine is free at once; the report with its intervals follows
                         how = "stopped"
                         line = f"stopped · {_clock(started)} · writing the report"
-                        yield update(interim, progress_html(u.done, u.total, line), redraw=False)
+                        yield study.update(interim, progress_html(u.done, u.total, line), redraw=False)
                         break
                     if pacer.due("text"):
                         redraw = pacer.due("plots")
-                        interim = report(False) if redraw else interim
+                        interim = study.report(False) if redraw else interim
                         line = f"{u.current} · {_clock(started)}"
-                        yield update(interim, progress_html(u.done, u.total, line), redraw=redraw)
+                        yield study.update(interim, progress_html(u.done, u.total, line), redraw=redraw)
             except Exception as e:
                 error, how = failure_message(e), "failed"
             finally:
                 updates.close()
-        final = report(True)
+        final = study.report(True)
         figures = prompt_report.figure_set(final[0])
-        files = [str(p) for p in prompt_report.write(final[0], export_folder(), figures)] if results else None
+        files = [str(p) for p in prompt_report.write(final[0], export_folder(), figures)] if study.results else None
         line = f"{how} · {_clock(started)}" + (" · another visitor's job shared the CPU: speeds are lower than "
                                                 "alone" if overlapped() else "")
-        yield update(final, progress_html(len(results), len(prompts.prompts), line, error), redraw=True, files=files,
-                     figures=figures)
+        yield study.update(final, progress_html(len(study.results), len(prompts.prompts), line, error), redraw=True,
+                           files=files, figures=figures)
 
-    outputs = [*(view[name] for name in STUDY_OUTPUTS), opened]
-    handler = stream_handler(StudySettings, (*STUDY_OUTPUTS, "opened"), stream)
-    validator = input_validator(StudySettings, lambda settings: study_config(
-        limits, settings, backend(backends, settings.backend_name)))
-    run.click(handler, inputs_kwargs=named_inputs(StudySettings, c), outputs=outputs, validator=validator,
-              api_name="study", concurrency_id="study", concurrency_limit=1, show_progress="hidden")
-    stop.click(stop_handler(stops), None, None, queue=False, api_name=False)
 
-    def open_prompt(prompts: list, event: gr.SelectData):
-        row = event.row_value or []
-        index = int(row[0]) - 1 if row and str(row[0]).isdigit() else -1   # the table counts from 1
-        if not 0 <= index < len(prompts):
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        prompt, system = prompts[index]
-        return prompt, system, "model", gr.Tabs(selected="playground")
+def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playground: dict) -> None:
+    """The tab, wired; `playground` holds the Playground tab's prompt, system and template controls, which a
+    click on a prompt of the report fills before it switches to `tabs`' "playground" tab."""
+    tab, studies = layout(backends, limits), Studies(backends, limits)
+    outputs = [*(tab.view[name] for name in STUDY_OUTPUTS), tab.opened]
+    handler = stream_handler(StudySettings, (*STUDY_OUTPUTS, "opened"), studies.stream)
+    tab.run.click(handler, inputs_kwargs=named_inputs(StudySettings, tab.controls), outputs=outputs,
+                  validator=input_validator(StudySettings, studies.check), api_name="study", concurrency_id="study",
+                  concurrency_limit=1, show_progress="hidden")
+    tab.stop.click(stop_handler(studies.stops), None, None, queue=False, api_name=False)
+    tab.view["table"].select(open_prompt, tab.opened, [playground["prompt"], playground["system"],
+                                                       playground["template"], tabs], api_name=False, queue=False)
 
-    view["table"].select(open_prompt, opened, [playground["prompt"], playground["system"], playground["template"],
-                                              tabs], api_name=False, queue=False)
+
+def open_prompt(prompts: list, event: gr.SelectData):
+    """The clicked prompt of the report's table, in the Playground tab's controls, and that tab."""
+    row = event.row_value or []
+    index = int(row[0]) - 1 if row and str(row[0]).isdigit() else -1   # the table counts from 1
+    if not 0 <= index < len(prompts):
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    prompt, system = prompts[index]
+    return prompt, system, "model", gr.Tabs(selected="playground")
 
 
 def table(results: list[PromptResult], methods: list[str], prompts: PromptFile) -> pd.DataFrame:
