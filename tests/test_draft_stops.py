@@ -7,7 +7,8 @@ from pathlib import Path
 from playground.engines.draft_stop import DraftStop
 from playground.prompts.files import read_prompt_file
 from playground.studies import draft_stops
-from playground.studies.draft_stops import CANDIDATES, DraftStopConfig, DraftStopReport
+from playground.studies.draft_stop_report import DraftStopReport, markdown
+from playground.studies.draft_stops import CANDIDATES, DraftStopConfig
 from playground.studies.rejection import SAMPLE
 
 
@@ -46,7 +47,7 @@ def test_a_measured_choice_keeps_the_fastest_candidate_and_every_answer_equals_f
     assert by_method["k=10"]["drafted_per_step"] > by_method["k=5"]["drafted_per_step"]
     strict = DraftStop.parse(written["chosen"]["eagle3.1"][0])
     assert by_method[f"k<=10 until {strict}"]["drafted_per_step"] < 10
-    assert "Against fixed k" in draft_stops.markdown(result) and result.lossless
+    assert "Against fixed k" in markdown(result) and result.lossless
 
 
 def test_the_stored_report_reads_back_and_writes_the_same_file_and_table():
@@ -54,4 +55,4 @@ def test_the_stored_report_reads_back_and_writes_the_same_file_and_table():
     written = json.loads((stored / "results.json").read_text())
     report = DraftStopReport.from_json(written)
     assert json.loads(json.dumps(report.to_json())) == written
-    assert draft_stops.markdown(report) == (stored / "results.md").read_text()
+    assert markdown(report) == (stored / "results.md").read_text()

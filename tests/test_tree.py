@@ -158,11 +158,11 @@ def test_the_tree_benchmark_sets_each_tree_against_its_chain(engine):
     config = TreeBenchConfig(drafters=("eagle3.1",), kinds=("chat",), tree=TreeShape(3, 3, 6),
                              shapes=(TreeShape(2, 2, 3),), prompts=1, max_tokens=12)
     result = measure(engine, config)
-    assert [r["method"] for r in result["compare"]] == ["chain k=5", "tree 3/3/6"]
-    assert [r["method"] for r in result["sweep"]] == ["chain k=5", "tree 2/2/3"]
-    assert all(r["tokens"] == 12 and r["verify_ms"] > 0 for r in result["compare"] + result["sweep"])
-    chain, tree = result["compare"]
-    assert tree["speedup_vs_chain"] == pytest.approx(tree["tokens_per_s"] / chain["tokens_per_s"])
+    assert [r.method for r in result.compare] == ["chain k=5", "tree 3/3/6"]
+    assert [r.method for r in result.sweep] == ["chain k=5", "tree 2/2/3"]
+    assert all(r.pooled.tokens == 12 and r.pooled.verify_ms > 0 for r in result.compare + result.sweep)
+    chain, tree = result.compare
+    assert tree.speedup_vs_chain == pytest.approx(tree.pooled.tokens_per_s / chain.pooled.tokens_per_s)
     assert "| chat | eagle3.1 | tree 3/3/6 |" in markdown(result)
 
 

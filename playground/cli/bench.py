@@ -340,14 +340,14 @@ def bench_rejection(args: argparse.Namespace) -> int:
 
 def bench_draft_stop(args: argparse.Namespace) -> int:
     from playground.engines.draft_stop import DraftStop
-    from playground.studies import draft_stops
+    from playground.studies import draft_stop_report, draft_stops
 
     for rule in args.rules:
         DraftStop.parse(rule)   # a bad rule is refused before anything runs
     config = draft_stops.DraftStopConfig(drafters=tuple(args.drafters), rules=tuple(args.rules),
                                          prompts=args.prompts, documents=args.documents, max_tokens=args.max_tokens)
     result, paths = draft_stops.run(config, args.out or Path("assets/benchmark/draft-stop"))
-    print(draft_stops.markdown(result))
+    print(draft_stop_report.markdown(result))
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0 if result.lossless else 1
 

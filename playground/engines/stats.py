@@ -334,8 +334,8 @@ class Pooled:
 
     @classmethod
     def from_json(cls, row: dict) -> Pooled:
-        """Read back from a report's row (its rates are recomputed; a field written after the row was, such as a
-        depth quantity or the decode phase, reads as absent)."""
+        """Read back from a report's row (its rates are recomputed; a field added after the row was written reads
+        as its default: the decode phase as 0 tokens in 0 s, a depth quantity as measured at no depth)."""
         stored = {f.name: row[f.name] for f in fields(cls) if f.name in row and f.name not in ("acceptance", "means")}
         return cls(**stored, acceptance=tuple(row["acceptance"]),
                    means={q.name: tuple(row[q.name]) for q in DEPTH_QUANTITIES if q.name in row})

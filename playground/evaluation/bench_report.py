@@ -140,7 +140,7 @@ class BenchReport:
     @classmethod
     def from_json(cls, res: dict) -> BenchReport:
         return cls(res["config"], res["machine"], [MethodRow.from_json(r) for r in res["rows"]],
-                   [SweepRow.from_json(s) for s in res["sweep"]], [ChainVsTree.from_json(t) for t in res["trees"]],
+                   [SweepRow.from_json(s) for s in res["sweep"]], [ChainVsTree.from_json(t) for t in res.get("trees", [])],
                    [SignalRow.from_json(s) for s in res.get("signals", [])],
                    Ceiling.from_json(res["ceiling"]) if res.get("ceiling") else None, res["lossless"],
                    [Mismatch(**m) for m in res["mismatches"]], res.get("weights"), res.get("concurrency"))

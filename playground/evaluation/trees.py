@@ -77,6 +77,11 @@ class TreeBench:
         rows = {"compare": [r.to_json() for r in self.compare], "sweep": [r.to_json() for r in self.sweep]}
         return rows | ({"machine": self.machine} if self.machine is not None else {})
 
+    @classmethod
+    def from_json(cls, result: dict) -> TreeBench:
+        return cls([ChainVsTree.from_json(r) for r in result["compare"]],
+                   [ChainVsTree.from_json(r) for r in result["sweep"]], result.get("machine"))
+
 
 def measure(engine, config: TreeBenchConfig = TreeBenchConfig()) -> TreeBench:
     compare, sweep = [], []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from playground.engines.draft_stop import DraftStop
 from playground.engines.reference import ReferenceEngine
@@ -31,12 +31,13 @@ from playground.engines.intervals import paired_ratio, rate_of
 from playground.engines.stats import Pooled, RunTotals, rate_of_runs
 from playground.evaluation import runner
 from playground.evaluation.heldout import kind_prompts
-from playground.evaluation.machine import described, machine
+from playground.evaluation.machine import machine
 from playground.evaluation.runner import Method, PromptResult
-from playground.evaluation.tables import markdown_table, read_record, write_results
+from playground.evaluation.tables import write_results
 from playground.model.variants import EAGLE3, EAGLE31
 from playground.prompts.files import read_prompt_file
 from playground.prompts.sets import EVAL_KINDS, suite
+from playground.studies.draft_stop_report import DraftStopReport, StopRow, markdown
 from playground.studies.rejection import SAMPLE
 
 LONGEST = 10
@@ -81,61 +82,6 @@ def evaluation_sets(config: DraftStopConfig, tokenizer) -> dict[str, list]:
     if config.documents:
         sets["long documents"] = suite(tokenizer, DOCUMENTS, config.documents)
     return sets
-
-
-@dataclass(frozen=True)
-class StopRow:
-    """One method of one drafter over one prompt set, against fixed k=5 on the same prompts (paired ratios,
-    95% intervals over prompts)."""
-    prompt_set: str
-    drafter: str
-    method: str
-    k: int
-    rule: str | None                  # the rule that ends its chains; None for fixed k
-    prompts: int
-    tau: float
-    tokens_per_step: float            # tokens after the prefill, over every verify step
-    tokens_per_step_vs_k5: float
-    tokens_per_step_vs_k5_ci: list[float]
-    tokens_per_s: float
-    speedup_vs_k5: float
-    speedup_vs_k5_ci: list[float]
-    drafted_per_step: float
-    refused_per_step: float           # drafted, not accepted
-    draft_ms: float
-    verify_ms: float
-    answers_differ: int               # prompts whose answer differs from k=5's
-
-    def to_json(self) -> dict:
-        row = asdict(self)
-        return {"set": row.pop("prompt_set"), **row}
-
-    @classmethod
-    def from_json(cls, row: dict) -> StopRow:
-        return read_record(cls, row, prompt_set=row["set"])
-
-
-@dataclass(frozen=True)
-class DraftStopReport:
-    choice: list[StopRow]             # every candidate on the held-out prompts (none where rules were given)
-    chosen: dict[str, list[str]]      # drafter -> its rules, one per signal
-    evaluation: list[StopRow]         # on the chat sample and the long documents
-    config: dict                      # the DraftStopConfig, as asdict writes it
-    machine: dict | None = None
-
-    @property
-    def lossless(self) -> bool:
-        return not any(r.answers_differ for r in self.evaluation)
-
-    def to_json(self) -> dict:
-        out = {"choice": [r.to_json() for r in self.choice], "chosen": self.chosen,
-               "evaluation": [r.to_json() for r in self.evaluation], "config": self.config}
-        return out | ({"machine": self.machine} if self.machine is not None else {})
-
-    @classmethod
-    def from_json(cls, res: dict) -> DraftStopReport:
-        return cls([StopRow.from_json(r) for r in res["choice"]], res["chosen"],
-                   [StopRow.from_json(r) for r in res["evaluation"]], res["config"], res.get("machine"))
 
 
 def choose(engine, drafter: str, config: DraftStopConfig, progress: Path | None = None
@@ -197,29 +143,6 @@ def measure(engine, config: DraftStopConfig = DraftStopConfig(), progress: Path 
             choice += rows
         evaluation += evaluate(engine, drafter, chosen[drafter], config, progress)
     return DraftStopReport(choice, chosen, evaluation, asdict(config))
-
-
-COLUMNS: tuple[tuple[str, Callable[[StopRow], object]], ...] = (
-    ("prompts", lambda r: f"{r.prompt_set} ({r.prompts})"), ("drafter", lambda r: r.drafter),
-    ("method", lambda r: r.method), ("tau", lambda r: f"{r.tau:.2f}"),
-    ("tokens/step", lambda r: f"{r.tokens_per_step:.2f}"), ("tok/s", lambda r: f"{r.tokens_per_s:.1f}"),
-    ("vs k=5 (95% CI over prompts)", lambda r: f"{r.speedup_vs_k5:.2f}x ({r.speedup_vs_k5_ci[0]:.2f}-"
-                                              f"{r.speedup_vs_k5_ci[1]:.2f})"),
-    ("drafted/step", lambda r: f"{r.drafted_per_step:.2f}"), ("refused/step", lambda r: f"{r.refused_per_step:.2f}"),
-    ("draft ms/step", lambda r: f"{r.draft_ms:.1f}"), ("verify ms/step", lambda r: f"{r.verify_ms:.1f}"),
-    ("answers differing", lambda r: r.answers_differ))
-
-
-def table(rows: list[StopRow]) -> str:
-    return markdown_table([name for name, _ in COLUMNS], ([cell(r) for _, cell in COLUMNS] for r in rows))
-
-
-def markdown(result: DraftStopReport) -> str:
-    host = f"{described(result.machine)}\n\n" if result.machine is not None else ""
-    choice = (f"### The thresholds, chosen on held-out prompts\n\n{table(result.choice)}\n\nchosen: " +
-              "; ".join(f"{d}: {', '.join(rules)}" for d, rules in result.chosen.items()) + "\n\n"
-              if result.choice else "")
-    return f"{host}{choice}### Against fixed k, on prompts the choice never saw\n\n{table(result.evaluation)}\n"
 
 
 def run(config: DraftStopConfig, out: Path) -> tuple[DraftStopReport, list[Path]]:

@@ -14,7 +14,7 @@ from playground import plots
 from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, REST_ATTENTION, SINK_ATTENTION
 from playground.evaluation import drift_signals
 from playground.evaluation.machine import described
-from playground.evaluation.tables import markdown_table
+from playground.evaluation.tables import markdown_table, read_record
 from playground.model.variants import LABELS as DRAFTER_LABELS
 
 SIGNALS = {"probability": "draft probability", **drift_signals.SIGNALS}
@@ -35,16 +35,21 @@ class AucRow:
     auc: float
     auc_ci: Interval
     acceptance_by_quartile: list[float | None]   # the acceptance rate in each quartile of the signal, lowest first
-    within_auc: float
-    within_auc_ci: Interval
+    within_auc: float | None = None              # None in reports written before it was measured
+    within_auc_ci: Interval | None = None
     null_auc: float | None = None                # verdicts shuffled over all drafts of the depth
     null_band: Interval | None = None
     null_within_auc: float | None = None         # verdicts shuffled within each prompt
     null_within_band: Interval | None = None
 
+    @property
+    def control_band(self) -> Interval | None:
+        """The no-information band: verdicts shuffled within prompts, or over the depth in older reports."""
+        return self.null_within_band or self.null_band
+
     def to_json(self) -> dict:
-        """Its fields; the controls only where they were measured."""
-        return {name: value for name, value in asdict(self).items() if value is not None or not name.startswith("null")}
+        """Its fields, each only where it was measured."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class DrafterVerdicts:
 
     @classmethod
     def from_json(cls, part: dict) -> DrafterVerdicts:
-        return cls(part["drafts"], [AucRow(**r) for r in part["by_depth"]], AddedValue(**part["added_value"]))
+        return cls(part["drafts"], [read_record(AucRow, r) for r in part["by_depth"]], AddedValue(**part["added_value"]))
 
 
 @dataclass(frozen=True)
@@ -114,12 +119,12 @@ def markdown(report: RejectionReport) -> str:
             head = [DRAFTER_LABELS.get(drafter, drafter), depth, f"{first.accepted} / {first.rejected}"]
             by_depth.append([*head, *(f"{rows[s].auc:.2f} ({_ci(rows[s].auc_ci)})" if s in rows else "–"
                                       for s in SIGNALS),
-                             _ci(control.null_within_band) if control else "–"])
+                             _ci(control.control_band) if control else "–"])
             within.append([*head, *(f"{rows[s].within_auc:.2f} ({_ci(rows[s].within_auc_ci)})"
-                                    if s in rows else "–" for s in SIGNALS)])
+                                    if s in rows and rows[s].within_auc is not None else "–" for s in SIGNALS)])
     lines.append(markdown_table(["drafter", "depth", "verified (accepted / rejected)", *SIGNALS.values(),
                                  "no information (verdicts shuffled within prompts)"], by_depth))
-    if within:
+    if any(cell != "–" for row in within for cell in row[3:]):
         lines += ["", "Within prompts: the AUC over pairs of drafts from the same prompt only (95% bootstrap interval "
                   "over prompts):", "",
                   markdown_table(["drafter", "depth", "verified (accepted / rejected)", *SIGNALS.values()], within)]
@@ -148,7 +153,7 @@ def figure(report: RejectionReport) -> go.Figure:
                         subplot_titles=[plots.label(name) for name in drafters])
     for col, drafter in enumerate(drafters, start=1):
         rows = report.drafters[drafter].by_depth
-        band = [(r.depth, *r.null_within_band) for r in rows if r.null_within_band is not None]
+        band = [(r.depth, *r.control_band) for r in rows if r.control_band is not None]
         fig.add_scatter(x=[d for d, _, _ in band] + [d for d, _, _ in reversed(band)],
                         y=[hi for _, _, hi in band] + [lo for _, lo, _ in reversed(band)], fill="toself", mode="lines",
                         fillcolor="rgba(107,114,128,0.2)", line=dict(width=0), hoverinfo="skip", row=1, col=col,

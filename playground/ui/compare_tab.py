@@ -199,6 +199,8 @@ class Layout:
 
 
 def layout(backends: Mapping[str, Engine], limits: Limits) -> Layout:
+    """The tab's components, with their own wiring: the runs offered follow the backend picked, and the
+    compare mode shows the controls it takes."""
     c = {"prompt": prompt_box(limits, "cmp")}
     with gr.Row(elem_id="cmp-choices"):
         c["preset"] = preset_dropdown("cmp")

@@ -13,7 +13,7 @@ from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, SIN
 from playground.engines.stats import RunSummary, tokens_per_pass
 from playground.evaluation.bench_report import BenchReport
 from playground.evaluation.machine import described
-from playground.studies.draft_stops import DraftStopReport
+from playground.studies.draft_stop_report import DraftStopReport
 from playground.studies.rejection_report import RejectionReport
 from playground.model.variants import EAGLE3, EAGLE31, LABELS
 from playground.ui import first_screen

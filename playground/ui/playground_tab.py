@@ -41,7 +41,8 @@ class Layout:
 
 
 def layout(backends: Mapping[str, Engine], limits: Limits) -> Layout:
-    """The tab's components, showing the stored first screen where the first backend runs in this process."""
+    """The tab's components, showing the stored first screen where the first backend runs in this process;
+    the drafters offered follow the backend picked (their own wiring)."""
     view = {}
     first = next(iter(backends.values()))
     stored = first_screen.load() if first.capabilities.in_process else None   # recorded in process

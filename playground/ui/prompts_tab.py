@@ -102,6 +102,7 @@ class Layout:
 
 
 def layout(backends: Mapping[str, Engine], limits: Limits) -> Layout:
+    """The tab's components; the drafters offered follow the backend picked (their own wiring)."""
     view = {}
     with gr.Row(equal_height=False):
         with gr.Column(min_width=300):
@@ -166,8 +167,8 @@ class StudyShown:
         measured = list(self.results)
         return prompt_report.results(self.config, self.prompts, self.source, measured, intervals), measured
 
-    def update(self, shown: tuple[StudyReport, list[PromptResult]], progress: str, *, redraw: bool, files=None,
-               figures: dict | None = None) -> dict:
+    def update(self, shown: tuple[StudyReport, list[PromptResult]], progress: str, *, redraw: bool,
+               files: list[str] | None = None, figures: dict | None = None) -> dict:
         res, measured = shown
         drawn = lambda: tuple((figures or prompt_report.figure_set(res)).get(kind, NOT_YET) for kind in FIGURES.values())
         ran = any(r.skipped is None for r in measured)
@@ -243,7 +244,7 @@ def build(backends: Mapping[str, Engine], limits: Limits, tabs: gr.Tabs, playgro
                                                        playground["template"], tabs], api_name=False, queue=False)
 
 
-def open_prompt(prompts: list, event: gr.SelectData):
+def open_prompt(prompts: list, event: gr.SelectData) -> tuple:
     """The clicked prompt of the report's table, in the Playground tab's controls, and that tab."""
     row = event.row_value or []
     index = int(row[0]) - 1 if row and str(row[0]).isdigit() else -1   # the table counts from 1
