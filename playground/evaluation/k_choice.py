@@ -26,12 +26,11 @@ from pathlib import Path
 from playground.engines.events import collect
 from playground.engines.request import K_RANGE, GenerationRequest
 from playground.errors import PlaygroundError
-from playground.evaluation.bench_report import BenchReport
+from playground.evaluation.bench_report import STORED as STORED_RESULTS, BenchReport
 from playground.evaluation.machine import described, machine
 from playground.model.variants import EAGLE31, NONE, SHIPPED
 from playground.settings import cache_root
 
-STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 SHORT_CONTEXT = 64           # about the prompt the step costs are measured at
 MEASURED_TOKENS = 48
 COSTS_VERSION = 4            # bump when what is measured changes: older caches are measured again

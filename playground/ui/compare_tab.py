@@ -48,6 +48,7 @@ DRIFT_NOTE = ("*See attention drift* runs EAGLE 3 beside EAGLE 3.1 on the coding
               "depth 2) and the fed-back RMS (EAGLE 3's grows with depth, EAGLE 3.1's stays near 2); the solid sink "
               "lines mostly overlap.")
 
+
 def noise_note() -> str:
     """How far one run's speeds can be trusted, and what the stored benchmark measured over many."""
     results = stored_bench()
@@ -55,9 +56,6 @@ def noise_note() -> str:
     return ("The speeds above are one run on a shared CPU, and noisy: the runs take turns step by step, and a slow "
             "first token lowers a whole run's rate (python -m playground bench measures over many prompts). "
             + speedups).strip()
-
-
-NOISE_NOTE = noise_note()
 
 
 def lanes(settings: CompareSettings, available: tuple[str, ...]) -> list[RunSettings | None]:
@@ -170,7 +168,7 @@ def outputs_note(logs: Mapping[str, RunLog], steps: ColumnsDiff | None = None, b
     run's speeds can be trusted."""
     ran = [log for log in logs.values() if log.events]
     if len(ran) < 2:
-        return NOISE_NOTE
+        return noise_note()
     base = logs[baseline].summary if baseline in logs and logs[baseline].events else None
     slower = "".join(slower_reason(name, log.summary, base) for name, log in logs.items()
                      if base and name != baseline and log.events)
@@ -179,12 +177,12 @@ def outputs_note(logs: Mapping[str, RunLog], steps: ColumnsDiff | None = None, b
     if all(answer == answers[0] for answer in answers):
         runs = {2: "Both", 3: "All three"}.get(len(ran), f"All {len(ran)}")
         lossless = "" if temperature > 0 else " (greedy decoding is lossless)"
-        return f"{runs} answers are identical token for token{lossless}. {step_note(steps)}{slower}{NOISE_NOTE}"
+        return f"{runs} answers are identical token for token{lossless}. {step_note(steps)}{slower}{noise_note()}"
     differ = min(d for other in answers[1:] if (d := first_difference(answers[0], other)) is not None)
     why = (f": at temperature {temperature:g} each run samples its own tokens (speculative sampling keeps the "
            f"target's distribution, not its draws)" if temperature > 0
            else ": a run was stopped" if any(log.events[-1].finish_reason == "stopped" for log in ran) else "")
-    return f"The answers differ from token {differ + 1} on{why}. {step_note(steps)}{slower}{NOISE_NOTE}"
+    return f"The answers differ from token {differ + 1} on{why}. {step_note(steps)}{slower}{noise_note()}"
 
 
 @dataclass(frozen=True)

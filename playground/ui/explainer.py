@@ -11,14 +11,13 @@ from string import Template
 
 from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, SINK_ATTENTION
 from playground.engines.stats import RunSummary, tokens_per_pass
-from playground.evaluation.bench_report import BenchReport
+from playground.evaluation.bench_report import STORED as STORED_RESULTS, BenchReport
 from playground.evaluation.machine import described
 from playground.studies.draft_stop_report import DraftStopReport
 from playground.studies.rejection_report import RejectionReport
 from playground.model.variants import EAGLE3, EAGLE31, LABELS
 from playground.ui import first_screen
 
-STORED_RESULTS = Path(__file__).resolve().parents[2] / "assets" / "benchmark" / "reference" / "results.json"
 STORED_REJECTION = STORED_RESULTS.parents[1] / "rejection" / "results.json"
 STORED_DRAFT_STOP = STORED_RESULTS.parents[1] / "draft-stop" / "results.json"
 Report = TypeVar("Report")
