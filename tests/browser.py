@@ -90,12 +90,18 @@ def open_page(browser, app_url: str, device: str) -> Page:
     return page
 
 
-def open_settings(page: Page, prefix: str) -> None:
-    """Open the tab's settings panel (`prefix`: pg, cmp) unless it is open."""
-    label = page.locator(f"#{prefix}-settings > .label-wrap")
+def open_panel(page: Page, elem_id: str) -> None:
+    """Open an accordion unless it is open: by its label's state, not by what it shows (a panel opening
+    shows its contents a moment later; a second click then would close it)."""
+    label = page.locator(f"#{elem_id} > .label-wrap")
     if "open" not in (label.get_attribute("class") or "").split():
         label.click()
     expect(label).to_have_class(re.compile(r"\bopen\b"))
+
+
+def open_settings(page: Page, prefix: str) -> None:
+    """Open the tab's settings panel (`prefix`: pg, cmp) unless it is open."""
+    open_panel(page, f"{prefix}-settings")
 
 
 def set_setting(page: Page, control_id: str, value: str, box: str = "input") -> None:
@@ -136,10 +142,8 @@ def error_states(page: Page) -> int:
 
 def column_text(page: Page, slot: str) -> str:
     """A Comparison column's answer as plain text, from its panel (opened if closed)."""
-    box = page.locator(f"#text-{slot} textarea")
-    if not box.count():
-        page.locator(f"#plain-{slot} .label-wrap").click()
-    return box.input_value()
+    open_panel(page, f"plain-{slot}")
+    return page.locator(f"#text-{slot} textarea").input_value()
 
 
 def agreeing_column_texts(page: Page, slots=("first", "second", "none"), tries: int = 40) -> list[str]:

@@ -143,21 +143,26 @@ def test_a_column_read_in_turn_beside_a_slower_one_keeps_its_own_time(vllm):
 
     request = GenerationRequest(prompt=PROMPTS[1], drafter="none", k=K, max_tokens=24)
     recorded = list(vllm.generate(replace(request, drafter="eagle3", max_tokens=16)))
-    alone = sorted((summarize(list(vllm.generate(request))) for _ in range(3)), key=lambda s: s.decode_tokens_per_s)
 
     def slower_column():   # a slower server's steps (recorded, so that it takes no CPU from the one measured)
         for event in recorded:
             time.sleep(0.25)
             yield event
 
-    beside = [event for column, event in interleave({"fast": vllm.generate(request), "slow": slower_column()})
-              if column == "fast"]
-    ran = summarize(beside)
-    assert ran.token_ids == alone[0].token_ids and len(beside) > 8   # the read waited 0.25 s at least 8 times
-    # after the first token: a request's first token alone varies by 30% here (13.2 to 17.4 tok/s over the whole
-    # answer in one run of the suite), which would hide the 20% that read-time stamps cost
-    assert ran.decode_tokens_per_s >= 0.9 * alone[1].decode_tokens_per_s, (
-        ran.decode_tokens_per_s, [s.decode_tokens_per_s for s in alone])
+    # alone and beside in turns, each way's fastest compared: the machine only ever slows a run (alone, three
+    # runs of one suite spread from 12.5 to 19.6 tok/s after the first token), and read-time stamps would
+    # slow every run beside the slower column, its fastest too
+    alone, beside = [], []
+    for _ in range(3):
+        alone.append(summarize(list(vllm.generate(request))))
+        steps = [event for column, event in interleave({"fast": vllm.generate(request), "slow": slower_column()})
+                 if column == "fast"]
+        assert len(steps) > 8   # the read waited 0.25 s at least 8 times
+        beside.append(summarize(steps))
+    assert all(run.token_ids == alone[0].token_ids for run in alone + beside)
+    fastest = lambda runs: max(run.decode_tokens_per_s for run in runs)   # after the first token, which varies more
+    assert fastest(beside) >= 0.9 * fastest(alone), ([s.decode_tokens_per_s for s in beside],
+                                                     [s.decode_tokens_per_s for s in alone])
 
 
 def test_the_live_view_equals_the_per_request_counts_of_the_load_it_watched(vllm):
