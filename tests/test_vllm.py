@@ -581,7 +581,7 @@ def test_the_backend_streams_the_probes_drafts_rms_and_attention_step_by_step(vl
         assert theirs.self_attention == pytest.approx(mine.self_attention, abs=ATTENTION_TOLERANCE)
         assert theirs.draft_texts[:theirs.accepted] == mine.token_texts[:theirs.accepted]
     assert "attention" in streamed[1].observed
-    assert "eagle_probe 0.4.0" in vllm.connection("eagle3").info.describe()
+    assert "eagle_probe 0.4.1" in vllm.connection("eagle3").info.describe()
 
 
 def run_diff(*args: str, urls: dict[str, str], tmp_path, prompts: list[str]) -> list[dict]:

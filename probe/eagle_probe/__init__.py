@@ -17,7 +17,7 @@ scheduling only. Limits (settings.py) bound what the probe holds; a request over
 without what it would cost, and its records say which limit.
 """
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 PLUGIN = "eagle_probe"          # the entry points' name, for VLLM_PLUGINS
 REQUEST_FIELD = "eagle_probe"   # the vllm_xargs field a request sets to its key to be recorded
 HEADS_FIELD = "eagle_probe_heads"   # ... and to true for its attention per head

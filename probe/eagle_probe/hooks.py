@@ -32,6 +32,7 @@ import multiprocessing
 
 from eagle_probe import CHECKED_VERSIONS, VLLM_VERSION, __version__, drafts, steps
 from eagle_probe.capabilities import measures
+from eagle_probe.sampling import speculative_sampling
 from eagle_probe.worker import BUDGET, SETTINGS, STORE, WORKER
 
 log = logging.getLogger("eagle_probe")
@@ -149,7 +150,8 @@ def status(token: object, runner, hooked_class: type) -> dict:
             "checked_versions": CHECKED_VERSIONS, "recording": STORE.live(), "steps_seen": WORKER.steps,
             "fetch_calls": STORE.fetch_calls, "unproven_keys": STORE.unproven, **memory,
             "limits": SETTINGS.describe(),
-            "measures": measures(runner, hooked_class, WORKER.attention_backend)}
+            "measures": measures(runner, hooked_class, WORKER.attention_backend),
+            "speculative_sampling": speculative_sampling()}
 
 
 def _wrap(cls: type, name: str, wrapper) -> None:

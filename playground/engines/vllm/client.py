@@ -260,6 +260,9 @@ class VLLMEngine:
             notes.append("vLLM reports how many drafts each step accepted, not which tokens it rejected (shown as ✗) "
                          "nor the drafter's internals: run the server with the probe to see them (docs/vllm.md).")
         notes.append(f"It drafts k = {c.info.k} per step, fixed when the server starts.")
+        if c.info.sampling_fault:
+            notes.append(f"Its probe found that it samples speculative requests wrongly: {c.info.sampling_fault}. "
+                         "Only greedy answers on a server no sampled request shares are the target's own.")
         if c.info.chunked_prefill_fault:
             notes.append(c.info.chunked_prefill_fault)
         if c.info.reports_steps is False:

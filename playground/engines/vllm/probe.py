@@ -34,6 +34,7 @@ class ProbeStatus:
     version: str | None   # None: the server does not run the probe
     off: str = ""         # why it records no drafts in this server, where it runs but cannot
     config: dict | None = None   # the server's configuration as the probe publishes it (server_config)
+    sampling_fault: str = ""     # why the server samples speculative requests wrongly, where the probe found it does
 
 
 def probe_key(api_key: str | None) -> str:
@@ -74,8 +75,10 @@ def probe_status(client: httpx.Client, url: str) -> ProbeStatus:
                                     f"({'.'.join(map(str, OLDEST_READ))} or newer): reinstall probe/ in the server")
     drafts = str((answer.get("measures") or {}).get("drafts", "yes"))
     config = answer.get("server_config")
+    sampling = str(answer.get("speculative_sampling", "yes"))   # published since eagle_probe 0.4.1
     return ProbeStatus(version, "" if drafts == "yes" else drafts.removeprefix("no: "),
-                       config if isinstance(config, dict) else None)
+                       config if isinstance(config, dict) else None,
+                       sampling.removeprefix("no: ") if sampling.startswith("no: ") else "")
 
 
 class ProbedRequest:
