@@ -19,11 +19,12 @@ sys.path.insert(0, str(ROOT / "probe"))
 from eagle_probe.attention import CHUNK, Budget, KeyCopy, Unavailable, across_ranks  # noqa: E402
 from eagle_probe.capabilities import measures  # noqa: E402
 from eagle_probe.routes import one_answer  # noqa: E402
+from eagle_probe.sampling import speculative_sampling  # noqa: E402
 from eagle_probe.settings import Settings  # noqa: E402
 from eagle_probe.keys import digest, key_for, proven, rpc_token, secret_of  # noqa: E402
 from eagle_probe.store import MAX_REFUSED, NotTheApiProcess, Store  # noqa: E402
 
-from playground.engines.vllm.probe import probe_key  # noqa: E402
+from playground.engines.vllm.probe import probe_key, sampling_verdict  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
@@ -423,6 +424,17 @@ class V1Runner:
         self.speculative_config = type("SpeculativeConfig", (), {"method": method})()
         self.use_async_scheduling = async_scheduling
         self.cache_config = type("CacheConfig", (), {"cache_dtype": cache_dtype})()
+
+
+def test_a_probe_that_cannot_check_the_sampling_says_unknown_and_the_client_tells_it_from_a_fault():
+    """The check needs vLLM, which the playground's environment lacks: the probe's own function, run here,
+    gives the answer a server gives where the check cannot run."""
+    speculative_sampling.cache_clear()
+    published = speculative_sampling()
+    assert published.startswith("unknown: the check raised ModuleNotFoundError")
+    assert sampling_verdict(published) == ("", published.removeprefix("unknown: "))
+    assert sampling_verdict("no: it drops its output") == ("it drops its output", "")
+    assert sampling_verdict("yes") == sampling_verdict("yes (vLLM's Triton kernel; not run by the probe)") == ("", "")
 
 
 class V2Runner:

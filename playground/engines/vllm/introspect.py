@@ -41,6 +41,7 @@ class ServerInfo:
     probe_off: str = ""       # why a server that runs the probe records no drafts (another model runner, ...)
     switches: tuple[bool, bool] | None = None   # the EAGLE-3 drafter's (fc_norm, norm_output), when readable
     sampling_fault: str = ""  # why it samples speculative requests wrongly, where its probe found it does
+    sampling_unchecked: str = ""  # why its probe could not check that, where it could not
 
     @property
     def target(self) -> str:
@@ -138,7 +139,7 @@ def inspect_server(url: str, client: httpx.Client) -> ServerInfo:
                       max_model_len=int(card.get("max_model_len") or 0), speculative=speculative,
                       k=k if speculative else None, config=config if isinstance(config, dict) else None,
                       probe=probe.version if not probe.off else None, probe_off=probe.off,
-                      sampling_fault=probe.sampling_fault)
+                      sampling_fault=probe.sampling_fault, sampling_unchecked=probe.sampling_unchecked)
     if info.speculative and info.method in EAGLE_METHODS and isinstance(info.drafter_source, str):
         return replace(info, switches=drafter_switches(info.drafter_source))
     return info

@@ -35,6 +35,7 @@ class ProbeStatus:
     off: str = ""         # why it records no drafts in this server, where it runs but cannot
     config: dict | None = None   # the server's configuration as the probe publishes it (server_config)
     sampling_fault: str = ""     # why the server samples speculative requests wrongly, where the probe found it does
+    sampling_unchecked: str = ""  # why the probe could not check how the server samples them, where it could not
 
 
 def probe_key(api_key: str | None) -> str:
@@ -77,8 +78,16 @@ def probe_status(client: httpx.Client, url: str) -> ProbeStatus:
     config = answer.get("server_config")
     sampling = str(answer.get("speculative_sampling", "yes"))   # published since eagle_probe 0.4.1
     return ProbeStatus(version, "" if drafts == "yes" else drafts.removeprefix("no: "),
-                       config if isinstance(config, dict) else None,
-                       sampling.removeprefix("no: ") if sampling.startswith("no: ") else "")
+                       config if isinstance(config, dict) else None, *sampling_verdict(sampling))
+
+
+def sampling_verdict(published: str) -> tuple[str, str]:
+    """(fault, unchecked) from the probe's `speculative_sampling`: "yes", "no: why" or "unknown: why"."""
+    if published.startswith("no: "):
+        return published.removeprefix("no: "), ""
+    if published.startswith("unknown: "):
+        return "", published.removeprefix("unknown: ")
+    return "", ""
 
 
 class ProbedRequest:
