@@ -48,7 +48,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--budget-s", type=float, default=TrainConfig.budget_s,
                    help="save and stop after this many seconds; the same command goes on from there")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=TrainConfig.bf16,
-                   help="bf16 autocast for the drafter (default on)")
+                   help="bf16 autocast for the drafter (default: on CUDA and on CPUs with native bf16, where it "
+                        "pays; elsewhere it is emulated, several times slower than float32)")
     p.add_argument("--device", default=TrainConfig.device, help="where the drafter trains: cpu or cuda")
     p.add_argument("--val-data", type=Path, nargs="+", default=[],
                    help="held-out data folders: loss and accuracy by depth at every save (val.jsonl)")

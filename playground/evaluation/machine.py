@@ -21,10 +21,15 @@ def cpu_model() -> str:
     return line.partition(":")[2].strip() or platform.processor() or platform.machine()
 
 
-def machine() -> dict:
+def native_bf16() -> bool:
+    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere oneDNN emulates it."""
     flags = _cpuinfo()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def machine() -> dict:
     return {"processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
-            "native_bf16": "avx512_bf16" in flags or "amx_bf16" in flags, "torch": torch.__version__,
+            "native_bf16": native_bf16(), "torch": torch.__version__,
             "threads": torch.get_num_threads()}
 
 

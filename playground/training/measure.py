@@ -19,7 +19,7 @@ from playground.training.ttt import Validator, padded_batch, ttt_pooled
 
 
 def validate_drafters(drafters: list[str], data: list[Path], device: str = TrainConfig.device, limit: int = 256,
-                      ttt_steps: int = TrainConfig.ttt_steps, bf16: bool = TrainConfig.bf16) -> list[dict]:
+                      ttt_steps: int = TrainConfig.ttt_steps, bf16: bool | None = TrainConfig.bf16) -> list[dict]:
     """Training's measure for trained drafters (names or checkpoint folders) on held-out data folders:
     one row per drafter (the recipe's decay, batch and max_len)."""
     paths = [trained_drafter_path(name) for name in drafters]
@@ -41,7 +41,7 @@ def format_validation(rows: list[dict]) -> str:
 
 
 def step_costs(data: list[Path], batch: int = TrainConfig.batch, max_len: int = 6400, device: str = TrainConfig.device,
-               bf16: bool = TrainConfig.bf16) -> list[dict]:
+               bf16: bool | None = TrainConfig.bf16) -> list[dict]:
     """One training step's parts timed on this host, for each data folder's longest batch and its median one:
     the target's states (padded_batch) and each shipped variant's pass with its gradient (ttt_pooled), with
     the process's peak memory so far."""

@@ -49,7 +49,7 @@ from playground.model.drafter import DrafterConfig, Eagle3Drafter, load_drafter,
 from playground.model.target import Target, aux_layer_ids
 from playground.model.variants import SHIPPED, shipped_path
 from playground.training.data import describe, load_examples
-from playground.training.ttt import Validator, padded_batch, ttt_pooled
+from playground.training.ttt import Validator, autocast_bf16, padded_batch, ttt_pooled
 
 RESUME = "resume.json"   # a run folder's last save: the step its exported drafter reached
 
@@ -69,7 +69,7 @@ class TrainConfig:
     draft_vocab: int = 8192
     seed: int = 0
     save_every: int = 200
-    bf16: bool = True            # bf16 autocast for the drafter's matmuls (about 1.5x on CPUs with AVX512-BF16)
+    bf16: bool | None = None     # bf16 autocast for the drafter's matmuls; None: where it pays (ttt.autocast_bf16)
     stop_at: int = 0             # > 0: save and stop after this step (the schedule still spans `steps`)
     device: str = "cpu"          # cpu | cuda (the recipe is the same; the target runs there too)
     val_data: tuple[Path, ...] = ()   # held-out data folders: loss and accuracy by depth at every save
@@ -227,6 +227,7 @@ class Run:
         """`frequent_tokens` picks the draft vocabulary of a new run; a resumed run keeps its own. A new
         run with `config.init` starts from that drafter, its weights and draft vocabulary, and keeps its
         model card (init_card.md) for the shipped card's provenance."""
+        config = replace(config, bf16=autocast_bf16(config.bf16, config.device))   # recorded as it runs
         self.config = config
         self.out = Path(config.out)
         drafter_config = DrafterConfig.for_target(model.config, config.draft_vocab,
