@@ -188,6 +188,19 @@ def test_tau_ratio_of_a_drafter_with_itself_is_one():
     assert value == pytest.approx(1 / (1 + 12 / 15)) and lo <= value <= hi
 
 
+def test_a_retrained_pair_is_also_compared_with_the_shipped_drafter_of_its_own_variant():
+    from playground.evaluation.heldout import EvalRow, tau_ratios
+
+    row = lambda name, variant, accepted: EvalRow(name, "code", None, 1.0, ((accepted, 4), (1, 5)), variant=variant)
+    rows = [row("eagle3.1", "eagle3.1", 6), row("runs/new-eagle3.1/drafter", "eagle3.1", 8),
+            row("eagle3", "eagle3", 2), row("runs/new-eagle3/drafter", "eagle3", 3)]
+    pairs = [(a, b) for _, a, b, _, _ in tau_ratios(rows)]
+    assert pairs == [("runs/new-eagle3.1/drafter", "eagle3.1"), ("eagle3", "eagle3.1"),
+                     ("runs/new-eagle3/drafter", "eagle3.1"), ("runs/new-eagle3/drafter", "eagle3")]
+    [(_, _, _, value, _)] = [r for r in tau_ratios(rows) if r[1:3] == ("runs/new-eagle3/drafter", "eagle3")]
+    assert value == pytest.approx((1 + 4 / 9) / (1 + 3 / 9))
+
+
 def train_here(capsys, train_args: list[str]) -> tuple[int, str, str]:
     """`train ...` run in this process (a subprocess spends seconds importing the libraries): its exit
     status, stdout and stderr."""

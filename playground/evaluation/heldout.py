@@ -40,7 +40,7 @@ from playground.errors import PlaygroundError
 from playground.evaluation import runner
 from playground.evaluation.runner import Method
 from playground.evaluation.tables import markdown_table
-from playground.model.variants import NONE, run_name
+from playground.model.variants import NONE, SHIPPED, run_name
 from playground.prompts.sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HELDOUT_LONG_QUESTIONS,
                                      HELDOUT_SYSTEMS, KINDS, LONGER_CONTEXT, OTHER_TEMPLATES, UNUSUAL_SYSTEMS,
                                      documents_prompt, report_prompt)
@@ -75,6 +75,7 @@ class EvalRow:
     draftable: float   # share of the answer tokens inside the drafter's draft vocabulary: the others cannot be accepted
     counts: tuple[tuple[int, int], ...]   # per prompt: (accepted drafts, drafting steps)
     draft: str = "chain"                  # chain | tree (the TreeShape evaluate was given)
+    variant: str = ""                     # the drafter's switches named (eagle3, eagle3.1); "" for none
 
     @property
     def label(self) -> str:
@@ -129,7 +130,7 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
             draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
             totals = [r.runs[method.name] for r in measured]
             rows.append(EvalRow(method.drafter, kind, Pooled.of(totals), draftable, tuple(t.counts for t in totals),
-                                draft))
+                                draft, drafter.config.variant if drafter is not None else ""))
     return rows
 
 
@@ -150,12 +151,17 @@ def tau_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float]]:
 
 
 def tau_ratios(rows: list[EvalRow]) -> list[tuple[str, str, str, float, tuple[float, float]]]:
-    """Per kind, each later drafter's chain tau over the first one's; then, where trees were
-    drafted, each drafter's tree tau over its chain tau."""
+    """Per kind, each later drafter's chain tau over the first one's, and a trained drafter's (a checkpoint
+    folder) over the shipped drafter of its variant where both ran and that one is not the first (a
+    retrained pair against the pair it replaces); then, where trees were drafted, each drafter's tree tau
+    over its chain tau."""
     ratios = []
     for kind in dict.fromkeys(r.kind for r in rows):
         base, *others = [r for r in rows if r.kind == kind and r.draft == "chain"]
         ratios += [(kind, other.drafter, base.drafter, *tau_ratio(other, base)) for other in others]
+        shipped = {r.drafter: r for r in others if r.drafter in SHIPPED}
+        ratios += [(kind, other.drafter, other.variant, *tau_ratio(other, shipped[other.variant]))
+                   for other in others if other.drafter not in SHIPPED and other.variant in shipped]
     chains = {(r.kind, r.drafter): r for r in rows if r.draft == "chain"}
     ratios += [(r.kind, r.label, f"{r.drafter} chain", *tau_ratio(r, chains[r.kind, r.drafter]))
                for r in rows if r.draft != "chain"]
