@@ -46,6 +46,10 @@ from playground.prompts.sets import (EVAL_KINDS, HELDOUT_CHAT, HELDOUT_CODE, HEL
                                      documents_prompt, report_prompt)
 
 
+# kinds whose prompts are questions about the same text: one document, resampled as one unit
+ONE_DOCUMENT = (EVAL_KINDS["long-context"], LONGER_CONTEXT)
+
+
 def eval_requests(kind: str, drafter: str, k: int, max_tokens: int) -> list[GenerationRequest]:
     make = lambda prompt, template="model", system=None: GenerationRequest(
         prompt=prompt, system=system, drafter=drafter, k=k, max_tokens=max_tokens, template=template)
@@ -73,7 +77,7 @@ class EvalRow:
     kind: str
     pooled: Pooled
     draftable: float   # share of the answer tokens inside the drafter's draft vocabulary: the others cannot be accepted
-    counts: tuple[tuple[int, int], ...]   # per prompt: (accepted drafts, drafting steps)
+    counts: tuple[tuple[int, int], ...]   # per document: (accepted drafts, drafting steps), summed over its prompts
     draft: str = "chain"                  # chain | tree (the TreeShape evaluate was given)
     variant: str = ""                     # the drafter's switches named (eagle3, eagle3.1); "" for none
 
@@ -81,9 +85,10 @@ class EvalRow:
     def label(self) -> str:
         return self.drafter if self.draft == "chain" else f"{self.drafter} {self.draft}"
 
-    def tau_interval(self) -> tuple[float, float]:
-        """95% bootstrap interval of the pooled tau over this kind's prompts."""
-        return bootstrap_interval(tau_of(self.counts), len(self.counts))
+    def tau_interval(self) -> tuple[float, float] | None:
+        """95% bootstrap interval of the pooled tau over this kind's documents (a prompt is its own document
+        unless the kind asks about one text); None for one document, where none can be drawn."""
+        return bootstrap_interval(tau_of(self.counts), len(self.counts)) if len(self.counts) > 1 else None
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,11 @@ class EvalPrompt:
     @property
     def category(self) -> str:
         return self.kind
+
+    @property
+    def document(self) -> str:
+        """What the prompt is about, as a unit of resampling: its kind's one text, or the prompt itself."""
+        return self.kind if self.kind in ONE_DOCUMENT else self.id
 
     def request(self, drafter: str, k: int, max_tokens: int) -> GenerationRequest:
         return self.requests(self.kind, drafter, k, max_tokens)[self.index]
@@ -122,35 +132,45 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
                for name in drafters for draft, shape in drafts]
     rows = []
     for kind in kinds:
-        measured = [u.result for u in runner.measure(engine, kind_prompts(kind, prompts, requests),
-                                                     [m for m, _ in methods], max_tokens) if u.result]
+        asked = kind_prompts(kind, prompts, requests)
+        document = {p.id: p.document for p in asked}
+        measured = [u.result for u in runner.measure(engine, asked, [m for m, _ in methods], max_tokens) if u.result]
         answer = torch.tensor([t for r in measured for t in r.answer], dtype=torch.long)
         for method, draft in methods:
             drafter = engine.drafter(method.drafter)
             draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
             totals = [r.runs[method.name] for r in measured]
-            rows.append(EvalRow(method.drafter, kind, Pooled.of(totals), draftable, tuple(t.counts for t in totals),
+            by_document = {}
+            for r, t in zip(measured, totals):
+                accepted, steps = by_document.get(document[r.id], (0, 0))
+                by_document[document[r.id]] = (accepted + t.counts[0], steps + t.counts[1])
+            rows.append(EvalRow(method.drafter, kind, Pooled.of(totals), draftable, tuple(by_document.values()),
                                 draft, drafter.config.variant if drafter is not None else ""))
     return rows
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+    return "{:.2f}-{:.2f}".format(*ci) if ci is not None else "– (one document)"
 
 
 def format_rows(rows: list[EvalRow]) -> str:
     head = ["kind", "drafter", "prompts", "min prompt tokens", "tau", "tau 95% CI", "acceptance by depth",
             *(f"{q.label} by depth" for q in DEPTH_QUANTITIES), "draftable"]
     return markdown_table(head, ([r.kind, r.label, r.pooled.runs, r.pooled.min_prompt_tokens,
-                                  f"{r.pooled.mean_acceptance_length:.2f}", "{:.2f}-{:.2f}".format(*r.tau_interval()),
+                                  f"{r.pooled.mean_acceptance_length:.2f}", _interval(r.tau_interval()),
                                   " ".join(f"{x:.2f}" for x in r.pooled.acceptance),
                                   *(" ".join(map(q.format, r.pooled.mean(q))) for q in DEPTH_QUANTITIES),
                                   f"{r.draftable:.3f}"] for r in rows))
 
 
-def tau_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float]]:
-    """tau of `a` over tau of `b`, with a 95% paired bootstrap interval: both answered the same
-    prompts (and, greedy, with the same tokens)."""
-    return paired_ratio(tau_of(a.counts), tau_of(b.counts), len(b.counts))
+def tau_ratio(a: EvalRow, b: EvalRow) -> tuple[float, tuple[float, float] | None]:
+    """tau of `a` over tau of `b`, with a 95% paired bootstrap interval over documents (None for one):
+    both answered the same prompts (and, greedy, with the same tokens)."""
+    value, ci = paired_ratio(tau_of(a.counts), tau_of(b.counts), len(b.counts))
+    return value, ci if len(b.counts) > 1 else None
 
 
-def tau_ratios(rows: list[EvalRow]) -> list[tuple[str, str, str, float, tuple[float, float]]]:
+def tau_ratios(rows: list[EvalRow]) -> list[tuple[str, str, str, float, tuple[float, float] | None]]:
     """Per kind, each later drafter's chain tau over the first one's, and a trained drafter's (a checkpoint
     folder) over the shipped drafter of its variant where both ran and that one is not the first (a
     retrained pair against the pair it replaces); then, where trees were drafted, each drafter's tree tau
@@ -173,8 +193,7 @@ def format_ratios(rows: list[EvalRow]) -> str:
     if not ratios:
         return ""
     return markdown_table(["kind", "tau ratio", "value", "95% CI"],
-                          ([kind, f"{a} / {b}", f"{value:.2f}", f"{lo:.2f}-{hi:.2f}"]
-                           for kind, a, b, value, (lo, hi) in ratios))
+                          ([kind, f"{a} / {b}", f"{value:.2f}", _interval(ci)] for kind, a, b, value, ci in ratios))
 
 
 def write_figures(rows: list[EvalRow], path: Path) -> None:
