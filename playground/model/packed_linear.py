@@ -29,8 +29,11 @@ def _onednn_runs_on(device: torch.device) -> bool:
 
 
 def _onednn_packs(weight: torch.Tensor) -> bool:
-    return (_onednn_runs_on(weight.device) and weight.dtype in (torch.float32, torch.bfloat16)
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    # bf16 only where oneDNN has a bf16 path: on an AVX2-only CPU its reorder raises for bf16 weights
+    return (_onednn_runs_on(weight.device)
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and (weight.dtype == torch.float32
+                 or weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def _rows_kernel_runs(weight: torch.Tensor, ours: bool) -> bool:
