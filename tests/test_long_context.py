@@ -8,8 +8,9 @@ import pytest
 from playground.engines.events import StepEvent
 from playground.engines.stats import own_vs_uniform, pooled_tau
 from playground.evaluation.machine import machine
+from playground.evaluation.runner import by_document
 from playground.studies import long_context
-from playground.studies.long_context import LongContextConfig, by_document, documents, prompts
+from playground.studies.long_context import LongContextConfig, document_of, documents, prompts
 
 
 def test_own_draft_attention_is_measured_against_a_uniform_spread_over_the_keys():
@@ -40,7 +41,7 @@ def test_the_study_pools_by_length_and_resamples_documents(engine, tmp_path):
     assert rows[("256", 2)]["prompt_tokens"] > rows[("128", 2)]["prompt_tokens"]
     for drafter in config.drafters:
         method = long_context.method_name(drafter, 2)
-        whole = by_document(results, method)   # a document's two cuts summed: the unit resampled
+        whole = by_document(results, method, document_of)   # a document's two cuts summed: the unit resampled
         assert len(whole) == 2 and sum(t.drafting_steps for t in whole) == sum(r.runs[method].drafting_steps
                                                                               for r in results)
         assert rows[("all", 2)]["tau"][drafter] == pytest.approx(pooled_tau(t.counts for t in whole))

@@ -259,6 +259,21 @@ class RunTotals:
                    self_attention_vs_uniform=DepthSums.of(own_vs_uniform(e) for e in drafting),
                    longest_chain=max((e.drafted for e in drafting), default=0))
 
+    @classmethod
+    def summed(cls, runs: Sequence[RunTotals]) -> RunTotals:
+        """The counts of several runs as one run's (the sums pooling reads; times and lengths added up)."""
+        add = lambda field: sum(getattr(r, field) for r in runs)
+        depths = lambda field: DepthSums.total([getattr(r, field) for r in runs])
+        reaching = [sum(r.reaching[d] for r in runs if d < len(r.reaching))
+                    for d in range(max(len(r.reaching) for r in runs))]
+        return cls(prompt_tokens=add("prompt_tokens"), tokens=add("tokens"), seconds=add("seconds"),
+                   decode_tokens=add("decode_tokens"), decode_seconds=add("decode_seconds"),
+                   verify_steps=add("verify_steps"), accepted=add("accepted"), drafting_steps=add("drafting_steps"),
+                   reaching=tuple(reaching),
+                   depths={name: DepthSums.total([r.depths[name] for r in runs]) for name in runs[0].depths},
+                   draft_ms=add("draft_ms"), verify_ms=add("verify_ms"), drafted=add("drafted"),
+                   self_attention_vs_uniform=depths("self_attention_vs_uniform"))
+
     @property
     def counts(self) -> tuple[int, int]:
         return self.accepted, self.drafting_steps

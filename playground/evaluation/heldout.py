@@ -140,12 +140,10 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
             drafter = engine.drafter(method.drafter)
             draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
             totals = [r.runs[method.name] for r in measured]
-            by_document = {}
-            for r, t in zip(measured, totals):
-                accepted, steps = by_document.get(document[r.id], (0, 0))
-                by_document[document[r.id]] = (accepted + t.counts[0], steps + t.counts[1])
-            rows.append(EvalRow(method.drafter, kind, Pooled.of(totals), draftable, tuple(by_document.values()),
-                                draft, drafter.config.variant if drafter is not None else ""))
+            per_document = runner.by_document(measured, method.name, lambda r: document[r.id])
+            rows.append(EvalRow(method.drafter, kind, Pooled.of(totals), draftable,
+                                tuple(t.counts for t in per_document), draft,
+                                drafter.config.variant if drafter is not None else ""))
     return rows
 
 

@@ -64,6 +64,17 @@ class PromptResult:
     drafts: dict[str, tuple[VerifiedDraft, ...]] = field(default_factory=dict)   # by method, where kept
 
 
+def by_document(results: Sequence[PromptResult], method: str,
+                document: Callable[[PromptResult], str]) -> list[RunTotals]:
+    """One method's runs summed per document (the unit a clustered interval resamples), in the order the
+    documents first come; skipped prompts left out."""
+    grouped: dict[str, list[RunTotals]] = {}
+    for r in results:
+        if r.skipped is None:
+            grouped.setdefault(document(r), []).append(r.runs[method])
+    return [RunTotals.summed(runs) for runs in grouped.values()]
+
+
 @dataclass(frozen=True)
 class Progress:
     """What a running measurement reports: after every step of a prompt's runs, and with `result`

@@ -29,11 +29,11 @@ from playground.engines.intervals import bootstrap_interval, paired_ratio, tau_o
 from playground.engines.quantities import OWN_DRAFT_ATTENTION
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
-from playground.engines.stats import DepthSums, RunTotals, pooled_tau
+from playground.engines.stats import DepthSums, pooled_tau
 from playground.errors import PlaygroundError
 from playground.evaluation import runner
 from playground.evaluation.machine import described, machine
-from playground.evaluation.runner import Method, PromptResult
+from playground.evaluation.runner import Method, PromptResult, by_document
 from playground.evaluation.tables import markdown_table, with_interval, write_results
 from playground.model.variants import EAGLE3, EAGLE31
 from playground.plots import label
@@ -132,28 +132,9 @@ def collect(config: LongContextConfig, engine: ReferenceEngine, out: Path) -> tu
     return docs, runs
 
 
-def by_document(results: Sequence[PromptResult], method: str) -> list[RunTotals]:
-    """One method's runs summed per document, in the documents' order (a cluster's counts)."""
-    grouped: dict[str, list[RunTotals]] = {}
-    for r in results:
-        if r.skipped is None:
-            grouped.setdefault(r.id.split("@")[0], []).append(r.runs[method])
-    return [summed(runs) for runs in grouped.values()]
-
-
-def summed(runs: Sequence[RunTotals]) -> RunTotals:
-    """The counts of several runs as one run's (the sums pooling reads; times and lengths added up)."""
-    add = lambda field: sum(getattr(r, field) for r in runs)
-    depths = lambda field: DepthSums.total([getattr(r, field) for r in runs])
-    reaching = [sum(r.reaching[d] for r in runs if d < len(r.reaching)) for d in range(max(len(r.reaching)
-                                                                                          for r in runs))]
-    return RunTotals(prompt_tokens=add("prompt_tokens"), tokens=add("tokens"), seconds=add("seconds"),
-                     decode_tokens=add("decode_tokens"), decode_seconds=add("decode_seconds"),
-                     verify_steps=add("verify_steps"), accepted=add("accepted"), drafting_steps=add("drafting_steps"),
-                     reaching=tuple(reaching),
-                     depths={name: DepthSums.total([r.depths[name] for r in runs]) for name in runs[0].depths},
-                     draft_ms=add("draft_ms"), verify_ms=add("verify_ms"), drafted=add("drafted"),
-                     self_attention_vs_uniform=depths("self_attention_vs_uniform"))
+def document_of(result: PromptResult) -> str:
+    """The document a prompt cuts (its id is "<document>@<length>")."""
+    return result.id.split("@")[0]
 
 
 def _interval(statistic, units: int) -> list[float]:
@@ -173,7 +154,7 @@ def analyse(config: LongContextConfig, results: Sequence[PromptResult]) -> dict:
         if not ran:
             continue
         for k in config.ks:
-            per_doc = {d: by_document(ran, method_name(d, k)) for d in config.drafters}
+            per_doc = {d: by_document(ran, method_name(d, k), document_of) for d in config.drafters}
             documents = len(per_doc[first])
             counts = {d: [t.counts for t in per_doc[d]] for d in config.drafters}
             ratio, ratio_ci = paired_ratio(tau_of(counts[last]), tau_of(counts[first]), documents)

@@ -15,7 +15,7 @@ from playground.model.drafter import load_drafter
 from playground.model.variants import SHIPPED, shipped_path
 from playground.training.data import load_examples
 from playground.training.train import TrainConfig, load_frozen_target, trained_drafter_path
-from playground.training.ttt import Validator, padded_batch, ttt_pooled
+from playground.training.ttt import Validator, autocast_bf16, padded_batch, ttt_pooled
 
 
 def validate_drafters(drafters: list[str], data: list[Path], device: str = TrainConfig.device, limit: int = 256,
@@ -23,6 +23,7 @@ def validate_drafters(drafters: list[str], data: list[Path], device: str = Train
     """Training's measure for trained drafters (names or checkpoint folders) on held-out data folders:
     one row per drafter (the recipe's decay, batch and max_len)."""
     paths = [trained_drafter_path(name) for name in drafters]
+    bf16 = autocast_bf16(bf16, device)
     target, _, embed, head = load_frozen_target(device)
     validator = Validator(load_examples(data), target, TrainConfig.batch, TrainConfig.max_len, limit)
     rows = []
@@ -45,6 +46,7 @@ def step_costs(data: list[Path], batch: int = TrainConfig.batch, max_len: int = 
     """One training step's parts timed on this host, for each data folder's longest batch and its median one:
     the target's states (padded_batch) and each shipped variant's pass with its gradient (ttt_pooled), with
     the process's peak memory so far."""
+    bf16 = autocast_bf16(bf16, device)
     target, _, embed, head = load_frozen_target(device)
     drafters = {name: load_drafter(shipped_path(name)).to(device).requires_grad_(True).train() for name in SHIPPED}
     rows = []

@@ -176,7 +176,7 @@ def autocast_bf16(requested: bool | None, device: str) -> bool:
 
 
 def ttt_pooled(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
-               batch: dict, ttt_steps: int, decay: float, bf16: bool | None, backward: bool,
+               batch: dict, ttt_steps: int, decay: float, bf16: bool, backward: bool,
                part_scores: int = PART_SCORES) -> TTTResult:
     """ttt_loss of the whole batch, taken in parts of bounded memory (batch_parts), with (`backward`) its
     gradient added to the drafter's: the loss and gradient of one pass over the batch. The loss comes back
@@ -185,8 +185,7 @@ def ttt_pooled(drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, 
     parts = []
     for rows in batch_parts(batch["answer"], ttt_steps, part_scores):
         part = {name: value[rows] for name, value in batch.items()}
-        with torch.autocast(batch["ids"].device.type, dtype=torch.bfloat16,
-                            enabled=autocast_bf16(bf16, batch["ids"].device.type)):
+        with torch.autocast(batch["ids"].device.type, dtype=torch.bfloat16, enabled=bf16):
             result = ttt_loss(drafter, embed, head, in_vocab, part, ttt_steps, decay, counts=counts)
         if backward and result.loss.requires_grad:
             result.loss.backward()
@@ -211,7 +210,7 @@ class Validator:
 
     @torch.no_grad()
     def __call__(self, drafter: Eagle3Drafter, embed: torch.Tensor, head: torch.Tensor, in_vocab: torch.Tensor,
-                 ttt_steps: int, decay: float, bf16: bool | None) -> dict:
+                 ttt_steps: int, decay: float, bf16: bool) -> dict:
         results = [ttt_pooled(drafter, embed, head, in_vocab, batch, ttt_steps, decay, bf16, backward=False)
                    for batch in self.batches]
         depths = range(min(len(r.step_acc) for r in results))
