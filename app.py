@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from playground.engines.compute_thread import ComputeThread
+    from playground.engines.cpu_share import CpuShare
     from playground.engines.reference import ReferenceEngine
     from playground.engines.vllm.watch import parse_servers
     from playground.ui.app import create_ui, launch
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     limits = Limits(max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens, queue_size=args.queue_size,
                     sessions=args.sessions, study_prompts=args.study_prompts, watch_any_url=args.watch_any_url)
     watched = parse_servers(args.watch_url, "--watch-url")   # bad URLs stop here, before the model loads
-    compute = ComputeThread()   # this thread: it loads the model and then runs every step Gradio's threads hand it
+    compute = ComputeThread(CpuShare())   # this thread: it loads the model and then runs every step Gradio's threads hand it
     engine = ReferenceEngine.load(args.target, args.dtype, weights=args.weights, max_tokens_limit=limits.max_tokens,
                                   compute=compute)
     for name in SHIPPED:

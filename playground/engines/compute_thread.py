@@ -10,6 +10,7 @@ threads, so on a 2-core AVX-512 EPYC EAGLE 3.1 decoded the Code preset at 105 to
 thread (verify 21.7 ms a step), 123-130 from a thread that had loaded the model itself, and 160 on
 the main thread (14.6 ms). The app therefore serves its engine's work on the main thread
 (`serve_forever`) and runs Gradio beside it; a command-line run computes on its main thread anyway.
+Between calls it runs on the CPUs other processes leave it (cpu_share says why).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import threading
 from concurrent.futures import Future
 from typing import Callable, TypeVar
 
+from playground.engines.cpu_share import CpuShare
+
 T = TypeVar("T")
 WAKE_S = 0.5   # how often a waiting serve_forever lets Python run signal handlers (SIGTERM, Ctrl-C)
 
@@ -26,9 +29,11 @@ WAKE_S = 0.5   # how often a waiting serve_forever lets Python run signal handle
 class ComputeThread:
     """The thread that creates it, running the calls other threads hand it once it serves them."""
 
-    def __init__(self):
+    def __init__(self, share: CpuShare | None = None):
+        """`share`: where given, the thread count follows the CPUs left free, measured between calls."""
         self._owner = threading.current_thread()
         self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._share = share
 
     def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """fn(*args, **kwargs) on the owner thread (at once where the caller is the owner), its result or
@@ -45,6 +50,8 @@ class ComputeThread:
         if threading.current_thread() is not self._owner:
             raise RuntimeError("a ComputeThread serves on the thread that created it")
         while True:
+            if self._share:
+                self._share.adjust()
             try:
                 done, fn, args, kwargs = self._work.get(timeout=WAKE_S)
             except queue.Empty:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from playground.engines.cpu_share import configured_threads
+
 
 def _cpuinfo() -> str:
     try:
@@ -30,7 +32,7 @@ def native_bf16() -> bool:
 def machine() -> dict:
     return {"processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
             "native_bf16": native_bf16(), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+            "threads": configured_threads()}
 
 
 def described(host: dict) -> str:

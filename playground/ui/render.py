@@ -172,6 +172,27 @@ def show_rejected_js(group: str) -> str:
 # shown (plots updated while their tab was hidden were laid out at a hidden element's size), and when a plot
 # is wider or narrower than its block.
 PAGE_JS = """() => {
+    // Gradio's plot redraws its figure at every update of its event, changed or not, and a streamed run
+    // sends its plots with every text update (see runs.LivePlots): a figure the plot already shows is
+    // not drawn again. Drawing three unchanged figures took most of a 2-core host's browser, and a
+    // comparison's Stop waited behind it. Plotly arrives with the first plot, as window.Plotly.
+    const drawn = new WeakMap();   // plot element -> the figure it shows, as JSON
+    const drawOnlyChanges = (plotly) => {
+        const react = plotly.react;
+        if (react.drawsOnlyChanges) return plotly;
+        plotly.react = function (element, data, layout) {
+            const figure = JSON.stringify([data, layout]);
+            if (element && drawn.get(element) === figure && element.querySelector('.main-svg'))
+                return Promise.resolve(element);
+            drawn.set(element, figure);
+            return react.apply(this, arguments);
+        };
+        plotly.react.drawsOnlyChanges = true;
+        return plotly;
+    };
+    let plotly = window.Plotly && drawOnlyChanges(window.Plotly);
+    Object.defineProperty(window, 'Plotly', {configurable: true, get: () => plotly,
+                                             set: (loaded) => { plotly = drawOnlyChanges(loaded); }});
     const outline = () => {
         const shown = document.querySelector('#inspector .inspector-head')?.dataset.step;
         document.querySelectorAll('#answer .step').forEach((s) => s.classList.toggle('chosen', s.dataset.step === shown));

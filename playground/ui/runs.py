@@ -140,13 +140,16 @@ def csv_rows(run: str, event: StepEvent) -> list[dict]:
     return [step | depth for depth in depths] or [step]
 
 
+TEXT_EVERY_S, PLOTS_EVERY_S = 0.08, 0.5   # one streaming column's updates of its text and of its plots
+
+
 class Pacer:
     """Decides when the page gets an update: text often, plots less often, the end always.
 
     A streamed update costs a render and a websocket message; pacing keeps the page fluid
     however fast the engine is, and the final state is always sent."""
 
-    def __init__(self, text_every_s: float = 0.08, plots_every_s: float = 0.5):
+    def __init__(self, text_every_s: float = TEXT_EVERY_S, plots_every_s: float = PLOTS_EVERY_S):
         self.every = {"text": text_every_s, "plots": plots_every_s}
         self.last = {"text": float("-inf"), "plots": float("-inf")}
 

@@ -19,7 +19,7 @@ from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.malloc_arenas import release_freed
 from playground.ui.endpoints import RunSettings, choice, number, refusal, text, whole_number
-from playground.ui.runs import Pacer, RunLog
+from playground.ui.runs import PLOTS_EVERY_S, TEXT_EVERY_S, Pacer, RunLog
 
 log = logging.getLogger("playground.ui")
 
@@ -122,7 +122,11 @@ def follow(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog
     comes out whenever the page is due an update (paced), and always last. After Stop every run that
     has begun ends as stopped, one that has not stays empty. A stream that ends unfinished (a run that
     failed alone, its failure told elsewhere) holds up no one; a stream that raises ends them all."""
-    pacer, ended = pacer or Pacer(), set()
+    # columns side by side stream at one column's pace in all: the browser draws every column's answer at
+    # each update and each plot (~0.1 s apiece there) at each plot update, and at one column's pace each it
+    # fell behind on a 2-core host (a comparison's Stop clicked 30 s late)
+    columns = len(streams)
+    pacer, ended = pacer or Pacer(TEXT_EVERY_S * columns, PLOTS_EVERY_S * columns), set()
 
     def watched(name: str, stream: Iterator[StepEvent]) -> Iterator[StepEvent]:
         yield from stream
