@@ -5,7 +5,7 @@ hundreds of regions. When another process keeps one core of a 2-core machine bus
 the page, a vLLM server, a visitor's study in a second app), the team's second thread runs only in the
 slices the scheduler leaves it, and each region waits for one. On a 2-core AVX2 EPYC, plain decoding of
 96 tokens took 1.98 s on two threads alone, 4.60 s on two threads beside one busy core and 2.15 s on one
-thread beside it (`python -m playground.engines.cpu_share`). So the compute thread asks, between steps, how much of its CPUs others used over the
+thread beside it (`python -m playground.evaluation.cpu_contention`). So the compute thread asks, between steps, how much of its CPUs others used over the
 last second, and runs on what is left (at least one thread, at most what it started with).
 
 Linux only (it reads /proc/stat and /proc/self/stat); elsewhere the thread count stays as it started.
@@ -103,53 +103,3 @@ class CpuShare:
             self.threads = wanted
         return self.threads
 
-
-def _spin(until: float) -> None:
-    while time.monotonic() < until:
-        pass
-
-
-def beside_a_busy_cpu(tokens: int = 96) -> list[tuple[str, float]]:
-    """Seconds of plain greedy decoding of `tokens` tokens on the embedded engine: alone, then beside a
-    process that keeps one CPU busy on the configured threads, on one fewer, and as a CpuShare sets them
-    between steps (as the page's compute thread does)."""
-    import multiprocessing
-
-    from playground.engines.reference import ReferenceEngine
-    from playground.engines.request import GenerationRequest
-
-    engine, most = ReferenceEngine.load(), configured_threads()
-    request = GenerationRequest(prompt="Tell me a long story about a lighthouse keeper.", drafter="none",
-                                temperature=0.0, max_tokens=tokens)
-
-    def decode(threads: int | None, share: CpuShare | None = None) -> float:
-        torch.set_num_threads(threads or most)
-        start = time.perf_counter()
-        for _ in engine.generate(request):
-            if share:
-                share.adjust()
-        return time.perf_counter() - start
-
-    decode(most)   # warm
-    rows = [(f"alone, {most} threads", decode(most))]
-    busy = multiprocessing.get_context("spawn").Process(target=_spin, args=(time.monotonic() + 600,))
-    busy.start()
-    try:
-        time.sleep(EVERY_S)
-        rows += [(f"beside a busy CPU, {most} threads", decode(most)),
-                 (f"beside a busy CPU, {max(1, most - 1)} threads", decode(max(1, most - 1)))]
-        share = CpuShare(most)
-        time.sleep(EVERY_S)
-        rows.append(("beside a busy CPU, as CpuShare sets them", decode(None, share)))
-    finally:
-        busy.terminate()
-        torch.set_num_threads(most)
-    return rows
-
-
-if __name__ == "__main__":   # python -m playground.engines.cpu_share
-    from playground.evaluation.machine import described, machine
-
-    print(f"Plain greedy decoding of 96 tokens on {described(machine())}:")
-    for label, seconds in beside_a_busy_cpu():
-        print(f"  {label}: {seconds:.2f} s")
