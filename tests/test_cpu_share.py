@@ -8,12 +8,7 @@ import pytest
 import torch
 
 from playground.engines.cpu_share import EVERY_S, CpuShare, read_times, threads_for
-
-
-def spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
+from playground.evaluation.cpu_contention import spin_until
 
 
 def test_a_thread_goes_where_others_take_a_cpu_and_comes_back_only_where_most_of_one_is_free():
@@ -33,7 +28,7 @@ def test_the_engine_leaves_a_cpu_another_process_keeps_busy_and_takes_it_back_wh
     assert read_times(frozenset(os.sched_getaffinity(0))) is not None
     share = CpuShare(most=2)
     try:
-        hog = multiprocessing.get_context("spawn").Process(target=spin, args=(3 * EVERY_S,))
+        hog = multiprocessing.get_context("spawn").Process(target=spin_until, args=(time.monotonic() + 3 * EVERY_S,))
         hog.start()
         time.sleep(1.5 * EVERY_S)
         assert share.adjust() == 1 and torch.get_num_threads() == 1

@@ -5,8 +5,9 @@ hundreds of regions. When another process keeps one core of a 2-core machine bus
 the page, a vLLM server, a visitor's study in a second app), the team's second thread runs only in the
 slices the scheduler leaves it, and each region waits for one. On a 2-core AVX2 EPYC, plain decoding of
 96 tokens took 1.98 s on two threads alone, 4.60 s on two threads beside one busy core and 2.15 s on one
-thread beside it (`python -m playground.evaluation.cpu_contention`). So the compute thread asks, between steps, how much of its CPUs others used over the
-last second, and runs on what is left (at least one thread, at most what it started with).
+thread beside it (`python -m playground.evaluation.cpu_contention`). So the compute thread asks, between
+steps, how much of its CPUs others used over the last second, and runs on what is left (at least one
+thread, at most what it started with).
 
 Linux only (it reads /proc/stat and /proc/self/stat); elsewhere the thread count stays as it started.
 """
@@ -26,13 +27,9 @@ EVERY_S = 1.0   # how often the share is measured again: long enough that a step
 KEEP, ADD = 0.65, 0.8
 
 
-_configured: list[int] = []   # the thread count the first CpuShare started from
-
-
-def configured_threads() -> int:
-    """The threads the engine computes on when it has its CPUs to itself: what a host's figures are
-    described and cached by, whatever a CpuShare has set for the moment."""
-    return _configured[0] if _configured else torch.get_num_threads()
+# the threads the engine computes on when it has its CPUs to itself (torch's count as the process starts):
+# what a host's figures are described and cached by, whatever a CpuShare has set for the moment
+CONFIGURED_THREADS = torch.get_num_threads()
 
 
 class CpuTimes(NamedTuple):
@@ -77,8 +74,7 @@ class CpuShare:
     def __init__(self, most: int | None = None, read: Callable[[frozenset[int]], CpuTimes | None] = read_times,
                  clock: Callable[[], float] = time.monotonic):
         self.cpus = frozenset(os.sched_getaffinity(0))
-        self.most = min(most or configured_threads(), len(self.cpus))
-        _configured[:1] = [configured_threads()]
+        self.most = min(most or CONFIGURED_THREADS, len(self.cpus))
         self.threads = self.most
         self._read, self._clock = read, clock
         self._last, self._at = read(self.cpus), clock()
@@ -102,4 +98,3 @@ class CpuShare:
             torch.set_num_threads(wanted)
             self.threads = wanted
         return self.threads
-

@@ -10,14 +10,15 @@ import time
 
 import torch
 
-from playground.engines.cpu_share import EVERY_S, CpuShare, configured_threads
+from playground.engines.cpu_share import CONFIGURED_THREADS, EVERY_S, CpuShare
 from playground.engines.reference import ReferenceEngine
 from playground.engines.request import GenerationRequest
 from playground.evaluation.machine import described, machine
 
 
-def _spin(until: float) -> None:
-    while time.monotonic() < until:
+def spin_until(deadline: float) -> None:
+    """Keep one CPU busy until time.monotonic() reaches `deadline`."""
+    while time.monotonic() < deadline:
         pass
 
 
@@ -25,7 +26,7 @@ def beside_a_busy_cpu(tokens: int = 96) -> list[tuple[str, float]]:
     """Seconds of plain greedy decoding of `tokens` tokens on the embedded engine: alone, then beside a
     process that keeps one CPU busy on the configured threads, on one fewer, and as a CpuShare sets them
     between steps (as the page's compute thread does)."""
-    engine, most = ReferenceEngine.load(), configured_threads()
+    engine, most = ReferenceEngine.load(), CONFIGURED_THREADS
     request = GenerationRequest(prompt="Tell me a long story about a lighthouse keeper.", drafter="none",
                                 temperature=0.0, max_tokens=tokens)
 
@@ -39,7 +40,7 @@ def beside_a_busy_cpu(tokens: int = 96) -> list[tuple[str, float]]:
 
     decode(most)   # warm
     rows = [(f"alone, {most} threads", decode(most))]
-    busy = multiprocessing.get_context("spawn").Process(target=_spin, args=(time.monotonic() + 600,))
+    busy = multiprocessing.get_context("spawn").Process(target=spin_until, args=(time.monotonic() + 600,))
     busy.start()
     try:
         time.sleep(EVERY_S)

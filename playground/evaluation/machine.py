@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from playground.engines.cpu_share import configured_threads
+from playground.engines.cpu_share import CONFIGURED_THREADS
 
 
 def _cpuinfo() -> str:
@@ -32,7 +32,7 @@ def native_bf16() -> bool:
 def machine() -> dict:
     return {"processor": platform.processor() or platform.machine(), "cpu": cpu_model(),
             "native_bf16": native_bf16(), "torch": torch.__version__,
-            "threads": configured_threads()}
+            "threads": CONFIGURED_THREADS}
 
 
 def described(host: dict) -> str:
