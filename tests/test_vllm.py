@@ -3,6 +3,8 @@
 import http.server
 import itertools
 import json
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from playground.engines.request import GenerationRequest
 from playground.engines.stats import first_difference, summarize
 from playground.engines.vllm.backend import NONE, LaunchSpec, launch_config, vllm_backend
 from playground.engines.vllm.client import Server, VLLMEngine
+from playground.engines.vllm.cpu_binding import physical_cores
 from playground.engines.vllm.launch import Launched, healthy
 from playground.engines.vllm.metrics import read_counters
 from playground.engines.vllm.probe import fetch_records, probe_key
@@ -75,6 +78,10 @@ def test_launcher_starts_a_server_again_when_its_port_was_taken(servers):
     assert f"port {taken_port} was taken before vllm-eagle3.1 could bind it" in "\n".join(lines)
     assert vllm.servers["eagle3.1"].url == retried.url and healthy(retried.url)
     assert all(not is_ephemeral(p.port) for p in launched.processes.values())
+    # the two eager servers, started together, run their threads on cores of their own (not vLLM's, the same)
+    bound = {name: re.search(r"core ids=\[([\d, ]*)\]", launched.processes[name].log.read_text()).group(1)
+             for name in ("eagle3", NONE)}
+    assert len(set(bound.values())) == min(2, len(physical_cores(frozenset(os.sched_getaffinity(0))))), bound
 
 
 def assert_same_answer(vllm_events: list, ours) -> None:

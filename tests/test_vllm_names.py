@@ -3,10 +3,13 @@ each launch entry becomes, and how a server's drafter is told apart (EAGLE 3, EA
 tests/test_vllm.py runs such servers for real."""
 
 import json
+import os
 
 import pytest
 
 from playground.engines.vllm.backend import LaunchSpec, launch_entries, parse_launch_entry, parse_urls, planned_names
+from playground.engines.vllm import cpu_binding
+from playground.engines.vllm.cpu_binding import BIND_VARIABLE, launch_binds, physical_cores, server_binds
 from playground.engines.vllm.introspect import ServerInfo, drafter_switches
 from playground.engines.vllm.launch import LaunchConfig, ServerSpec, server_command
 from playground.errors import PlaygroundError
@@ -136,3 +139,30 @@ def test_switches_are_read_from_plain_and_speculators_checkpoints(tmp_path):
     assert drafter_switches(str(tmp_path)) == (True, True)
     assert drafter_switches(str(tmp_path / "missing")) is None
     assert drafter_switches("nobody/not-cached") is None
+
+
+def test_servers_started_side_by_side_get_cores_of_their_own(monkeypatch):
+    assert server_binds(1, [0, 1]) is None   # one server: vLLM's own binding (its last core left to the API server)
+    assert server_binds(3, [0, 1]) == ["0", "1", "0"]
+    assert server_binds(2, [0, 1]) == ["0", "1"]
+    assert server_binds(3, list(range(16))) == ["0,1,2,3,4", "5,6,7,8,9", "10,11,12,13,14"]
+    assert server_binds(2, [0, 2, 4, 6]) == ["0", "2"]
+    cores = physical_cores(frozenset(os.sched_getaffinity(0)))
+    assert cores and set(cores) <= os.sched_getaffinity(0)
+    monkeypatch.delenv(BIND_VARIABLE, raising=False)
+    assert launch_binds(2, ()) == server_binds(2, cores)
+    assert launch_binds(2, ("--data-parallel-size", "2")) is None and launch_binds(2, ("-tp=2",)) is None
+    monkeypatch.setenv(BIND_VARIABLE, "nobind")
+    assert launch_binds(2, ()) is None
+
+
+def test_a_physical_core_counts_once(tmp_path, monkeypatch):
+    """Two logical CPUs of one core (SMT siblings): the server is bound to the first of them only."""
+    for cpu, core in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(cpu_binding, "CPU_FOLDER", tmp_path)
+    assert physical_cores({0, 1, 2, 3}) == [0, 1]
+    assert sorted(physical_cores({2, 3, 5})) == [2, 3, 5]   # cpu5 has no topology: a core of its own

