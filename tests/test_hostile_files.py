@@ -71,9 +71,10 @@ def test_three_19_MiB_files_of_tiny_prompts_at_once_cost_the_app_little(tmp_path
 def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memory():
     """15 Playground runs and 5 studies at once, twice: every one answers, and freed memory is reused, not
     kept per thread: the second wave fits in the memory the first left (its peak within 50 MiB of the
-    first's; four waves measured 1,059 -> 1,059 -> 1,059 -> 1,066 MiB), the first costs at most 300 MiB over
-    the warm app's peak (measured +190: twenty runs in flight at once), and the idle app after them is within
-    200 of the warm one. (The idle RSS at one instant varies by +-50 MiB from wave to wave, the peak far less.)"""
+    first's, its idle RSS within 150), and neither wave holds more than 300 MiB over the warm app. Measured on
+    a 2-CPU EPYC: peaks warm 868, then 1,047 -> 1,062 -> 1,075 MiB over three waves, 1,059 -> 1,059 -> 1,059
+    -> 1,066 over four; idle 1,001 -> 1,027 -> 995 and 807 -> 858 -> 915 -> 854 (warm 770): the idle RSS at
+    one instant moves by tens of MiB from wave to wave, the peak far less."""
     server = AppServer("--max-tokens", "64")
     try:
         warm = api_client(server.url)
@@ -102,9 +103,9 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
             rss.append(rss_mib(server.pid))
     finally:
         server.stop()
-    (warm, warm_peak), (_, first_peak), (idle, peak) = rss
+    (warm, warm_peak), (first_idle, first_peak), (idle, peak) = rss
     print(f"20 visitors twice: {seconds[0]:.1f} and {seconds[1]:.1f} s, RSS (now, peak) "
           + " -> ".join(f"({now:.0f}, {high:.0f})" for now, high in rss) + " MiB")
     assert served == [["run"] * 15 + ["study"] * 5] * 2
-    assert peak - first_peak < 50 and first_peak - warm_peak < 300
-    assert idle - warm < 200
+    assert peak - first_peak < 50 and idle - first_idle < 150
+    assert peak - warm_peak < 300 and idle - warm < 300
