@@ -34,7 +34,7 @@ DIFFERENCE_TITLES = {**{q.diff_name: q.short for q in DEPTH_QUANTITIES}, "draft_
 
 
 # plotly_white as far as these plots use it (its page, axes, hover, lines and bars; not its colour scales and its
-# 3-D, map and polar styles, which made each figure 6 KB heavier and took two-thirds of the time to build one), with
+# 3-D, map and polar styles, which made a plot's JSON 7.5 KB instead of 2.1 and its build 61 ms instead of 19), with
 # a toolbar of three buttons (save as PNG, reset the axes, plotly's mark): the full one runs over the title of a plot
 # a third of the page or a phone wide
 _WHITE = pio.templates["plotly_white"].to_plotly_json()

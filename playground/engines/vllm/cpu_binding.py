@@ -5,8 +5,8 @@ core of its NUMA node, the last core left to the API server and scheduler; vllm/
 ~45-64 and ~123-160 in 0.32.0), and it binds every server to the same cores: on a two-CPU machine all of them
 run on CPU 0 while CPU 1 waits. Started side by side, each server gets cores of its own instead: the physical
 cores split evenly with one left for the API servers, or, where there are no more cores than servers, one
-core each in turn. Measured on a 2-CPU AMD EPYC with three eager servers: healthy after 120 s instead of 194,
-three answers at once in 13-15 s instead of 19-21 (docs/performance.md, "vLLM servers side by side")."""
+core each in turn. Measured on a 2-CPU AMD EPYC with three eager servers: healthy after 118 s instead of 150,
+three answers at once in 15-16 s instead of 22-24 (docs/performance.md, "Several servers on one machine")."""
 
 from __future__ import annotations
 
