@@ -144,13 +144,30 @@ def test_a_fault_in_any_hook_leaves_the_server_serving_and_the_run_on_vllms_coun
     assert summarize(after).token_ids == greedy and not after[-1].note and after[1].draft_ids
 
 
-def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(server, greedy):
+def server_state(launched) -> str:
+    """What the server says it is doing: vLLM's request gauges, the probe's count of requests it records, and
+    the last lines of the server's log (where a test finds a request that does not start)."""
+    backend, servers, _ = launched
+    url = backend.urls()["eagle3.1"]
+    gauges = [line for line in httpx.get(f"{url}/metrics", headers=KEYED, timeout=30).text.splitlines()
+              if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))]
+    recording = httpx.get(f"{url}{PREFIX}/status", headers=KEYED, timeout=30).json().get("recording")
+    log = servers.processes["eagle3.1"].log.read_text(errors="replace").splitlines()[-15:]
+    return "\n".join([*gauges, f"probe recording: {recording}", *log])
+
+
+def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(launched, server, greedy):
     backend, url, _ = server
-    started, done, ended_early = threading.Barrier(3, timeout=300), threading.Event(), []
+    started, done, ended_early = threading.Barrier(3, timeout=120), threading.Event(), []
+    first_lines: list[float] = []
 
     def hold_a_slot():   # a recorded request that runs until the one below has ended, then is dropped
         with HeldRequest(backend, url) as held:
-            started.wait()
+            first_lines.append(time.monotonic() - start)
+            try:
+                started.wait()
+            except threading.BrokenBarrierError:
+                return   # the test says why
             for line in held.lines:
                 if "[DONE]" in line:
                     ended_early.append(held.key)
@@ -158,9 +175,15 @@ def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(server, g
                     break
 
     holders = [threading.Thread(target=hold_a_slot) for _ in range(2)]
+    start = time.monotonic()
     for thread in holders:
         thread.start()
-    started.wait()
+    try:
+        started.wait()
+    except threading.BrokenBarrierError:
+        done.set()
+        pytest.fail(f"of two streams started at once, {len(first_lines)} sent a first line within 120 s "
+                    f"(after {[round(t, 1) for t in first_lines]} s); the server:\n{server_state(launched)}")
     events, ended_before = [], None   # the probe admits or refuses a request at its first step
     try:
         for event in backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)):
