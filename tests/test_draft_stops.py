@@ -4,10 +4,16 @@ choice never saw, every answer the same as fixed k's."""
 import json
 from pathlib import Path
 
+import pytest
+
 from playground.engines.draft_stop import DraftStop
+from playground.engines.intervals import paired_ratio
+from playground.engines.stats import rate_of_runs
+from playground.evaluation import runner
 from playground.prompts.files import read_prompt_file
 from playground.studies import draft_stops
-from playground.studies.draft_stop_report import DraftStopReport, markdown
+from playground.prompts.sets import BenchPrompt, suite
+from playground.studies.draft_stop_report import DraftStopReport, markdown, table
 from playground.studies.draft_stops import CANDIDATES, DraftStopConfig
 from playground.studies.rejection import SAMPLE
 
@@ -56,3 +62,22 @@ def test_the_stored_report_reads_back_and_writes_the_same_file_and_table():
     report = DraftStopReport.from_json(written)
     assert json.loads(json.dumps(report.to_json())) == written
     assert markdown(report) == (stored / "results.md").read_text()
+
+
+def test_the_questions_about_one_long_document_are_one_unit_of_the_intervals(engine):
+    documents = suite(engine.tokenizer, draft_stops.DOCUMENTS, 2)
+    assert [p.document for p in documents] == [c for c in draft_stops.DOCUMENTS for _ in range(2)]
+    prompts = [BenchPrompt("x", "Read: the sea is blue and cold. Why is it blue?", document="sea"),
+               BenchPrompt("x", "Read: the sea is blue and cold. Is it warm?", document="sea"),
+               BenchPrompt("x", "What is 12 times 13?")]
+    config = DraftStopConfig(drafters=("eagle3.1",), prompts=1, documents=0, max_tokens=16)
+    k5, k1 = draft_stops.fixed(5, "eagle3.1"), draft_stops.fixed(1, "eagle3.1")
+    results = draft_stops._measured(engine, prompts, [k5, k1], config, None, "units")
+    row = draft_stops._row("set", "eagle3.1", k1, results, k5)
+    units = runner.by_unit(results)
+    assert (row.prompts, row.units, len(units)) == (3, 2, 2)
+    assert units[0].runs["k=1"].tokens == results[0].runs["k=1"].tokens + results[1].runs["k=1"].tokens
+    speedup, ci = paired_ratio(rate_of_runs([u.runs["k=1"] for u in units]),
+                               rate_of_runs([u.runs["k=5"] for u in units]), 2)
+    assert row.speedup_vs_k5 == pytest.approx(speedup, rel=1e-12) and row.speedup_vs_k5_ci == list(ci)
+    assert "set (3 on 2 texts)" in table([row]) and "95% CI over the set's units" in table([row])

@@ -60,6 +60,14 @@ def test_csv_with_a_prompt_column():
         ("q1", "Hello, there", "greet"), ("q2", "Two\nlines", None)]
 
 
+def test_prompts_may_name_the_document_they_ask_about():
+    records = [{"prompt": "Q1", "document": "report"}, {"prompt": "Q2", "document": 7}, {"prompt": "Q3", "document": ""},
+               {"messages": [{"role": "user", "content": "Q4"}], "document": "report"}]
+    assert [p.document for p in read_prompts(jsonl(*records)).prompts] == ["report", "7", None, "report"]
+    csv = read_prompts(b"prompt,document\nQ1,report\nQ2,\n")
+    assert [p.document for p in csv.prompts] == ["report", None]
+
+
 def test_csv_with_semicolons_or_tabs():
     for sep in (";", "\t"):
         f = read_prompts(f"prompt{sep}category\nHello, there{sep}greet\n".encode())
@@ -96,6 +104,9 @@ def test_the_shipped_chat_sample_has_categories_and_long_documents():
     f = read_prompts((ASSETS / "prompts" / "chat.jsonl").read_bytes())
     assert f.format == "messages" and "long document" in f.categories and len(f.categories) >= 4
     assert max(p.chars for p in f.prompts) > 15_000 and any(p.history for p in f.prompts)
+    long = [p for p in f.prompts if p.category == "long document"]   # questions about one text name it
+    assert all(p.document for p in long) and len({p.document for p in long}) == 5 < len(long)
+    assert not any(p.document for p in f.prompts if p.category != "long document")
 
 
 def test_a_sample_is_seeded_and_keeps_file_order():
@@ -128,6 +139,7 @@ def test_a_sample_is_seeded_and_keeps_file_order():
     (b'[{"prompt": "a"},]', "not JSON: Expecting value at line 1, column 18"),
     (b'[{"prompt": "a"}] and more', "not JSON: Extra data at line 1, column 19"),
     (b'{"prompt": "a", "id": [1]}\n', "line 1: id is not text"),
+    (b'{"prompt": "a", "document": {"name": "x"}}\n', "line 1: document is not text"),
     (b'{"prompt": "a", "id": 1' + b"0" * 5000 + b"}\n", "line 1: a number of more than 4,300 digits"),
     (jsonl({"messages": [{"role": "x" * 100_000, "content": "hi"}]}), "line 1: turn 1 has the unknown role 'xxx"),
     (b"prompt\nok\n" + b"x" * 5_000_000 + b"\n", "row 3: a cell holds more than 131,072 characters"),

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 import playground.cli as command_line
+from playground.engines.intervals import bootstrap_interval, tau_of
 from playground.evaluation import prompt_report
 from playground.evaluation.prompt_report import run
 from playground.evaluation.study_report import StudyReport
@@ -14,8 +15,9 @@ from playground.evaluation.prompt_study import StudyConfig, measure
 from playground.prompts.files import read_prompts
 from tests.engines import CountingEngine
 
-PROMPTS = [{"id": "sea", "prompt": "Write a haiku about the sea."},
-           {"id": "sort", "prompt": "Write a Python function that sorts a list of names.", "system": "Be brief."},
+PROMPTS = [{"id": "sea", "prompt": "Write a haiku about the sea.", "document": "d"},
+           {"id": "sort", "prompt": "Write a Python function that sorts a list of names.", "system": "Be brief.",
+            "document": "d"},
            {"id": "math", "prompt": "What is 12 times 13?", "category": "math"}]
 MAX_TOKENS = 24
 
@@ -37,7 +39,8 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
                              "--max-prompt-chars", "50000", "--out", str(tmp_path / "report"))
     assert code == 0, err
     res = json.loads((tmp_path / "report" / "results.json").read_text())
-    assert res["source"] == {"file": "mine.jsonl", "format": "prompt records", "prompts": 4, "measured": 3, "skipped": 1}
+    assert res["source"] == {"file": "mine.jsonl", "format": "prompt records", "prompts": 4, "measured": 3, "skipped": 1,
+                             "units": 2}   # the two prompts naming document "d" are one unit of the intervals
     assert "the context holds 8192" in res["prompts"][3]["skipped"] and "too-long" in out
     assert res["lossless"] and {f.name for f in (tmp_path / "report").iterdir()} == {
         "results.json", "results.md", "prompts.csv", "charts.html"}
@@ -58,7 +61,9 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
         steps = [s["drafting_steps"] for s in summaries]
         accepted = sum(round((s["mean_acceptance_length"] - 1) * n) for s, n in zip(summaries, steps))
         assert pooled["mean_acceptance_length"] == pytest.approx(1 + accepted / sum(steps), abs=1e-12)
-        assert pooled["tau_ci"][0] <= pooled["mean_acceptance_length"] <= pooled["tau_ci"][1]
+        counts = [(round((s["mean_acceptance_length"] - 1) * n), n) for s, n in zip(summaries, steps)]
+        units = [(counts[0][0] + counts[1][0], counts[0][1] + counts[1][1]), counts[2]]   # "d", then "math"
+        assert pooled["tau_ci"] == pytest.approx(bootstrap_interval(tau_of(units), 2), abs=1e-12)
         # the headline: every token after a prompt's first over every verify step
         decoded = sum(s["tokens"] - 1 for s in summaries)
         assert pooled["tokens_per_pass"] == pytest.approx(decoded / sum(s["steps"] for s in summaries), abs=1e-12)
@@ -87,7 +92,9 @@ def test_the_pooled_report_equals_generate_json_run_one_by_one(tmp_path, capsys)
         assert (difference["a"], difference["b"]) == ("eagle3", "eagle3.1")
         assert difference["difference"] == pytest.approx(row["mean"]["eagle3.1"] - row["mean"]["eagle3"], abs=1e-12)
         assert difference["ci"][0] <= difference["difference"] <= difference["ci"][1]
-    assert "Drift signals by depth (95% CI over prompts)" in (tmp_path / "report" / "results.md").read_text()
+    written = (tmp_path / "report" / "results.md").read_text()
+    assert "Drift signals by depth (95% CI over 2 units: each document's prompts together, every other prompt " \
+           "alone)" in written and "3 of 4 prompts measured, 1 skipped (intervals over 2 units" in written
     ratio = res["ratios"][0]
     assert (ratio["a"], ratio["b"]) == ("eagle3.1", "eagle3") and ratio["ci"][0] <= ratio["tau_ratio"] <= ratio["ci"][1]
     assert ratio["per_pass_ratio"] == pytest.approx(pooled["eagle3.1"]["tokens_per_pass"]

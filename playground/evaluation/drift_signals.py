@@ -68,8 +68,9 @@ def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Int
     return rows
 
 
-def table(rows: list[SignalRow]) -> tuple[str, list[str], list[list[str]]]:
-    """(title, header, rows) of the signals: a row per signal and depth, a column per drafter and pair."""
+def table(rows: list[SignalRow], over: str = "prompts") -> tuple[str, list[str], list[list[str]]]:
+    """(title, header, rows) of the signals: a row per signal and depth, a column per drafter and pair; `over`
+    says what the intervals resampled."""
     drafters = list(dict.fromkeys(m for row in rows for m in row.mean))
     pairs = list(dict.fromkeys((d.a, d.b) for row in rows for d in row.differences))
     cells = []
@@ -80,7 +81,7 @@ def table(rows: list[SignalRow]) -> tuple[str, list[str], list[list[str]]]:
                       *(_value(row.mean[m], row.ci[m], digits, False) if m in row.mean else "–" for m in drafters),
                       *(_value(found[p].difference, found[p].ci, digits, True) if p in found else "–"
                         for p in pairs)])
-    return ("Drift signals by depth (95% CI over prompts)",
+    return (f"Drift signals by depth (95% CI over {over})",
             ["signal", "depth", *map(label, drafters), *(f"{label(b)} − {label(a)}" for a, b in pairs)], cells)
 
 

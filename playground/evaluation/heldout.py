@@ -133,14 +133,13 @@ def evaluate(engine: ReferenceEngine, drafters: list[str], k: int = 5, max_token
     rows = []
     for kind in kinds:
         asked = kind_prompts(kind, prompts, requests)
-        document = {p.id: p.document for p in asked}
         measured = [u.result for u in runner.measure(engine, asked, [m for m, _ in methods], max_tokens) if u.result]
         answer = torch.tensor([t for r in measured for t in r.answer], dtype=torch.long)
         for method, draft in methods:
             drafter = engine.drafter(method.drafter)
             draftable = float(drafter.t2d[answer].float().mean()) if drafter is not None else float("nan")
             totals = [r.runs[method.name] for r in measured]
-            per_document = runner.by_document(measured, method.name, lambda r: document[r.id])
+            per_document = runner.by_document(measured, method.name)
             rows.append(EvalRow(method.drafter, kind, Pooled.of(totals), draftable,
                                 tuple(t.counts for t in per_document), draft,
                                 drafter.config.variant if drafter is not None else ""))

@@ -4,7 +4,8 @@ prompts where one drafter gains most over the other; as JSON, markdown, a CSV ro
 self-contained HTML file (plotly.js inlined, so that it opens offline wherever it is sent). `run` runs a
 study (prompt_study's configuration, evaluation.runner's checkpointed runs) and writes its report.
 
-Intervals resample prompts (with replacement): a prompt's steps are not independent of each other.
+Intervals resample prompts (with replacement): a prompt's steps are not independent of each other; prompts
+that name one document are resampled together (a cluster bootstrap), since neither are they.
 Ratios between methods are paired: a resample draws the same prompts for both.
 Tokens per target pass (tokens after the prefill / verify steps) is the figure each table leads with;
 tau (vLLM's mean acceptance length, 1 + accepted / steps that drafted) stays beside it under its own name.
@@ -50,6 +51,7 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
     ratio = paired_ratio if intervals else lambda a, b, units: (value_of(lambda idx: a(idx) / b(idx), units), None)
     measured = sorted(measured, key=lambda r: r.index)
     ran = [r for r in measured if r.skipped is None]
+    units = runner.by_unit(ran)
     how = config.methods()
     methods = [m.name for m in how]
     drafting = [m.name for m in how if m.drafter != NONE]
@@ -57,12 +59,12 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
     text = prompts.prompts
     return StudyReport(
         config=asdict(config),
-        source=Source(source, prompts.format, len(prompts.prompts), len(ran), len(measured) - len(ran)),
+        source=Source(source, prompts.format, len(prompts.prompts), len(ran), len(measured) - len(ran), len(units)),
         machine=machine(),
-        pooled=[_pooled(m, ran, NONE if NONE in methods and m != NONE else None, interval, ratio)
+        pooled=[_pooled(m, ran, units, NONE if NONE in methods and m != NONE else None, interval, ratio)
                 for m in methods] if ran else [],
-        ratios=_ratios(ran, chains, config, ratio) if ran else [],
-        signals=drift_signals.by_depth(ran, chains, interval) if ran else [],
+        ratios=_ratios(units, chains, config, ratio) if ran else [],
+        signals=drift_signals.by_depth(units, chains, interval) if ran else [],
         by_length=sorted(_groups(ran, drafting, _length_bin, interval), key=lambda g: g.min_prompt_tokens),
         by_category=_groups(ran, drafting, lambda r: r.category, interval) if any(r.category for r in ran) else [],
         gains=_gains(ran, chains, text),
@@ -72,18 +74,20 @@ def results(config: StudyConfig, prompts: PromptFile, source: str, measured: Seq
     )
 
 
-def _pooled(method: str, ran: list[PromptResult], baseline: str | None, interval, ratio) -> PooledMethod:
-    runs = [r.runs[method] for r in ran]
+def _pooled(method: str, ran: list[PromptResult], units: list[PromptResult], baseline: str | None, interval,
+            ratio) -> PooledMethod:
+    """One method pooled over the prompts `ran`, its intervals over their `units` (runner.by_unit)."""
+    runs, unit_runs, n = [r.runs[method] for r in ran], [u.runs[method] for u in units], len(units)
     pooled = Pooled.of(runs)
     speedups = None
     if baseline is not None:
-        value, ci = ratio(_rate(ran, method), _rate(ran, baseline), len(ran))
-        decode, decode_ci = ratio(_rate(ran, method, decode=True), _rate(ran, baseline, decode=True), len(ran))
+        value, ci = ratio(_rate(units, method), _rate(units, baseline), n)
+        decode, decode_ci = ratio(_rate(units, method, decode=True), _rate(units, baseline, decode=True), n)
         speedups = Speedups(value, drift_signals.listed(ci), decode, drift_signals.listed(decode_ci))
     return PooledMethod(
         method, len(runs), pooled.tokens, pooled.seconds, pooled.mean_acceptance_length,
-        drift_signals.listed(interval(tau_of([run.counts for run in runs]), len(runs))), pooled.tokens_per_pass,
-        drift_signals.listed(interval(per_pass_of(runs), len(runs))), list(pooled.acceptance),
+        drift_signals.listed(interval(tau_of([run.counts for run in unit_runs]), n)), pooled.tokens_per_pass,
+        drift_signals.listed(interval(per_pass_of(unit_runs), n)), list(pooled.acceptance),
         {q.name: list(pooled.mean(q)) for q in DEPTH_QUANTITIES}, value_of(_rate(ran, method), len(ran)),
         value_of(_rate(ran, method, decode=True), len(ran)), speedups)
 
@@ -107,15 +111,15 @@ def _per_pass(ran: list[PromptResult], method: str):
     return per_pass_of([r.runs[method] for r in ran])
 
 
-def _ratios(ran: list[PromptResult], chains: list[str], config: StudyConfig, ratio) -> list[PairedRatio]:
+def _ratios(units: list[PromptResult], chains: list[str], config: StudyConfig, ratio) -> list[PairedRatio]:
     """Each later drafter's tokens per target pass (and tau) over the first one's; each drafter's tree over
-    its chain."""
+    its chain; paired over the units (runner.by_unit)."""
     pairs = [(other, chains[0]) for other in chains[1:]]
     pairs += [(m.name, m.drafter) for m in config.methods() if m.tree is not None]
     rows = []
     for a, b in pairs:
-        value, ci = ratio(tau_of(_counts(ran, a)), tau_of(_counts(ran, b)), len(ran))
-        per_pass, per_pass_ci = ratio(_per_pass(ran, a), _per_pass(ran, b), len(ran))
+        value, ci = ratio(tau_of(_counts(units, a)), tau_of(_counts(units, b)), len(units))
+        per_pass, per_pass_ci = ratio(_per_pass(units, a), _per_pass(units, b), len(units))
         rows.append(PairedRatio(a, b, value, drift_signals.listed(ci), per_pass, drift_signals.listed(per_pass_ci)))
     return rows
 
@@ -128,19 +132,20 @@ def _length_bin(r: PromptResult) -> str:
 
 def _groups(ran: list[PromptResult], methods: list[str], key, interval) -> list[PromptGroup]:
     """Pooled tokens per target pass and tau per group of prompts (a length bin, a category), each with
-    its bootstrap interval."""
+    its bootstrap interval over the group's units (none has width where the group is one unit)."""
     groups: dict[str, list[PromptResult]] = {}
     for r in ran:   # groups in the order the file first has them
         groups.setdefault(key(r) or "–", []).append(r)
     rows = []
     for name, members in groups.items():
         members = sorted(members, key=lambda r: r.prompt_tokens)
+        units = runner.by_unit(members)
         rows.append(PromptGroup(
             name, len(members), members[0].prompt_tokens, members[-1].prompt_tokens,
             tau={m: pooled_tau(_counts(members, m)) for m in methods},
-            tau_ci={m: drift_signals.listed(interval(tau_of(_counts(members, m)), len(members))) for m in methods},
+            tau_ci={m: drift_signals.listed(interval(tau_of(_counts(units, m)), len(units))) for m in methods},
             tokens_per_pass={m: Pooled.of([r.runs[m] for r in members]).tokens_per_pass for m in methods},
-            tokens_per_pass_ci={m: drift_signals.listed(interval(_per_pass(members, m), len(members)))
+            tokens_per_pass_ci={m: drift_signals.listed(interval(_per_pass(units, m), len(units)))
                                 for m in methods}))
     return rows
 
@@ -203,7 +208,7 @@ def tables(res: StudyReport) -> list[tuple[str, list[str], list[list[str]]]]:
                     [[f"{label(r.a)} / {label(r.b)}", with_interval(r.per_pass_ratio, r.per_pass_ci, 3),
                       with_interval(r.tau_ratio, r.ci, 3)] for r in res.ratios]))
     if res.signals:
-        out.append(drift_signals.table(res.signals))
+        out.append(drift_signals.table(res.signals, _resampled(res.source)))
     for groups, title, first in ((res.by_length, "tokens per target pass by prompt length (tokens)", "prompt tokens"),
                                  (res.by_category, "tokens per target pass by category", "category")):
         if groups:
@@ -231,11 +236,19 @@ def tables(res: StudyReport) -> list[tuple[str, list[str], list[list[str]]]]:
     return out
 
 
+def _resampled(source: Source) -> str:
+    """What the intervals resample: prompts, or documents and prompts where prompts name their document."""
+    if not 0 < source.units < source.measured:
+        return "prompts"
+    return f"{source.units} units: each document's prompts together, every other prompt alone"
+
+
 def summary_line(res: StudyReport) -> str:
     c, s = res.config, res.source
     skipped = f", {s.skipped} skipped" if s.skipped else ""
+    clustered = f" (intervals over {_resampled(s)})" if 0 < s.units < s.measured else ""
     tree = f", trees {c['tree']['top_k']}/{c['tree']['depth']}/{c['tree']['nodes']}" if c["tree"] else ""
-    return (f"{s.file} ({s.format}): {s.measured} of {s.prompts} prompts measured{skipped}; "
+    return (f"{s.file} ({s.format}): {s.measured} of {s.prompts} prompts measured{skipped}{clustered}; "
             f"k={c['k']}{tree}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}"
             + (f"; {described(res.machine)}" if "cpu" in res.machine else ""))
 

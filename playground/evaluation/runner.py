@@ -33,6 +33,7 @@ class Prompt(Protocol):
     """What the runner needs of a prompt (prompts.sets.BenchPrompt, prompts.files.UserPrompt, EvalPrompt)."""
     id: str
     category: str | None
+    document: str | None   # the text it asks about, where prompts share one (they are resampled together)
 
     def request(self, drafter: str, k: int, max_tokens: int) -> GenerationRequest: ...
 
@@ -62,17 +63,37 @@ class PromptResult:
     answer: tuple[int, ...] = ()          # the reference answer's tokens
     reference_seconds: float | None = None   # the reference answer's time, where a measurement gives one
     drafts: dict[str, tuple[VerifiedDraft, ...]] = field(default_factory=dict)   # by method, where kept
+    document: str | None = None           # the prompt's (Prompt.document)
+
+    @property
+    def unit(self) -> str:
+        """What an interval resamples this prompt with: its document's prompts, or itself alone."""
+        return f"document {self.document}" if self.document is not None else f"prompt {self.index}"
 
 
 def by_document(results: Sequence[PromptResult], method: str,
-                document: Callable[[PromptResult], str]) -> list[RunTotals]:
-    """One method's runs summed per document (the unit a clustered interval resamples), in the order the
-    documents first come; skipped prompts left out."""
+                document: Callable[[PromptResult], str] = lambda r: r.unit) -> list[RunTotals]:
+    """One method's runs summed per document (the unit a clustered interval resamples; by default each
+    prompt's `unit`), in the order the documents first come; skipped prompts left out."""
     grouped: dict[str, list[RunTotals]] = {}
     for r in results:
         if r.skipped is None:
             grouped.setdefault(document(r), []).append(r.runs[method])
     return [RunTotals.summed(runs) for runs in grouped.values()]
+
+
+def by_unit(results: Sequence[PromptResult]) -> list[PromptResult]:
+    """The results merged per `unit` (a document's prompts, or a prompt alone), each method's runs summed, in
+    the order the units first come: what a clustered interval resamples. Skipped prompts left out."""
+    grouped: dict[str, list[PromptResult]] = {}
+    for r in results:
+        if r.skipped is None:
+            grouped.setdefault(r.unit, []).append(r)
+    return [members[0] if len(members) == 1 else
+            PromptResult(members[0].index, unit, members[0].category, sum(r.prompt_tokens for r in members),
+                         {m: RunTotals.summed([r.runs[m] for r in members]) for m in members[0].runs},
+                         document=members[0].document)
+            for unit, members in grouped.items()]
 
 
 @dataclass(frozen=True)
@@ -155,7 +176,7 @@ def _prompt_runs(engine: Engine, index: int, prompt: Prompt, methods: Sequence[M
         try:
             engine.check(request)
         except PlaygroundError as e:
-            yield PromptResult(index, prompt.id, prompt.category, skipped=str(e))
+            yield PromptResult(index, prompt.id, prompt.category, skipped=str(e), document=prompt.document)
             return
         if answer is None and reference is not None:
             answer, seconds = reference(prompt)
@@ -179,7 +200,7 @@ def _prompt_runs(engine: Engine, index: int, prompt: Prompt, methods: Sequence[M
         if keep_drafts:
             drafts[method.name] = verified_drafts(events)
     yield PromptResult(index, prompt.id, prompt.category, prompt_tokens, runs, tuple(mismatches),
-                       answer=tuple(answer or ()), reference_seconds=seconds, drafts=drafts)
+                       answer=tuple(answer or ()), reference_seconds=seconds, drafts=drafts, document=prompt.document)
 
 
 def run(engine: Engine, prompts: Sequence[Prompt], methods: Methods, max_tokens: int, progress: Path | None,

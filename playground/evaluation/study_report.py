@@ -171,6 +171,7 @@ class Source:
     prompts: int
     measured: int
     skipped: int
+    units: int = 0      # what the intervals resample: each document the prompts name, and every other prompt
 
 
 @dataclass(frozen=True)

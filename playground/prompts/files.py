@@ -2,9 +2,9 @@
 
     JSONL or JSON records with OpenAI-style `messages` (system / user / assistant turns; the model
         answers after the last user turn, so later turns are left out)
-    JSONL or JSON records with `prompt` (optional `system`, `category`, `id`)
+    JSONL or JSON records with `prompt` (optional `system`, `category`, `id`, `document`)
     ShareGPT JSON: records with `conversations` of {"from": "human" | "gpt" | "system", "value": ...}
-    CSV with a `prompt` column (optional `system`, `category`, `id` columns)
+    CSV with a `prompt` column (optional `system`, `category`, `id`, `document` columns)
     plain text: prompts separated by blank lines (also under a first line that is `prompt` alone)
 
 Anything unreadable is a PromptFileError of one line that names the record and the reason
@@ -12,6 +12,9 @@ Anything unreadable is a PromptFileError of one line that names the record and t
 are settings (PromptLimits), so a public page can refuse a file that would run for hours. They also
 bound the reading itself: the size is checked before anything is read, and the prompts are counted
 as the file is read, which stops one past the most it may hold.
+
+Every record may name its `document`: prompts that ask about one text name the same one, and a report's
+intervals then resample that document's prompts together (they are not independent of each other).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from playground.engines.request import GenerationRequest
 from playground.errors import PlaygroundError
 
 CSV_DELIMITERS = (",", ";", "\t")
-CSV_COLUMNS = ("prompt", "system", "id", "category")   # the columns read; others are left alone
+CSV_COLUMNS = ("prompt", "system", "id", "category", "document")   # the columns read; others are left alone
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
                   "assistant": "assistant", "model": "assistant", "system": "system"}
@@ -70,6 +73,7 @@ class UserPrompt:
     system: str | None = None
     history: tuple[dict, ...] = ()      # earlier turns, {"role", "content"}, alternating user / assistant
     category: str | None = None
+    document: str | None = None         # the text it asks about, where other prompts ask about it too
 
     @property
     def chars(self) -> int:
@@ -290,7 +294,8 @@ def _records(numbered: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, UserPro
             prompt, system = _text(where, record["prompt"], "prompt"), _system(where, record.get("system"))
         else:
             raise PromptFileError(f"{where}: no prompt (a record needs \"prompt\", \"messages\" or \"conversations\")")
-        yield form, _prompt(where, record.get("id"), prompt, system, history, record.get("category"))
+        yield form, _prompt(where, record.get("id"), prompt, system, history, record.get("category"),
+                            record.get("document"))
 
 
 def _text(where: str, value: Any, field: str) -> str:
@@ -337,14 +342,13 @@ def _turns(where: str, turns: Any, role_key: str, text_key: str,
 
 
 def _prompt(where: str, given_id: Any, prompt: str, system: str | None, history: tuple[dict, ...],
-            category: Any) -> UserPrompt:
+            category: Any, document: Any) -> UserPrompt:
     """The prompt under its id, or where it is when the file gives none."""
-    if given_id is not None and not isinstance(given_id, (str, int)):
-        raise PromptFileError(f"{where}: id is not text")
-    if category is not None and not isinstance(category, (str, int)):
-        raise PromptFileError(f"{where}: category is not text")
-    return UserPrompt(str(given_id) if given_id not in (None, "") else where, prompt, system, history,
-                      str(category) if category not in (None, "") else None)
+    for name, value in (("id", given_id), ("category", category), ("document", document)):
+        if value is not None and not isinstance(value, (str, int)):
+            raise PromptFileError(f"{where}: {name} is not text")
+    named = lambda value: str(value) if value not in (None, "") else None
+    return UserPrompt(named(given_id) or where, prompt, system, history, named(category), named(document))
 
 
 def _shown(value: Any) -> str:
@@ -378,7 +382,8 @@ def _csv(text: str, begin: int, delimiter: str) -> Iterator[tuple[str, UserPromp
                 continue
             cell = {name: row[i] if i < len(row) else None for name, i in columns.items()}
             yield "csv", _prompt(where, (cell.get("id") or "").strip(), _text(where, cell.get("prompt"), "prompt"),
-                                 (cell.get("system") or "").strip() or None, (), (cell.get("category") or "").strip())
+                                 (cell.get("system") or "").strip() or None, (), (cell.get("category") or "").strip(),
+                                 (cell.get("document") or "").strip())
     except csv.Error as e:
         failed_at = max(read, 1) + 1
         if "field limit" in str(e):

@@ -45,6 +45,7 @@ class BenchPrompt:
     prompt: str
     system: str | None = None
     template: str = "model"
+    document: str | None = None   # a long-context category's one text, which all its questions ask about
 
     @property
     def id(self) -> str:
@@ -131,7 +132,8 @@ def suite(tokenizer, categories: tuple[str, ...] = CATEGORIES, per_category: int
             documents, questions = LONG_CONTEXT[budget]
             text = long_context(budget, documents, tokenizer)
             chosen = [BenchPrompt(category, document_prompt(text, q, "Read the text below and answer the question "
-                                                                     "after it.")) for q in questions]
+                                                                     "after it."), document=category)
+                      for q in questions]
         elif category == "perturbed template":
             chosen = [BenchPrompt(category, p, template=t) for p, t in PERTURBED]
         elif category == "odd system prompt":

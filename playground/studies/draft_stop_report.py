@@ -14,7 +14,7 @@ from playground.evaluation.tables import markdown_table, read_record
 @dataclass(frozen=True)
 class StopRow:
     """One method of one drafter over one prompt set, against fixed k=5 on the same prompts (paired ratios,
-    95% intervals over prompts)."""
+    95% intervals over its units: the prompts, the questions about one document together)."""
     prompt_set: str
     drafter: str
     method: str
@@ -33,9 +33,12 @@ class StopRow:
     draft_ms: float
     verify_ms: float
     answers_differ: int               # prompts whose answer differs from k=5's
+    units: int = 0                    # what the intervals resample (0: written before they were counted)
 
     def to_json(self) -> dict:
         row = asdict(self)
+        if not row["units"]:   # a row read from a file written before units were counted is written as it was
+            del row["units"]
         return {"set": row.pop("prompt_set"), **row}
 
     @classmethod
@@ -67,18 +70,22 @@ class DraftStopReport:
 
 
 COLUMNS: tuple[tuple[str, Callable[[StopRow], object]], ...] = (
-    ("prompts", lambda r: f"{r.prompt_set} ({r.prompts})"), ("drafter", lambda r: r.drafter),
+    ("prompts", lambda r: f"{r.prompt_set} ({r.prompts}" + (f" on {r.units} texts)" if 0 < r.units < r.prompts
+                                                            else ")")), ("drafter", lambda r: r.drafter),
     ("method", lambda r: r.method), ("tau", lambda r: f"{r.tau:.2f}"),
     ("tokens/step", lambda r: f"{r.tokens_per_step:.2f}"), ("tok/s", lambda r: f"{r.tokens_per_s:.1f}"),
-    ("vs k=5 (95% CI over prompts)", lambda r: f"{r.speedup_vs_k5:.2f}x ({r.speedup_vs_k5_ci[0]:.2f}-"
-                                              f"{r.speedup_vs_k5_ci[1]:.2f})"),
+    ("vs k=5 (95% CI over the set's units)", lambda r: f"{r.speedup_vs_k5:.2f}x" + ("" if r.units == 1   # no interval
+                                                               else " ({:.2f}-{:.2f})".format(*r.speedup_vs_k5_ci))),
     ("drafted/step", lambda r: f"{r.drafted_per_step:.2f}"), ("refused/step", lambda r: f"{r.refused_per_step:.2f}"),
     ("draft ms/step", lambda r: f"{r.draft_ms:.1f}"), ("verify ms/step", lambda r: f"{r.verify_ms:.1f}"),
     ("answers differing", lambda r: r.answers_differ))
 
 
 def table(rows: list[StopRow]) -> str:
-    return markdown_table([name for name, _ in COLUMNS], ([cell(r) for _, cell in COLUMNS] for r in rows))
+    """The rows' table; rows written before units were counted had their intervals over prompts, and say so."""
+    over = "units" if any(r.units for r in rows) else "prompts"
+    head = [name.replace("the set's units", "prompts") if over == "prompts" else name for name, _ in COLUMNS]
+    return markdown_table(head, ([cell(r) for _, cell in COLUMNS] for r in rows))
 
 
 def markdown(result: DraftStopReport) -> str:

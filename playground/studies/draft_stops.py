@@ -115,12 +115,15 @@ def _measured(engine, prompts: list, methods: list[Method], config: DraftStopCon
 
 
 def _row(prompt_set: str, drafter: str, method: Method, results: list[PromptResult], base: Method) -> StopRow:
+    """The method against `base` on the prompts, its intervals over their units (the questions about one
+    long document resampled together)."""
     runs: list[RunTotals] = [r.runs[method.name] for r in results]
-    bases = [r.runs[base.name] for r in results]
+    units = runner.by_unit(results)
+    unit_runs, unit_bases = [u.runs[method.name] for u in units], [u.runs[base.name] for u in units]
     pooled = Pooled.of(runs)
-    speedup, speedup_ci = paired_ratio(rate_of_runs(runs), rate_of_runs(bases), len(runs))
+    speedup, speedup_ci = paired_ratio(rate_of_runs(unit_runs), rate_of_runs(unit_bases), len(units))
     per_step = lambda totals: rate_of([r.decode_tokens for r in totals], [r.verify_steps for r in totals])
-    step_ratio, step_ratio_ci = paired_ratio(per_step(runs), per_step(bases), len(runs))
+    step_ratio, step_ratio_ci = paired_ratio(per_step(unit_runs), per_step(unit_bases), len(units))
     steps = max(1, pooled.steps)
     rule = method.draft_stop if method.draft_stop != NEVER else None
     return StopRow(prompt_set, drafter, method.name, method.k, str(rule) if rule else None, len(runs),
@@ -128,7 +131,7 @@ def _row(prompt_set: str, drafter: str, method: Method, results: list[PromptResu
                    list(step_ratio_ci), pooled.tokens_per_s, speedup, list(speedup_ci),
                    sum(r.drafted for r in runs) / steps, sum(r.drafted - r.accepted for r in runs) / steps,
                    pooled.draft_ms, pooled.verify_ms,
-                   sum(1 for r in results if any(m == method.name for m, _ in r.mismatches)))
+                   sum(1 for r in results if any(m == method.name for m, _ in r.mismatches)), len(units))
 
 
 def measure(engine, config: DraftStopConfig = DraftStopConfig(), progress: Path | None = None) -> DraftStopReport:
