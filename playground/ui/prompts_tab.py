@@ -37,7 +37,8 @@ from playground.ui.streams import (SHARED_CPU, Limits, StopRequests, backend, dr
 
 DEFAULT_MAX_TOKENS = 64
 FIGURES = dict(zip(STUDY_PLOTS, ("tau", "length", "per_prompt", "acceptance", "sink", "rms")))
-HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `system`, `category`, `id`) or ShareGPT "
+HELP = ("JSONL or JSON with OpenAI `messages`, `prompt` records (optional `system`, `category`, `id`, `document`: "
+        "prompts about one document are resampled together) or ShareGPT "
         "`conversations`; CSV with a `prompt` column; or plain text with prompts separated by blank lines. "
         "Greedy: both drafters answer each prompt with the same tokens, so their tokens per target pass compare "
         "the same text.")
