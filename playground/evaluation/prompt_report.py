@@ -246,7 +246,8 @@ def _resampled(source: Source) -> str:
 def summary_line(res: StudyReport) -> str:
     c, s = res.config, res.source
     skipped = f", {s.skipped} skipped" if s.skipped else ""
-    clustered = f" (intervals over {_resampled(s)})" if 0 < s.units < s.measured else ""
+    resampled = _resampled(s)
+    clustered = f" (intervals over {resampled})" if resampled != "prompts" else ""
     tree = f", trees {c['tree']['top_k']}/{c['tree']['depth']}/{c['tree']['nodes']}" if c["tree"] else ""
     return (f"{s.file} ({s.format}): {s.measured} of {s.prompts} prompts measured{skipped}{clustered}; "
             f"k={c['k']}{tree}, greedy, up to {c['max_tokens']} new tokens, backend {c['backend']}"

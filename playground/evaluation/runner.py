@@ -75,25 +75,26 @@ def by_document(results: Sequence[PromptResult], method: str,
                 document: Callable[[PromptResult], str] = lambda r: r.unit) -> list[RunTotals]:
     """One method's runs summed per document (the unit a clustered interval resamples; by default each
     prompt's `unit`), in the order the documents first come; skipped prompts left out."""
-    grouped: dict[str, list[RunTotals]] = {}
-    for r in results:
-        if r.skipped is None:
-            grouped.setdefault(document(r), []).append(r.runs[method])
-    return [RunTotals.summed(runs) for runs in grouped.values()]
+    return [RunTotals.summed([r.runs[method] for r in members]) for members in _grouped(results, document).values()]
 
 
 def by_unit(results: Sequence[PromptResult]) -> list[PromptResult]:
     """The results merged per `unit` (a document's prompts, or a prompt alone), each method's runs summed, in
     the order the units first come: what a clustered interval resamples. Skipped prompts left out."""
-    grouped: dict[str, list[PromptResult]] = {}
-    for r in results:
-        if r.skipped is None:
-            grouped.setdefault(r.unit, []).append(r)
     return [members[0] if len(members) == 1 else
             PromptResult(members[0].index, unit, members[0].category, sum(r.prompt_tokens for r in members),
                          {m: RunTotals.summed([r.runs[m] for r in members]) for m in members[0].runs},
                          document=members[0].document)
-            for unit, members in grouped.items()]
+            for unit, members in _grouped(results, lambda r: r.unit).items()]
+
+
+def _grouped(results: Sequence[PromptResult], key: Callable[[PromptResult], str]) -> dict[str, list[PromptResult]]:
+    """The measured results by `key`, in the order the keys first come; skipped prompts left out."""
+    grouped: dict[str, list[PromptResult]] = {}
+    for r in results:
+        if r.skipped is None:
+            grouped.setdefault(key(r), []).append(r)
+    return grouped
 
 
 @dataclass(frozen=True)
