@@ -107,6 +107,23 @@ def test_a_stored_report_reads_back_and_writes_every_field_it_held(name, record,
     assert holds({"a": 1, "b": [2]}, {"a": 1}) and not holds({"a": 1}, {"a": 2}) and not holds({"a": [1]}, {"a": [1, 2]})
 
 
+def test_the_suites_drift_signals_resample_a_documents_questions_together(engine, tmp_path):
+    """Three prompts, two of them naming one document: the signals' means are the same sums, their intervals
+    resample two units, and the report says so."""
+    config = BenchConfig(max_tokens=8, categories=("coding",), per_category=3, sweep_ks=(), tree=None)
+    alone = collect(engine, engine, config, tmp_path / "progress.pkl")
+    clustered = [replace(r, document="shared") if r.index < 2 else r for r in alone]
+    by_prompt, by_unit = results(alone, config), results(clustered, config)
+    assert (by_prompt.signal_units, by_unit.signal_units) == (3, 2)
+    assert [(s.signal, s.depth) for s in by_unit.signals] == [(s.signal, s.depth) for s in by_prompt.signals]
+    for unit, prompt in zip(by_unit.signals, by_prompt.signals):
+        assert unit.mean == pytest.approx(prompt.mean)
+    assert [s.ci for s in by_unit.signals] != [s.ci for s in by_prompt.signals]
+    assert BenchReport.from_json(json.loads(json.dumps(by_unit.to_json()))).signal_units == 2
+    assert "Drift signals by depth (95% CI over 2 units: each document's prompts together" in report.markdown(by_unit)
+    assert "Drift signals by depth (95% CI over prompts)" in report.markdown(by_prompt)
+
+
 def test_an_interrupted_bench_goes_on_from_its_last_finished_prompt(engine, tmp_path):
     config = BenchConfig(drafters=("eagle3.1",), max_tokens=6, categories=("coding",), per_category=2, sweep_ks=())
     progress = tmp_path / "progress.pkl"

@@ -117,6 +117,7 @@ class BenchReport:
     mismatches: list[Mismatch]
     weights: str | None = None           # the target's weights on the embedded engine (float32 before it was written)
     concurrency: list[dict] | None = None   # vLLM under load (vllm_load.throughput's rows)
+    signal_units: int | None = None      # what the signals' intervals resampled (runner.by_unit); prompts before
 
     @property
     def categories(self) -> list[str]:
@@ -138,7 +139,7 @@ class BenchReport:
                "signals": [asdict(s) for s in self.signals],
                "ceiling": self.ceiling.to_json() if self.ceiling is not None else None,
                "lossless": self.lossless, "mismatches": [asdict(m) for m in self.mismatches]}
-        extra = {"weights": self.weights, "concurrency": self.concurrency}
+        extra = {"weights": self.weights, "concurrency": self.concurrency, "signal_units": self.signal_units}
         return out | {name: value for name, value in extra.items() if value is not None}
 
     @classmethod
@@ -147,4 +148,5 @@ class BenchReport:
                    [SweepRow.from_json(s) for s in res["sweep"]], [ChainVsTree.from_json(t) for t in res.get("trees", [])],
                    [SignalRow.from_json(s) for s in res.get("signals", [])],
                    Ceiling.from_json(res["ceiling"]) if res.get("ceiling") else None, res["lossless"],
-                   [Mismatch(**m) for m in res["mismatches"]], res.get("weights"), res.get("concurrency"))
+                   [Mismatch(**m) for m in res["mismatches"]], res.get("weights"), res.get("concurrency"),
+                   res.get("signal_units"))

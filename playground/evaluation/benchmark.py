@@ -157,9 +157,10 @@ def results(measured: list[PromptResult], config: BenchConfig, ceiling: Ceiling 
         sweep.append(SweepRow(k, config.sweep_drafter, p, p.tokens_per_s / none.tokens_per_s,
                               p.tokens_per_s / gen_tps if gen_tps else None))
     mismatches = [Mismatch(r.category, r.id, method, first) for r in ran for method, first in r.mismatches]
+    units = runner.by_unit(ran)   # a long context's questions resampled together
     return BenchReport(asdict(config), machine(), rows, sweep, trees,
-                       drift_signals.by_depth(ran, config.drafters, bootstrap_interval) if ran else [], ceiling,
-                       not mismatches, mismatches, weights)
+                       drift_signals.by_depth(units, config.drafters, bootstrap_interval) if ran else [], ceiling,
+                       not mismatches, mismatches, weights, signal_units=len(units) if ran else None)
 
 
 def run(config: BenchConfig, out: Path, servers: Servers | None = None) -> tuple[BenchReport, list[Path]]:

@@ -68,6 +68,13 @@ def by_depth(ran: Sequence[PromptResult], drafters: Sequence[str], interval: Int
     return rows
 
 
+def resampled(units: int, measured: int) -> str:
+    """What intervals over `units` (runner.by_unit) of `measured` prompts resampled."""
+    if not 0 < units < measured:
+        return "prompts"
+    return f"{units} units: each document's prompts together, every other prompt alone"
+
+
 def table(rows: list[SignalRow], over: str = "prompts") -> tuple[str, list[str], list[list[str]]]:
     """(title, header, rows) of the signals: a row per signal and depth, a column per drafter and pair; `over`
     says what the intervals resampled."""

@@ -238,9 +238,7 @@ def tables(res: StudyReport) -> list[tuple[str, list[str], list[list[str]]]]:
 
 def _resampled(source: Source) -> str:
     """What the intervals resample: prompts, or documents and prompts where prompts name their document."""
-    if not 0 < source.units < source.measured:
-        return "prompts"
-    return f"{source.units} units: each document's prompts together, every other prompt alone"
+    return drift_signals.resampled(source.units, source.measured)
 
 
 def summary_line(res: StudyReport) -> str:

@@ -69,7 +69,8 @@ def markdown(res: BenchReport) -> str:
                               for r in drafted))]
 
     if res.signals:   # every category pooled
-        title, head, rows = drift_signals.table(res.signals)
+        measured = sum(r.pooled.runs for r in res.of_method(NONE))
+        title, head, rows = drift_signals.table(res.signals, drift_signals.resampled(res.signal_units or 0, measured))
         lines += ["", f"{title}, all categories:", "", markdown_table(head, rows)]
 
     if res.sweep:
