@@ -74,7 +74,7 @@ COLUMNS: tuple[tuple[str, Callable[[StopRow], object]], ...] = (
                                                             else ")")), ("drafter", lambda r: r.drafter),
     ("method", lambda r: r.method), ("tau", lambda r: f"{r.tau:.2f}"),
     ("tokens/step", lambda r: f"{r.tokens_per_step:.2f}"), ("tok/s", lambda r: f"{r.tokens_per_s:.1f}"),
-    ("vs k=5 (95% CI over the set's units)", lambda r: f"{r.speedup_vs_k5:.2f}x" + ("" if r.units == 1   # no interval
+    ("vs k=5 (95% CI over {over})", lambda r: f"{r.speedup_vs_k5:.2f}x" + ("" if r.units == 1   # no interval
                                                                else " ({:.2f}-{:.2f})".format(*r.speedup_vs_k5_ci))),
     ("drafted/step", lambda r: f"{r.drafted_per_step:.2f}"), ("refused/step", lambda r: f"{r.refused_per_step:.2f}"),
     ("draft ms/step", lambda r: f"{r.draft_ms:.1f}"), ("verify ms/step", lambda r: f"{r.verify_ms:.1f}"),
@@ -83,8 +83,8 @@ COLUMNS: tuple[tuple[str, Callable[[StopRow], object]], ...] = (
 
 def table(rows: list[StopRow]) -> str:
     """The rows' table; rows written before units were counted had their intervals over prompts, and say so."""
-    over = "units" if any(r.units for r in rows) else "prompts"
-    head = [name.replace("the set's units", "prompts") if over == "prompts" else name for name, _ in COLUMNS]
+    over = "the set's units" if any(r.units for r in rows) else "prompts"
+    head = [name.format(over=over) for name, _ in COLUMNS]
     return markdown_table(head, ([cell(r) for _, cell in COLUMNS] for r in rows))
 
 
