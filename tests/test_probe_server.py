@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -175,8 +176,10 @@ def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(launched,
         holders[-1].start()
         if not started.wait(120):
             done.set()
+            where = "".join(traceback.format_stack(sys._current_frames()[holders[-1].ident]))
             pytest.fail(f"held stream {holder + 1} of 2 sent no first line within 120 s (the other "
-                        f"{'streaming' if holder else 'not started'}); the server:\n{server_state(launched)}")
+                        f"{'streaming' if holder else 'not started'}); where it waits:\n{where}\nthe server:\n"
+                        f"{server_state(launched)}")
     events, ended_before = [], None   # the probe admits or refuses a request at its first step
     try:
         for event in backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)):
