@@ -19,7 +19,7 @@ import pytest
 from playground.app_process import AppServer, api_client
 from playground.engines.request import GenerationRequest
 from playground.engines.stats import first_difference, summarize
-from playground.engines.vllm.backend import NONE, LaunchSpec, launch_config, vllm_backend
+from playground.engines.vllm.backend import NONE, LaunchSpec, launch_config
 from playground.engines.vllm.client import Server, VLLMEngine
 from playground.engines.vllm.cpu_binding import physical_cores
 from playground.engines.vllm.launch import Launched, healthy
@@ -38,30 +38,42 @@ PROMPTS = ["Write a haiku about the sea.", "Write a Python function that reverse
            "What is the capital of France? Answer in one sentence."]
 K = 5
 TAU_TOLERANCE = 0.1   # see test_tau_agrees_with_the_reference_engine
+CONVERTED = "converted"   # the server of the shipped EAGLE 3.1 drafter in the speculators format
 
 
 @pytest.fixture(scope="module")
-def servers(engine):
+def servers(engine, tmp_path_factory):
     """Three servers, the first start of eagle3.1 on a port the test already listens on: the
     launcher must start it again elsewhere (what it does when another program wins a port). EAGLE 3.1's
     server is compiled, as operators run it (the probe's hooks under torch.compile, its steps equal to ours);
     the other two run eagerly: three compiles at once on this machine's two cores cost minutes, and EAGLE 3's
-    drafter and the target are the code EAGLE 3.1's server compiles."""
+    drafter and the target are the code EAGLE 3.1's server compiles. A fourth, eager, serves the shipped
+    EAGLE 3.1 drafter converted to the `speculators` format (`converted`); it starts beside the others, which
+    costs far less than a start of its own."""
+    from playground.model.drafter import save_speculators
+    from playground.model.target import embedded_target_folder
+    from playground.model.variants import shipped_path
+
+    folder = save_speculators(shipped_path("eagle3.1"), tmp_path_factory.mktemp("speculators") / "eagle3.1",
+                              verifier=str(embedded_target_folder()), k=K)
     lines, taken_port = [], pick_port()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", taken_port))
         taken.listen()
         compiled = Launched(launch_config(engine, LaunchSpec(k=K), ("eagle3.1",)), lines.append,
                             {"eagle3.1": taken_port})
-        avoid = frozenset(p.port for p in compiled.processes.values()) | {taken_port}
-        eager_ports = {"eagle3": pick_port(avoid=avoid)}
-        eager_ports[NONE] = pick_port(avoid=avoid | set(eager_ports.values()))
-        eager = Launched(launch_config(engine, LaunchSpec(k=K, server_args=EAGER), ("eagle3", NONE)), lines.append,
-                         eager_ports)
+        ports: dict[str, int] = {}
+        for name in ("eagle3", NONE, CONVERTED):
+            ports[name] = pick_port(avoid=frozenset(p.port for p in compiled.processes.values()) | {taken_port}
+                                    | set(ports.values()))
+        eager = Launched(launch_config(engine, LaunchSpec(k=K, server_args=EAGER, drafters=(f"{CONVERTED}={folder}",)),
+                                       ("eagle3", NONE, CONVERTED)), lines.append, ports)
         launched = Launches(compiled, eager)
         order = ("eagle3", "eagle3.1", NONE)
-        started = sorted(launched.wait_healthy(status=lines.append), key=lambda s: order.index(s.drafter))
-    yield VLLMEngine(started, max_tokens_limit=engine.max_tokens_limit), launched, lines, taken_port
+        started = launched.wait_healthy(status=lines.append)
+    module = sorted((s for s in started if s.drafter != CONVERTED), key=lambda s: order.index(s.drafter))
+    converted = VLLMEngine([s for s in started if s.drafter == CONVERTED], max_tokens_limit=engine.max_tokens_limit)
+    yield VLLMEngine(module, max_tokens_limit=engine.max_tokens_limit), launched, lines, taken_port, converted
     launched.stop()
 
 
@@ -71,7 +83,7 @@ def vllm(servers):
 
 
 def test_launcher_starts_a_server_again_when_its_port_was_taken(servers):
-    vllm, launched, lines, taken_port = servers
+    vllm, launched, lines, taken_port, _ = servers
     retried = launched.processes["eagle3.1"]
     assert retried.tried[0] == taken_port and retried.port != taken_port
     assert "Address already in use" in (retried.log_dir / f"vllm-eagle3.1-{taken_port}.log").read_text()
@@ -397,7 +409,7 @@ def test_the_page_shows_the_probes_view_of_a_long_document_and_watches_the_serve
 
 
 def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers, engine, vllm_app):
-    vllm, launched, _, _ = servers
+    vllm, launched, _, _, _ = servers
     client = api_client(vllm_app.url)
     request = GenerationRequest(prompt=PROMPTS[0], drafter="eagle3.1", k=K, max_tokens=32)
     expected = summarize(list(engine.generate(request))).text
@@ -427,26 +439,13 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
     assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
 
 
-@pytest.fixture(scope="module")
-def speculators_server(engine, vllm, tmp_path_factory):
-    """The shipped EAGLE 3.1 drafter converted to the `speculators` format, served like the plain one."""
-    from playground.model.drafter import save_speculators
-    from playground.model.target import embedded_target_folder
-    from playground.model.variants import shipped_path
-
-    folder = save_speculators(shipped_path("eagle3.1"), tmp_path_factory.mktemp("speculators") / "eagle3.1",
-                              verifier=str(embedded_target_folder()), k=K)
-    backend, launched = vllm_backend(engine, [], LaunchSpec(k=K, drafters=(f"eagle3.1={folder}",), server_args=EAGER),
-                                     names=("eagle3.1",))
-    yield backend
-    launched.stop()
-
-
-def test_the_speculators_format_drafts_what_the_plain_format_drafts(speculators_server, vllm):
-    assert speculators_server.connection("eagle3.1").info.drafter_source.endswith("speculators0/eagle3.1")
+def test_the_speculators_format_drafts_what_the_plain_format_drafts(servers):
+    vllm, speculators_server = servers[0], servers[-1]
+    assert speculators_server.connection(CONVERTED).info.drafter_source.endswith("speculators0/eagle3.1")
     for prompt in PROMPTS:
         request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=K, max_tokens=48)
-        plain, converted = list(vllm.generate(request)), list(speculators_server.generate(request))
+        plain = list(vllm.generate(request))
+        converted = list(speculators_server.generate(replace(request, drafter=CONVERTED)))
         assert summarize(converted).token_ids == summarize(plain).token_ids
         assert converted[-1].step_accepted == plain[-1].step_accepted
 
