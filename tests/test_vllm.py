@@ -43,7 +43,7 @@ CONVERTED = "converted"   # the server of the shipped EAGLE 3.1 drafter in the s
 
 @pytest.fixture(scope="module")
 def servers(engine, tmp_path_factory):
-    """Three servers, the first start of eagle3.1 on a port the test already listens on: the
+    """Three servers (and a fourth, below), the first start of eagle3.1 on a port the test already listens on: the
     launcher must start it again elsewhere (what it does when another program wins a port). EAGLE 3.1's
     server is compiled, as operators run it (the probe's hooks under torch.compile, its steps equal to ours);
     the other two run eagerly: three compiles at once on this machine's two cores cost minutes, and EAGLE 3's
@@ -62,10 +62,9 @@ def servers(engine, tmp_path_factory):
         taken.listen()
         compiled = Launched(launch_config(engine, LaunchSpec(k=K), ("eagle3.1",)), lines.append,
                             {"eagle3.1": taken_port})
-        ports: dict[str, int] = {}
+        avoid, ports = frozenset(p.port for p in compiled.processes.values()) | {taken_port}, {}
         for name in ("eagle3", NONE, CONVERTED):
-            ports[name] = pick_port(avoid=frozenset(p.port for p in compiled.processes.values()) | {taken_port}
-                                    | set(ports.values()))
+            ports[name] = pick_port(avoid=avoid | set(ports.values()))
         eager = Launched(launch_config(engine, LaunchSpec(k=K, server_args=EAGER, drafters=(f"{CONVERTED}={folder}",)),
                                        ("eagle3", NONE, CONVERTED)), lines.append, ports)
         launched = Launches(compiled, eager)
@@ -80,6 +79,11 @@ def servers(engine, tmp_path_factory):
 @pytest.fixture(scope="module")
 def vllm(servers):
     return servers[0]
+
+
+@pytest.fixture(scope="module")
+def speculators_server(servers):
+    return servers[-1]
 
 
 def test_launcher_starts_a_server_again_when_its_port_was_taken(servers):
@@ -439,8 +443,7 @@ def test_page_streams_from_vllm_and_survives_a_server_killed_mid_stream(servers,
     assert client.predict(PROMPTS[0], "", "model", "eagle3.1", K, 0, 1, 16, "reference", api_name="/run")[1]
 
 
-def test_the_speculators_format_drafts_what_the_plain_format_drafts(servers):
-    vllm, speculators_server = servers[0], servers[-1]
+def test_the_speculators_format_drafts_what_the_plain_format_drafts(speculators_server, vllm):
     assert speculators_server.connection(CONVERTED).info.drafter_source.endswith("speculators0/eagle3.1")
     for prompt in PROMPTS:
         request = GenerationRequest(prompt=prompt, drafter="eagle3.1", k=K, max_tokens=48)
