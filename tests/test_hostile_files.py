@@ -9,7 +9,7 @@ import pytest
 from gradio_client import handle_file
 
 from playground.app_process import AppServer, api_client
-from playground.evaluation.memory import rss_mib
+from playground.evaluation.memory import reset_peak_rss, rss_mib
 
 pytestmark = pytest.mark.slow
 
@@ -69,12 +69,14 @@ def test_three_19_MiB_files_of_tiny_prompts_at_once_cost_the_app_little(tmp_path
 
 
 def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memory():
-    """15 Playground runs and 5 studies at once, twice: every one answers, and freed memory is reused, not
-    kept per thread: the second wave fits in the memory the first left (its peak within 50 MiB of the
-    first's, its idle RSS within 150), and neither wave holds more than 300 MiB over the warm app. Measured on
-    a 2-CPU EPYC: peaks warm 868, then 1,047 -> 1,062 -> 1,075 MiB over three waves, 1,059 -> 1,059 -> 1,059
-    -> 1,066 over four; idle 1,001 -> 1,027 -> 995 and 807 -> 858 -> 915 -> 854 (warm 770): the idle RSS at
-    one instant moves by tens of MiB from wave to wave, the peak far less."""
+    """15 Playground runs and 5 studies at once, three times: every one answers, and freed memory is reused, not
+    kept per thread: the third wave's own peak is within 50 MiB of the higher of the first two waves' and its
+    idle RSS within 150 MiB of theirs, and no wave peaks 450 MiB or idles 350 MiB over the warm app. The
+    first wave grows the app once, so it is no yardstick (a CI run: 1,017 MiB, then 1,078). Measured on a
+    2-CPU AVX2 EPYC (warm 772-778 MiB idle), each wave's own peak: 1,038 / 1,155 / 1,098 and 985 / 1,135 /
+    1,096 / 1,116 and 975 / 1,140 / 1,065; idle after each, settled once the last job ends: 1,015 / 865 / 1,063,
+    985 / 889 / 1,047 / 980 and 949 / 827 / 1,045. The arenas per thread this guards against grew the app by 40-160 MiB every wave
+    (playground/malloc_arenas.py)."""
     server = AppServer("--max-tokens", "64")
     try:
         warm = api_client(server.url)
@@ -86,7 +88,7 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
 
         def visit(i: int) -> str:
             if i < 15:
-                out = clients[i].predict(f"Count to {i + 3}.", "", "model", "eagle3.1", 5, 0.0, 1.0, 16, "reference",
+                out = clients[i].predict(f"Count to {i + 3}.", "", "model", "eagle3.1", 5, 0.0, 1.0, 8, "reference",
                                          api_name="/run")
                 return "run" if out else ""
             out = clients[i].predict(None, f"Name {i} colours.\n\nName a fruit.\n\nWhat is {i} + {i}?", "reference",
@@ -94,7 +96,8 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
             return "study" if "finished" in out[0] else ""
 
         served, seconds = [], []
-        for _ in range(2):
+        for _ in range(3):
+            reset_peak_rss(server.pid)
             started = time.monotonic()
             with ThreadPoolExecutor(20) as pool:
                 served.append([future.result(timeout=600) for future in [pool.submit(visit, i) for i in range(20)]])
@@ -103,9 +106,10 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
             rss.append(rss_mib(server.pid))
     finally:
         server.stop()
-    (warm, warm_peak), (first_idle, first_peak), (idle, peak) = rss
-    print(f"20 visitors twice: {seconds[0]:.1f} and {seconds[1]:.1f} s, RSS (now, peak) "
+    (warm, _), *waves = rss
+    (first_idle, first_peak), (second_idle, second_peak), (idle, peak) = waves
+    print("20 visitors three times: " + ", ".join(f"{s:.1f}" for s in seconds) + " s, RSS (idle, the wave's peak) "
           + " -> ".join(f"({now:.0f}, {high:.0f})" for now, high in rss) + " MiB")
-    assert served == [["run"] * 15 + ["study"] * 5] * 2
-    assert peak - first_peak < 50 and idle - first_idle < 150
-    assert peak - warm_peak < 300 and idle - warm < 300
+    assert served == [["run"] * 15 + ["study"] * 5] * 3
+    assert peak - max(first_peak, second_peak) < 50 and idle - max(first_idle, second_idle) < 150
+    assert all(high - warm < 450 and now - warm < 350 for now, high in waves)

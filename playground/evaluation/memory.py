@@ -24,6 +24,12 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
+def reset_peak_rss(pid: int) -> None:
+    """Start process `pid`'s peak RSS afresh from its present RSS (Linux's clear_refs), so that the next
+    `rss_mib` peak is that of what ran since."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def rss_over_runs(runs: int = 200, max_tokens: int = 24) -> list[tuple[int, float, float]]:
     """(runs done, RSS MiB, peak RSS MiB) of the app process, sampled ten times over the runs."""
     every = max(1, runs // 10)
