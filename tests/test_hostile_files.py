@@ -74,9 +74,9 @@ def test_twenty_visitors_at_once_are_all_served_and_the_app_returns_to_its_memor
     idle RSS within 150 MiB of theirs, and no wave peaks 450 MiB or idles 350 MiB over the warm app. The
     first wave grows the app once, so it is no yardstick (a CI run: 1,017 MiB, then 1,078). Measured on a
     2-CPU AVX2 EPYC (warm 772-778 MiB idle), each wave's own peak: 1,038 / 1,155 / 1,098 and 985 / 1,135 /
-    1,096 / 1,116 and 975 / 1,140 / 1,065; idle after each, settled once the last job ends: 1,015 / 865 / 1,063,
-    985 / 889 / 1,047 / 980 and 949 / 827 / 1,045. The arenas per thread this guards against grew the app by 40-160 MiB every wave
-    (playground/malloc_arenas.py)."""
+    1,096 / 1,116 and 975 / 1,140 / 1,065; idle after each, settled once the last job ends: 1,015 / 865 /
+    1,063, 985 / 889 / 1,047 / 980 and 949 / 827 / 1,045. The arenas per thread this guards against grew the
+    app by 40-160 MiB every wave (playground/malloc_arenas.py)."""
     server = AppServer("--max-tokens", "64")
     try:
         warm = api_client(server.url)
