@@ -1,5 +1,6 @@
-"""The target read from its GGUF file's own blocks: the same numbers as the float32 model, so the same
-outputs bit for bit and the same greedy tokens as transformers' decoding of the dequantized model."""
+"""The target read from its GGUF file's own blocks: the same numbers as the float32 model, so the decoder
+layers' outputs bit for bit, the head's summed in another order (two chains), and the same greedy tokens as
+transformers' decoding of the dequantized model."""
 
 import pytest
 import torch
@@ -51,12 +52,16 @@ def test_the_blocks_hold_the_dequantized_models_own_weights(target, gguf_engine)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 24, 25, 64])
 def test_every_output_equals_the_float32_kernels_bit_for_bit(target, gguf_engine, rows):
     """Whatever the rows' count (the tiles of one to six rows, the dequantized-in-L1 passes beyond),
-    each output is the float32 kernel's own: a row's result never depends on the rows beside it."""
+    each layer output is the float32 kernel's own, and the head's within float32's rounding of another
+    summation order: a row's result never depends on the rows beside it."""
     torch.manual_seed(rows)
     for name, f32 in _linears(target, 3).items():
         x = torch.randn(rows, f32.in_features)
         y = _linears(gguf_engine.target, 3)[name](x)
-        assert torch.equal(y, f32(x)), name
+        if name == "head":
+            assert torch.allclose(y, f32(x), rtol=0, atol=1e-4), name
+        else:
+            assert torch.equal(y, f32(x)), name
         assert torch.equal(y[-1:], _linears(gguf_engine.target, 3)[name](x[-1:])), name
 
 
@@ -98,7 +103,7 @@ for rows in (1, 6):
         x = torch.randn(rows, getattr(f32.layers[3], name).in_features)
         same.append(torch.equal(getattr(engine.target.layers[3], name)(x), getattr(f32.layers[3], name)(x)))
 x = torch.randn(1, f32.hidden_size)
-same.append(torch.equal(engine.target.lm_head(x), f32.lm_head(x)))
+same.append(torch.allclose(engine.target.lm_head(x), f32.lm_head(x), rtol=0, atol=1e-4))
 request = GenerationRequest(prompt=sys.argv[1], max_tokens=48, drafter="eagle3.1", k=5)
 tokens = list(summarize(list(engine.generate(request))).token_ids)
 print(json.dumps({"note": kernels.status().note, "same": same, "tokens": tokens}))
@@ -107,7 +112,8 @@ print(json.dumps({"note": kernels.status().note, "same": same, "tokens": tokens}
 
 def test_the_avx2_build_keeps_the_blocks_bit_for_bit_and_the_tokens_where_avx512_runs(gguf_engine, tmp_path):
     """Each vector width is its own build (an image runs on CPUs other than its builder's): the 8-float
-    one, asked for where 16-float vectors would run, keeps every output the float32 kernel's and emits
+    one, asked for where 16-float vectors would run, keeps every layer output the float32 kernel's, the
+    head's within rounding, and emits
     transformers' greedy tokens."""
     import json
     import os
