@@ -9,9 +9,8 @@
 // (the decoder layers) go into the same FMAs in the same order as float32 weights do: every output is
 // bit for bit what the float32 kernel gives for the dequantized model. Q8_0's (the head) are summed in
 // two chains, even and odd vectors, added at the end: only the order of the sums differs from float32's.
-// Reading them costs arithmetic, not memory: a
-// one-row forward is bound by the dequantizing (about five vector operations per vector of weights),
-// which is why a vector twice as wide makes it faster.
+// Reading them costs arithmetic, not memory: a one-row forward is bound by the dequantizing (about five
+// vector operations per vector of weights), which is why a vector twice as wide makes it faster.
 //
 // A decode or verify step reads every weight once for a handful of rows, so it runs at the speed
 // of memory. Each weight row is read once for all rows of x (up to six per pass, x stays in L1),
