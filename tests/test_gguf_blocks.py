@@ -50,7 +50,7 @@ def test_the_blocks_hold_the_dequantized_models_own_weights(target, gguf_engine)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 24, 25, 64])
-def test_every_output_equals_the_float32_kernels_bit_for_bit(target, gguf_engine, rows):
+def test_every_layer_output_equals_the_float32_kernels_bit_for_bit_and_the_heads_within_rounding(target, gguf_engine, rows):
     """Whatever the rows' count (the tiles of one to six rows, the dequantized-in-L1 passes beyond),
     each layer output is the float32 kernel's own, and the head's within float32's rounding of another
     summation order: a row's result never depends on the rows beside it."""
@@ -113,8 +113,7 @@ print(json.dumps({"note": kernels.status().note, "same": same, "tokens": tokens}
 def test_the_avx2_build_keeps_the_blocks_bit_for_bit_and_the_tokens_where_avx512_runs(gguf_engine, tmp_path):
     """Each vector width is its own build (an image runs on CPUs other than its builder's): the 8-float
     one, asked for where 16-float vectors would run, keeps every layer output the float32 kernel's, the
-    head's within rounding, and emits
-    transformers' greedy tokens."""
+    head's within rounding, and emits transformers' greedy tokens."""
     import json
     import os
     import subprocess
