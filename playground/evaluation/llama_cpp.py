@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from playground.errors import PlaygroundError
 from playground.model.target import EMBEDDED_GGUF, embedded_gguf_dir
 from playground.settings import cache_root
 
@@ -62,8 +63,9 @@ class LlamaServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
+                status = self.process.poll()
                 self.close()
-                raise RuntimeError(f"llama-server did not start: see {self.log.name}")
+                raise PlaygroundError(f"llama-server did not start ({'exit status ' + str(status) if status is not None else 'no answer in ' + str(START_TIMEOUT_S) + ' s'}): see {self.log.name}")
             time.sleep(0.5)
 
     def _healthy(self) -> bool:
