@@ -383,7 +383,7 @@ def _forward_both_ways(target, monkeypatch, ids, **kwargs):
     outputs = []
     for stack in (target.stack_weights, None):
         monkeypatch.setattr(target, "stack_weights", stack)
-        cache = target.new_cache(64, batch=ids.shape[0])
+        cache = target.new_cache(128, batch=ids.shape[0])
         prefix = torch.full((ids.shape[0], 9), 42)
         target.forward(prefix, cache)
         outputs.append(target.forward(ids, cache, **kwargs))
@@ -391,13 +391,17 @@ def _forward_both_ways(target, monkeypatch, ids, **kwargs):
     return outputs, caches
 
 
-@pytest.mark.parametrize("case", ["decode", "verify", "tree", "padded batch"])
+@pytest.mark.parametrize("case", ["decode", "verify", "tree", "padded batch", "a prompt's chunk after a cache"])
 def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
+    """Every case after 9 tokens in the cache; a chunk of a prompt is more rows than our attention takes
+    (PyTorch's then, with the causal mask offset by the cache)."""
     assert target.stack_weights is not None
     ids = torch.tensor([[504, 3426, 314, 260, 1345, 28]])
     kwargs = {}
     if case == "decode":
         ids = ids[:, :1]
+    elif case == "a prompt's chunk after a cache":
+        ids = torch.randint(100, 40_000, (1, 70), generator=torch.Generator().manual_seed(0))
     elif case == "tree":  # a root with two children, the first with a child of its own
         depths = torch.tensor([0, 1, 1, 2, 2, 3])
         visible = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
@@ -405,14 +409,14 @@ def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
         kwargs["tree"] = (depths, visible)
     elif case == "padded batch":
         ids = torch.cat([ids, ids.flip(1)])
-        padding = torch.zeros(2, 64, dtype=torch.bool)
+        padding = torch.zeros(2, 128, dtype=torch.bool)
         padding[1, :3] = True
         kwargs["key_padding"] = padding
     (fused, plain), (fused_cache, plain_cache) = _forward_both_ways(target, monkeypatch, ids, **kwargs)
     torch.testing.assert_close(fused.logits, plain.logits, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(fused.features, plain.features, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(fused_cache.keys, plain_cache.keys, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused_cache.values, plain_cache.values, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_cache.keys, plain_cache.keys, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused_cache.values, plain_cache.values, rtol=1e-4, atol=1e-4)
     assert fused_cache.length == plain_cache.length == 9 + ids.shape[1]
 
 

@@ -1,6 +1,6 @@
 // Attention of query rows over the KV cache (decode: 1, verify: k + 1, a draft tree, and the draft
-// step's first pass over a prompt) in float32
-// with AVX2 + FMA. PyTorch's CPU flash attention is built for long query blocks: for one query row
+// step's first pass over a prompt) in float32 with AVX2 + FMA, keys and values read in AVX-512's
+// 16-float vectors where the kernels are built for it. PyTorch's CPU flash attention is built for long query blocks: for one query row
 // over 300 keys it took 44 us a layer against 24 here, for six rows 101 against 77 (30 layers a
 // forward). The queries of a kv head read each block of its keys and values together: a six-row
 // verify over 2,000 keys spent 16 ms of its forward in attention, against 26 with each query
@@ -21,19 +21,48 @@
 namespace playground {
 namespace {
 
-// scores[j] = q . keys[j] * scale for j in [0, n), eight keys at a time with q read once for them:
-// eight independent sums keep both FMA units busy
+// lane c of the result: the sum of v[c]'s eight lanes (a tree of horizontal adds: 7 of them for eight
+// sums, where eight lane_sum calls take 24 shuffles and adds)
+inline __m256 lane_sums(const __m256* v) {
+  const __m256 pairs01 = _mm256_hadd_ps(v[0], v[1]), pairs23 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 pairs45 = _mm256_hadd_ps(v[4], v[5]), pairs67 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 low = _mm256_hadd_ps(pairs01, pairs23), high = _mm256_hadd_ps(pairs45, pairs67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+// sums[c] (eight lanes) = q . k[c], k[c] the c-th of eight keys head_dim floats apart: q read once for
+// them, eight independent sums keep both FMA units busy; sixteen floats a vector where the kernels are
+// built for AVX-512 and head_dim allows (its halves added into eight lanes at the end)
+inline void eight_key_sums(const float* q, const float* k, int64_t head_dim, __m256* sums) {
+#ifdef __AVX512F__
+  if (head_dim % 16 == 0) {
+    __m512 acc[8];
+    for (int c = 0; c < 8; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + d);
+      for (int c = 0; c < 8; ++c) acc[c] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + c * head_dim + d), acc[c]);
+    }
+    for (int c = 0; c < 8; ++c)
+      sums[c] = _mm256_add_ps(_mm512_castps512_ps256(acc[c]),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c]), 1)));
+    return;
+  }
+#endif
+  for (int c = 0; c < 8; ++c) sums[c] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    for (int c = 0; c < 8; ++c) sums[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c * head_dim + d), sums[c]);
+  }
+}
+
+// scores[j] = q . keys[j] * scale for j in [0, n), eight keys at a time
 void scores_of(const float* q, const float* keys, int64_t n, int64_t head_dim, float scale, float* scores) {
+  const __m256 scale8 = _mm256_set1_ps(scale);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const float* k = keys + j * head_dim;
-    __m256 acc[8];
-    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < head_dim; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c * head_dim + d), acc[c]);
-    }
-    for (int c = 0; c < 8; ++c) scores[j + c] = lane_sum(acc[c]) * scale;
+    __m256 sums[8];
+    eight_key_sums(q, keys + j * head_dim, head_dim, sums);
+    _mm256_storeu_ps(scores + j, _mm256_mul_ps(lane_sums(sums), scale8));
   }
   for (; j < n; ++j) scores[j] = dot(q, keys + j * head_dim, head_dim) * scale;
 }
@@ -52,33 +81,62 @@ float masked_max(float* scores, const bool* visible, int64_t n) {
   return top;
 }
 
-// acc [LANES * 8] += sum_i weights[i] values[i], the values' columns [0, LANES * 8) (rows `stride`
-// apart): LANES independent sums, so the adds do not wait on each other
-template <int LANES>
+// The vectors values are summed in: AVX-512's sixteen floats where the kernels are built for it and
+// head_dim is a multiple of them, else AVX2's eight
+struct Floats8 {
+  using V = __m256;
+  static constexpr int64_t kLanes = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V broadcast(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+#ifdef __AVX512F__
+struct Floats16 {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V broadcast(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+#endif
+
+// acc [LANES * F::kLanes] += sum_i weights[i] values[i], the values' columns [0, LANES * F::kLanes) (rows
+// `stride` apart): LANES independent sums, so the adds do not wait on each other
+template <typename F, int LANES>
 inline void weighted_sum(const float* weights, const float* values, int64_t n, int64_t stride, float* acc) {
-  __m256 sums[LANES];
-  for (int c = 0; c < LANES; ++c) sums[c] = _mm256_loadu_ps(acc + 8 * c);
+  typename F::V sums[LANES];
+  for (int c = 0; c < LANES; ++c) sums[c] = F::load(acc + F::kLanes * c);
   for (int64_t i = 0; i < n; ++i) {
-    const __m256 w = _mm256_set1_ps(weights[i]);
-    for (int c = 0; c < LANES; ++c) sums[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + i * stride + 8 * c), sums[c]);
+    const typename F::V w = F::broadcast(weights[i]);
+    for (int c = 0; c < LANES; ++c) sums[c] = F::fma(w, F::load(values + i * stride + F::kLanes * c), sums[c]);
   }
-  for (int c = 0; c < LANES; ++c) _mm256_storeu_ps(acc + 8 * c, sums[c]);
+  for (int c = 0; c < LANES; ++c) F::store(acc + F::kLanes * c, sums[c]);
 }
 
-// acc [head_dim] += sum_i weights[i] values[i], 64 columns at a time
-void weighted_rows(const float* weights, const float* values, int64_t n, int64_t head_dim, float* acc) {
-  for (int64_t d = 0; d < head_dim; d += 64) {
-    switch (std::min<int64_t>(64, head_dim - d) / 8) {
-      case 1: weighted_sum<1>(weights, values + d, n, head_dim, acc + d); break;
-      case 2: weighted_sum<2>(weights, values + d, n, head_dim, acc + d); break;
-      case 3: weighted_sum<3>(weights, values + d, n, head_dim, acc + d); break;
-      case 4: weighted_sum<4>(weights, values + d, n, head_dim, acc + d); break;
-      case 5: weighted_sum<5>(weights, values + d, n, head_dim, acc + d); break;
-      case 6: weighted_sum<6>(weights, values + d, n, head_dim, acc + d); break;
-      case 7: weighted_sum<7>(weights, values + d, n, head_dim, acc + d); break;
-      default: weighted_sum<8>(weights, values + d, n, head_dim, acc + d); break;
+// acc [head_dim] += sum_i weights[i] values[i], eight vectors of columns at a time
+template <typename F>
+void weighted_columns(const float* weights, const float* values, int64_t n, int64_t head_dim, float* acc) {
+  for (int64_t d = 0; d < head_dim; d += 8 * F::kLanes) {
+    switch (std::min<int64_t>(8 * F::kLanes, head_dim - d) / F::kLanes) {
+      case 1: weighted_sum<F, 1>(weights, values + d, n, head_dim, acc + d); break;
+      case 2: weighted_sum<F, 2>(weights, values + d, n, head_dim, acc + d); break;
+      case 3: weighted_sum<F, 3>(weights, values + d, n, head_dim, acc + d); break;
+      case 4: weighted_sum<F, 4>(weights, values + d, n, head_dim, acc + d); break;
+      case 5: weighted_sum<F, 5>(weights, values + d, n, head_dim, acc + d); break;
+      case 6: weighted_sum<F, 6>(weights, values + d, n, head_dim, acc + d); break;
+      case 7: weighted_sum<F, 7>(weights, values + d, n, head_dim, acc + d); break;
+      default: weighted_sum<F, 8>(weights, values + d, n, head_dim, acc + d); break;
     }
   }
+}
+
+void weighted_rows(const float* weights, const float* values, int64_t n, int64_t head_dim, float* acc) {
+#ifdef __AVX512F__
+  if (head_dim % 16 == 0) return weighted_columns<Floats16>(weights, values, n, head_dim, acc);
+#endif
+  weighted_columns<Floats8>(weights, values, n, head_dim, acc);
 }
 
 // One query row of one head, over the first `seen` keys of its kv head where `visible` (if any)
