@@ -405,8 +405,10 @@ def test_stop_ends_every_column_of_a_comparison(page):
     expect(page.locator("#answer-first .finish")).to_have_count(0, timeout=30_000)   # the last comparison's end goes
     page.wait_for_function("() => document.querySelectorAll('#answer-none .tok').length > 3", timeout=60_000)
     page.locator("#compare-stop").click()
+    # the page can draw behind the server on a loaded host (a clean-clone run showed step 81 ten seconds after
+    # Stop, where it shows step 5-6 alone): what is asserted is how the runs end, not how soon it is drawn
     for slot in ("first", "second", "none"):
-        expect(page.locator(f"#answer-{slot} .finish")).to_have_text("— stopped", timeout=10_000)
+        expect(page.locator(f"#answer-{slot} .finish")).to_have_text("— stopped", timeout=60_000)
     assert error_states(page) == 0
     expect(page.locator("#compare-acceptance .js-plotly-plot")).to_be_visible()
     expect(page.locator("#compare-table")).to_contain_text("EAGLE 3.1")
