@@ -415,8 +415,9 @@ def test_the_one_call_stack_is_the_op_by_op_stack(target, monkeypatch, case):
     (fused, plain), (fused_cache, plain_cache) = _forward_both_ways(target, monkeypatch, ids, **kwargs)
     torch.testing.assert_close(fused.logits, plain.logits, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(fused.features, plain.features, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(fused_cache.keys, plain_cache.keys, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(fused_cache.values, plain_cache.values, rtol=1e-4, atol=1e-4)
+    cached = 1e-4 if ids.shape[1] > 64 else 1e-5   # a prompt's chunk: PyTorch's attention, another order of sums
+    torch.testing.assert_close(fused_cache.keys, plain_cache.keys, rtol=cached, atol=cached)
+    torch.testing.assert_close(fused_cache.values, plain_cache.values, rtol=cached, atol=cached)
     assert fused_cache.length == plain_cache.length == 9 + ids.shape[1]
 
 

@@ -62,10 +62,11 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._healthy():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                status = self.process.poll()
+            status = self.process.poll()
+            if status is not None or time.monotonic() > deadline:
                 self.close()
-                raise PlaygroundError(f"llama-server did not start ({'exit status ' + str(status) if status is not None else 'no answer in ' + str(START_TIMEOUT_S) + ' s'}): see {self.log.name}")
+                why = f"exit status {status}" if status is not None else f"no answer in {START_TIMEOUT_S} s"
+                raise PlaygroundError(f"llama-server did not start ({why}): see {self.log.name}")
             time.sleep(0.5)
 
     def _healthy(self) -> bool:

@@ -1,7 +1,7 @@
 // Attention of query rows over the KV cache (decode: 1, verify: k + 1, a draft tree, and the draft
 // step's first pass over a prompt) in float32 with AVX2 + FMA, keys and values read in AVX-512's
-// 16-float vectors where the kernels are built for it. PyTorch's CPU flash attention is built for long query blocks: for one query row
-// over 300 keys it took 44 us a layer against 24 here, for six rows 101 against 77 (30 layers a
+// 16-float vectors where the kernels are built for it. PyTorch's CPU flash attention is built for
+// long query blocks: for one query row over 300 keys it took 44 us a layer against 24 here, for six rows 101 against 77 (30 layers a
 // forward). The queries of a kv head read each block of its keys and values together: a six-row
 // verify over 2,000 keys spent 16 ms of its forward in attention, against 26 with each query
 // reading every key alone.
@@ -30,29 +30,54 @@ inline __m256 lane_sums(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
 }
 
-// sums[c] (eight lanes) = q . k[c], k[c] the c-th of eight keys head_dim floats apart: q read once for
-// them, eight independent sums keep both FMA units busy; sixteen floats a vector where the kernels are
-// built for AVX-512 and head_dim allows (its halves added into eight lanes at the end)
-inline void eight_key_sums(const float* q, const float* k, int64_t head_dim, __m256* sums) {
+// The vectors keys and values are read in: AVX-512's sixteen floats where the kernels are built for it
+// and head_dim is a multiple of them (with_floats), else AVX2's eight. eight_lanes: a sum's lanes folded
+// into eight (a 16-float vector's halves added)
+struct Floats8 {
+  using V = __m256;
+  static constexpr int64_t kLanes = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V broadcast(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static __m256 eight_lanes(V v) { return v; }
+};
 #ifdef __AVX512F__
-  if (head_dim % 16 == 0) {
-    __m512 acc[8];
-    for (int c = 0; c < 8; ++c) acc[c] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < head_dim; d += 16) {
-      const __m512 qv = _mm512_loadu_ps(q + d);
-      for (int c = 0; c < 8; ++c) acc[c] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + c * head_dim + d), acc[c]);
-    }
-    for (int c = 0; c < 8; ++c)
-      sums[c] = _mm256_add_ps(_mm512_castps512_ps256(acc[c]),
-                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[c]), 1)));
-    return;
+struct Floats16 {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V broadcast(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static __m256 eight_lanes(V v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   }
+};
 #endif
-  for (int c = 0; c < 8; ++c) sums[c] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < head_dim; d += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + d);
-    for (int c = 0; c < 8; ++c) sums[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + c * head_dim + d), sums[c]);
+
+// body(F{}) with F the vectors a head of head_dim floats is read in
+template <typename Body>
+inline void with_floats(int64_t head_dim, Body body) {
+#ifdef __AVX512F__
+  if (head_dim % Floats16::kLanes == 0) return body(Floats16{});
+#endif
+  body(Floats8{});
+}
+
+// sums[c] (eight lanes) = q . k[c], k[c] the c-th of eight keys head_dim floats apart: q read once for
+// them, eight independent sums keep both FMA units busy
+template <typename F>
+inline void eight_key_sums(const float* q, const float* k, int64_t head_dim, __m256* sums) {
+  typename F::V acc[8];
+  for (int c = 0; c < 8; ++c) acc[c] = F::zero();
+  for (int64_t d = 0; d < head_dim; d += F::kLanes) {
+    const typename F::V qv = F::load(q + d);
+    for (int c = 0; c < 8; ++c) acc[c] = F::fma(qv, F::load(k + c * head_dim + d), acc[c]);
   }
+  for (int c = 0; c < 8; ++c) sums[c] = F::eight_lanes(acc[c]);
 }
 
 // scores[j] = q . keys[j] * scale for j in [0, n), eight keys at a time
@@ -61,7 +86,7 @@ void scores_of(const float* q, const float* keys, int64_t n, int64_t head_dim, f
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     __m256 sums[8];
-    eight_key_sums(q, keys + j * head_dim, head_dim, sums);
+    with_floats(head_dim, [&](auto floats) { eight_key_sums<decltype(floats)>(q, keys + j * head_dim, head_dim, sums); });
     _mm256_storeu_ps(scores + j, _mm256_mul_ps(lane_sums(sums), scale8));
   }
   for (; j < n; ++j) scores[j] = dot(q, keys + j * head_dim, head_dim) * scale;
@@ -80,27 +105,6 @@ float masked_max(float* scores, const bool* visible, int64_t n) {
   for (; j < n; ++j) top = std::max(top, scores[j]);
   return top;
 }
-
-// The vectors values are summed in: AVX-512's sixteen floats where the kernels are built for it and
-// head_dim is a multiple of them, else AVX2's eight
-struct Floats8 {
-  using V = __m256;
-  static constexpr int64_t kLanes = 8;
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V broadcast(float x) { return _mm256_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-};
-#ifdef __AVX512F__
-struct Floats16 {
-  using V = __m512;
-  static constexpr int64_t kLanes = 16;
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V broadcast(float x) { return _mm512_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-};
-#endif
 
 // acc [LANES * F::kLanes] += sum_i weights[i] values[i], the values' columns [0, LANES * F::kLanes) (rows
 // `stride` apart): LANES independent sums, so the adds do not wait on each other
@@ -133,10 +137,7 @@ void weighted_columns(const float* weights, const float* values, int64_t n, int6
 }
 
 void weighted_rows(const float* weights, const float* values, int64_t n, int64_t head_dim, float* acc) {
-#ifdef __AVX512F__
-  if (head_dim % 16 == 0) return weighted_columns<Floats16>(weights, values, n, head_dim, acc);
-#endif
-  weighted_columns<Floats8>(weights, values, n, head_dim, acc);
+  with_floats(head_dim, [&](auto floats) { weighted_columns<decltype(floats)>(weights, values, n, head_dim, acc); });
 }
 
 // One query row of one head, over the first `seen` keys of its kv head where `visible` (if any)
