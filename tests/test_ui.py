@@ -568,6 +568,52 @@ def test_a_page_run_ends_with_its_runs_after_stop_and_past_a_run_beside_that_fai
     with pytest.raises(PlaygroundError, match="mid-stream"):   # a run that fails on its own ends the page's run
         run({"eagle3": DiesMidAnswer().generate(requests["eagle3"])})
 
+    # a page that never catches up gets the last frame alone, and its runs go on to their ends
+    logs = {name: RunLog(r) for name, r in requests.items()}
+    frames = list(follow({name: engine.generate(r) for name, r in requests.items()}, logs, lambda: False,
+                         page_behind=lambda: True))
+    assert frames == [frames[-1]] and frames[-1].final and all(log.finished for log in logs.values())
+
+
+def test_a_page_that_draws_behind_gets_no_updates_until_it_has_drawn_those_sent():
+    """frames.DrawnFrames: an update unseen for MAX_LAG_S holds back the next ones, a page that tells what it drew
+    catches up, and a consumer that never tells (an API client) is never held back."""
+    from playground.ui.frames import DrawnFrames
+
+    now = [0.0]
+    frames = DrawnFrames(max_lag_s=1.0, clock=lambda: now[0])
+    with frames.event() as api, frames.event() as page:
+        assert api.run != page.run
+        for _ in range(3):
+            frames.send(api), frames.send(page)
+        now[0] = 5.0
+        assert not frames.behind(api) and not frames.behind(page)   # neither has told anything yet
+        frames.tell(page.run, 1)
+        assert frames.behind(page) and not frames.behind(api)       # updates 2 and 3 unseen for 5 s
+        frames.tell(page.run, 3)
+        assert not frames.behind(page)
+        assert frames.send(page) == 4
+        now[0] = 5.9
+        assert not frames.behind(page)
+        now[0] = 6.0
+        assert frames.behind(page)
+        frames.tell("0" * 32, 9)   # another event's id, or one that never was
+        assert frames.behind(page)
+    frames.tell(page.run, 4)   # after its event ended: nothing kept, nothing raised
+    assert frames._events == {}
+
+
+def test_the_page_tells_what_it_drew_and_a_bad_telling_gets_a_clear_refusal(app_url):
+    from playground.ui.frames import DRAWN_PATH
+
+    url = app_url.rstrip("/") + DRAWN_PATH
+    assert httpx.post(url, json={"run": "0" * 32, "frame": 3}).status_code == 204   # an event that has ended
+    for body in (b"not json", b'{"run": 1, "frame": 2}', b'{"run": "a", "frame": "2"}', b'{"run": "a"}',
+                 b'{"run": "a", "frame": true}', b"[]", b"x" * 10_000):
+        answer = httpx.post(url, content=body)
+        assert answer.status_code == 400 and "Traceback" not in answer.text, body[:40]
+    assert httpx.get(url).status_code == 405
+
 
 @pytest.mark.slow
 def test_a_run_beside_another_visitors_study_says_its_speeds_are_shared(client, app_url):

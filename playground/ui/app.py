@@ -8,7 +8,7 @@ from typing import Mapping
 import gradio as gr
 
 from playground.engines.protocol import Engine
-from playground.ui import compare_tab, playground_tab, prompts_tab, render, servers_tab, tree_view
+from playground.ui import compare_tab, frames, playground_tab, prompts_tab, render, servers_tab, tree_view
 from playground.ui.explainer import claim, explainer_markdown, stored_bench
 from playground.ui.streams import Limits
 
@@ -70,4 +70,5 @@ def launch(demo: gr.Blocks, host: str, port: int, limits: Limits = Limits(), **k
                 head=render.PAGE_HEAD,
                 theme=THEME, footer_links=["api"], allowed_paths=[str(prompts_tab.SAMPLES)],
                 show_error=True, state_session_capacity=limits.sessions,
-                max_file_size=prompts_tab.prompt_limits(limits).max_file_bytes, **kwargs)
+                max_file_size=prompts_tab.prompt_limits(limits).max_file_bytes,
+                app_kwargs={"routes": frames.ROUTES}, **kwargs)

@@ -280,8 +280,8 @@ class Runs:
             raise refusal(e) from None
         logs, live = {name: RunLog(r) for name, r in requests.items()}, LivePlots()
         draw = lambda frame: update(logs, notes, names, baseline, tolerance, live, frame)
-        yield draw(Frame(redraw=True, final=False))   # before the first step: the plots cleared
-        yield from drive(streams, logs, lambda: self.stops.take(session), draw)
+        yield from drive(streams, logs, lambda: self.stops.take(session), draw,
+                         opening=Frame(redraw=True, final=False))   # before the first step: the plots cleared
 
     def check(self, settings: CompareSettings) -> None:
         engine = backend(self.backends, settings.backend_name)
@@ -301,6 +301,7 @@ def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | Non
         out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name), marks.get(name))
     shown = live.get(lambda: plots.all_figures(drafted), frame.redraw)   # a final update always redraws
     out |= dict(zip(PLOTS, shown))
+    out[column(SLOTS[0], "answer")] += render.frame_mark(frame.run, frame.number)
     out["table"] = summary_table(summaries, baseline)
     out["note"] = outputs_note(logs, steps, baseline) if frame.final else ""
     if frame.shared:

@@ -22,7 +22,7 @@ from playground.ui.controls import (answer_header, beside_label, beside_name, de
 from playground.ui.endpoints import (PLOTS, RUN_OUTPUTS, RunSettings, failure_message, input_validator,
                                      named_inputs, refusal, stream_handler)
 from playground.ui.runs import LivePlots, RunLog, export
-from playground.ui.streams import (SHARED_NOTE, STARTING, Frame, Limits, StopRequests, backend, drive, make_request,
+from playground.ui.streams import (SHARED_NOTE, Frame, Limits, StopRequests, backend, drive, make_request,
                                    stop_handler)
 
 OUTPUTS = (*RUN_OUTPUTS, "events")   # the run's events also go to a gr.State, which the API does not return
@@ -107,13 +107,13 @@ class Runs:
         except Exception as e:  # bad input: nothing ran
             raise refusal(e) from None
         logs, main, live = {r.drafter: RunLog(r) for r in requests}, requests[0].drafter, LivePlots()
-        yield update(logs, main, note or render.PREFILL_NOTE, live, STARTING)
 
         def draw(frame: Frame) -> dict:
             nonlocal note
             note = without_failed(logs, failed, note)
+            waiting = render.PREFILL_NOTE if not logs[main].events and not frame.final else ""
             shared = SHARED_NOTE if frame.shared else ""
-            return update(logs, main, " ".join(filter(None, (note, shared))), live, frame)
+            return update(logs, main, " ".join(filter(None, (note or waiting, shared))), live, frame)
 
         yield from drive(streams, logs, lambda: self.stops.take(session), draw)
 
@@ -191,7 +191,8 @@ def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, fr
     if run_log.finished and not frame.final:   # the answer ends with the run: the other drafter is still drafting
         shown = [*steps[:-1], replace(steps[-1], finish_reason=None)]
         note = " ".join(filter(None, (note, f"{' and '.join(waits)} is finishing beside it, for the plots…")))
-    html = render.answer_html(shown, note, stored) + (render.error_html(frame.error) if frame.error else "")
+    html = (render.answer_html(shown, note, stored) + (render.error_html(frame.error) if frame.error else "")
+            + render.frame_mark(frame.run, frame.number))
     last = len(steps) - 1
     figures = live.get(lambda: plots.all_figures(summaries), frame.redraw)   # a final update always redraws
     return {"answer": html, "text": run_log.text,

@@ -13,6 +13,7 @@ from playground import plots
 from playground.engines.events import StepEvent
 from playground.engines.quantities import DEPTH_QUANTITIES, FED_BACK_RMS
 from playground.engines.stats import RunSummary, timed
+from playground.ui.frames import DRAWN_PATH
 
 PREFILL_NOTE = "The target is reading the prompt (the prefill); the first token follows it…"
 FINISHED = {"eos": "end of answer", "length": "max tokens reached", "context": "context full", "stopped": "stopped"}
@@ -143,6 +144,11 @@ def _num(values: Sequence[float], i: int, show: Callable[[float], str]) -> str:
     return show(values[i]) if i < len(values) else "–"
 
 
+def frame_mark(run: str, number: int) -> str:
+    """A streamed update's id, which the page tells back once it has drawn it (frames.py); none outside a run."""
+    return f'<span hidden data-frame-run="{escape(run)}" data-frame="{number}"></span>' if run else ""
+
+
 def error_html(message: str) -> str:
     return f'<div class="error-box">⚠ {escape(message)}</div>'
 
@@ -226,8 +232,27 @@ PAGE_JS = """() => {
         refitDue = true;
         setTimeout(() => { refitDue = false; if (misfit()) window.dispatchEvent(new Event('resize')); }, 250);
     };
+    // a streamed update carries its page event's id and number (a hidden mark in the answer): once it is on
+    // screen the page tells the server, which sends no more while the page is far behind (frames.py)
+    const told = new Map();   // event id -> the last number told
+    let telling = false;
+    const tellDrawn = () => {
+        if (telling) return;
+        telling = true;
+        requestAnimationFrame(() => setTimeout(() => {
+            telling = false;
+            document.querySelectorAll('[data-frame-run]').forEach((mark) => {
+                const run = mark.dataset.frameRun, frame = Number(mark.dataset.frame);
+                if (told.get(run) >= frame) return;
+                told.set(run, frame);
+                fetch(new URL('FRAME_DRAWN_PATH', location.href), {method: 'POST', body: JSON.stringify({run, frame}),
+                      headers: {'Content-Type': 'application/json'}}).catch(() => {});
+            });
+        }));
+    };
     let streaming = false;
     new MutationObserver(() => {
+        tellDrawn();
         outline();
         openToMessages();
         refitSoon();
@@ -253,7 +278,7 @@ PAGE_JS = """() => {
         slider.dispatchEvent(new Event('change', {bubbles: true}));
         document.getElementById('inspector')?.scrollIntoView({block: 'nearest', behavior: 'smooth'});
     });
-}"""
+}""".replace("FRAME_DRAWN_PATH", DRAWN_PATH.lstrip("/"))   # relative to the page, wherever a proxy serves it
 
 
 # Unscoped, unlike CSS (which Gradio confines to the app's contents): a phone's page margins, narrowed

@@ -19,6 +19,7 @@ from playground.engines.tree import TreeShape
 from playground.errors import PlaygroundError
 from playground.malloc_arenas import release_freed
 from playground.ui.endpoints import RunSettings, choice, number, refusal, text, whole_number
+from playground.ui.frames import DRAWN_FRAMES
 from playground.ui.runs import PLOTS_EVERY_S, TEXT_EVERY_S, Pacer, RunLog
 
 log = logging.getLogger("playground.ui")
@@ -111,17 +112,21 @@ class Frame(NamedTuple):
     final: bool
     shared: bool = False   # the last frame of runs during which another visitor's job ran on this CPU
     error: str = ""        # the last frame of runs a failure ended: its one line
+    run: str = ""          # the page event's id and the frame's number in it, which the page tells back once
+    number: int = 0        # drawn (frames.py)
 
 
 STARTING = Frame(redraw=False, final=False)   # before the first step: the page cleared
 
 
 def follow(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog],
-           stop_pressed: Callable[[], bool], pacer: Pacer | None = None) -> Iterator[Frame]:
+           stop_pressed: Callable[[], bool], pacer: Pacer | None = None,
+           page_behind: Callable[[], bool] = lambda: False) -> Iterator[Frame]:
     """The runs of one page event, step by step in turn: each event goes to its run's log, and a Frame
-    comes out whenever the page is due an update (paced), and always last. After Stop every run that
-    has begun ends as stopped, one that has not stays empty. A stream that ends unfinished (a run that
-    failed alone, its failure told elsewhere) holds up no one; a stream that raises ends them all."""
+    comes out whenever the page is due an update (paced) and not `page_behind` in drawing them, and always
+    last. After Stop every run that has begun ends as stopped, one that has not stays empty. A stream that
+    ends unfinished (a run that failed alone, its failure told elsewhere) holds up no one; a stream that
+    raises ends them all."""
     # columns side by side stream at one column's pace in all: the browser draws every column's answer at
     # each update and each plot (~0.1 s apiece there) at each plot update, and at one column's pace each it
     # fell behind on a 2-core host (a comparison's Stop clicked 30 s late)
@@ -140,7 +145,7 @@ def follow(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog
                 if log.events and not log.finished:
                     log.events[-1] = stopped(log.events[-1])
         final = stopping or all(log.finished or name in ended for name, log in logs.items())
-        if final or pacer.due("text"):
+        if final or (not page_behind() and pacer.due("text")):
             yield Frame(redraw=final or pacer.due("plots"), final=final)
         if final:
             return
@@ -230,15 +235,18 @@ SHARED_NOTE = ("Another visitor's job ran on this CPU during this run: its speed
 
 
 def drive(streams: Mapping[str, Iterator[StepEvent]], logs: Mapping[str, RunLog], stop_pressed: Callable[[], bool],
-          draw: Callable[[Frame], dict]) -> Iterator[dict]:
-    """A page event's updates while its runs stream (after the tab's first): draw(frame) for each of
-    follow()'s frames, the last saying whether another job shared the CPU; where a stream raises, draw of a
-    last frame with the failure's line, then the refusal raised (the API caller's error)."""
-    with SHARED_CPU.job() as overlapped:
+          draw: Callable[[Frame], dict], opening: Frame = STARTING) -> Iterator[dict]:
+    """A page event's updates while its runs stream: draw(opening) before the first step, then draw(frame)
+    for each of follow()'s frames, the last saying whether another job shared the CPU; where a stream
+    raises, draw of a last frame with the failure's line, then the refusal raised (the API caller's error).
+    Every frame is numbered for the page to tell back once drawn, and none is sent while it is far behind."""
+    with SHARED_CPU.job() as overlapped, DRAWN_FRAMES.event() as page:
+        numbered = lambda frame: frame._replace(run=page.run, number=DRAWN_FRAMES.send(page))
+        yield draw(numbered(opening))
         try:
-            for frame in follow(streams, logs, stop_pressed):
-                yield draw(frame._replace(shared=frame.final and overlapped()))
+            for frame in follow(streams, logs, stop_pressed, page_behind=lambda: DRAWN_FRAMES.behind(page)):
+                yield draw(numbered(frame._replace(shared=frame.final and overlapped())))
         except Exception as e:
             error = refusal(e)
-            yield draw(Frame(redraw=True, final=True, error=error.message))
+            yield draw(numbered(Frame(redraw=True, final=True, error=error.message)))
             raise error from None
