@@ -1,7 +1,9 @@
 """The long-context study at toy size with the real target: held-out documents cut at each length,
 both drafters at one k, tau with intervals by document, and own-draft attention against uniform."""
 
+import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,7 @@ from playground.engines.events import StepEvent
 from playground.engines.stats import own_vs_uniform, pooled_tau
 from playground.evaluation.machine import machine
 from playground.evaluation.runner import by_document
+from playground.evaluation.tables import with_interval
 from playground.studies import long_context
 from playground.studies.long_context import LongContextConfig, document_of, documents, prompts
 
@@ -52,3 +55,42 @@ def test_the_study_pools_by_length_and_resamples_documents(engine, tmp_path):
     assert row["ratio"] == pytest.approx(row["tau"]["eagle3.1"] / row["tau"]["eagle3"])
     text = long_context.markdown(report)
     assert "| context | k | documents |" in text and "resample documents" in text
+
+
+STORED = Path(__file__).resolve().parents[1] / "assets" / "benchmark"
+DRIFT_DOC = STORED.parents[1] / "docs" / "drift.md"
+
+
+def stored(folder: str) -> dict:
+    return json.loads((STORED / folder / "results.json").read_text())
+
+
+def rows_of(text: str, head: str) -> list[list[str]]:
+    """The cells of the rows of the table under the first line starting with `head`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(head)) + 2
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[start:end]]
+
+
+def test_the_stored_reports_and_the_docs_tables_say_what_the_results_hold():
+    """results.md is the study's table of results.json; docs/drift.md's tables are rows of those reports."""
+    shipped, retrained = stored("long-context"), stored("long-context-retrained")
+    for folder, report in (("long-context", shipped), ("long-context-retrained", retrained)):
+        assert long_context.markdown(report) == (STORED / folder / "results.md").read_text()
+    doc, report_md = DRIFT_DOC.read_text(), (STORED / "long-context" / "results.md").read_text()
+    tau_rows = rows_of(doc, "| context | k | documents | prompt tokens (median) |")
+    assert len(tau_rows) >= 5 and all(f"| {' | '.join(row)} |" in report_md for row in tau_rows)
+
+    eagle3, eagle31 = lambda report: report["config"]["drafters"][0], lambda report: report["config"]["drafters"][-1]
+    cell = lambda row, drafter: with_interval(row["tau"][drafter], row["tau_ci"][drafter])
+    key = lambda row: (row["context"] if row["context"] == "all" else f"{int(row['context']):,}", str(row["k"]))
+    by_key = lambda report: {key(row): row for row in report["rows"]}
+    first, second = by_key(shipped), by_key(retrained)
+    pair_rows = rows_of(doc, "| context | k | documents | EAGLE 3 shipped |")
+    assert len(pair_rows) == len(first) == len(second)
+    for row in pair_rows:
+        old, new = first[tuple(row[:2])], second[tuple(row[:2])]
+        assert row[2:] == [str(old["documents"]), cell(old, eagle3(shipped)), cell(new, eagle3(retrained)),
+                           cell(old, eagle31(shipped)), cell(new, eagle31(retrained)),
+                           with_interval(old["ratio"], old["ratio_ci"]), with_interval(new["ratio"], new["ratio_ci"])], row
