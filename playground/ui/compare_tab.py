@@ -301,7 +301,8 @@ def update(logs: dict[str, RunLog], notes: dict[str, str], names: list[str | Non
         out |= column_update(slot, name, logs.get(name), notes.get(name, ""), summaries.get(name), marks.get(name))
     shown = live.get(lambda: plots.all_figures(drafted), frame.redraw)   # a final update always redraws
     out |= dict(zip(PLOTS, shown))
-    out[column(SLOTS[0], "answer")] += render.frame_mark(frame.run, frame.number)
+    # the frame's mark goes in the small cards: a finished column's long answer is then not drawn again
+    out[column(SLOTS[0], "cards")] += render.frame_mark(frame.run, frame.number)
     out["table"] = summary_table(summaries, baseline)
     out["note"] = outputs_note(logs, steps, baseline) if frame.final else ""
     if frame.shared:

@@ -191,12 +191,13 @@ def update(logs: Mapping[str, RunLog], main: str, note: str, live: LivePlots, fr
     if run_log.finished and not frame.final:   # the answer ends with the run: the other drafter is still drafting
         shown = [*steps[:-1], replace(steps[-1], finish_reason=None)]
         note = " ".join(filter(None, (note, f"{' and '.join(waits)} is finishing beside it, for the plots…")))
-    html = (render.answer_html(shown, note, stored) + (render.error_html(frame.error) if frame.error else "")
-            + render.frame_mark(frame.run, frame.number))
+    html = render.answer_html(shown, note, stored) + (render.error_html(frame.error) if frame.error else "")
     last = len(steps) - 1
     figures = live.get(lambda: plots.all_figures(summaries), frame.redraw)   # a final update always redraws
     return {"answer": html, "text": run_log.text,
-            "cards": render.figures_html(summaries.get(main)) + render.pair_html(summaries),
+            # the frame's mark goes in the small cards, which change with every step anyway
+            "cards": render.figures_html(summaries.get(main)) + render.pair_html(summaries)
+                     + render.frame_mark(frame.run, frame.number),
             **dict(zip(PLOTS, figures)),
             "step": gr.update(maximum=max(1, last), value=last) if frame.final else 0,
             "inspector": render.inspector_html(steps[-1] if frame.final else None),

@@ -232,7 +232,7 @@ PAGE_JS = """() => {
         refitDue = true;
         setTimeout(() => { refitDue = false; if (misfit()) window.dispatchEvent(new Event('resize')); }, 250);
     };
-    // a streamed update carries its page event's id and number (a hidden mark in the answer): once it is on
+    // a streamed update carries its page event's id and number (a hidden mark in the figures' cards): once it is on
     // screen the page tells the server, which sends no more while the page is far behind (frames.py)
     const told = new Map();   // event id -> the last number told
     let telling = false;
