@@ -102,7 +102,7 @@ def test_a_stored_report_reads_back_and_writes_every_field_it_held(name, record,
     read = record.from_json(stored)
     again = json.loads(json.dumps(read.to_json()))
     assert holds(again, stored)
-    assert (again == stored) == (name == "k-auto")   # the newest has every field already
+    assert (again == stored) == (name != "trees")   # the suite's and k-auto's have every field already
     assert "| chat |" in render(read)
     assert holds({"a": 1, "b": [2]}, {"a": 1}) and not holds({"a": 1}, {"a": 2}) and not holds({"a": [1]}, {"a": [1, 2]})
 
