@@ -4,6 +4,7 @@ the CPU's model and in whether it computes bf16 natively."""
 from __future__ import annotations
 
 import platform
+import re
 from pathlib import Path
 
 import torch
@@ -21,6 +22,13 @@ def _cpuinfo() -> str:
 def cpu_model() -> str:
     line = next((line for line in _cpuinfo().splitlines() if line.startswith("model name")), "")
     return line.partition(":")[2].strip() or platform.processor() or platform.machine()
+
+
+def cpu_label(host: dict) -> str:
+    """The CPU's model as a sentence names it: without trademark marks and the words "CPU" and "Processor"
+    ("Intel(R) Xeon(R) Processor" -> "Intel Xeon"); reports keep the model as the CPU gives it."""
+    name = re.sub(r"\((R|TM)\)|\b(CPU|Processor)\b", "", host.get("cpu", host["processor"]), flags=re.IGNORECASE)
+    return " ".join(name.split())
 
 
 def native_bf16() -> bool:

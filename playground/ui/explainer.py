@@ -12,7 +12,7 @@ from string import Template
 from playground.engines.quantities import FED_BACK_RMS, OWN_DRAFT_ATTENTION, SINK_ATTENTION
 from playground.engines.stats import RunSummary, tokens_per_pass
 from playground.evaluation.bench_report import STORED as STORED_RESULTS, BenchReport
-from playground.evaluation.machine import described
+from playground.evaluation.machine import cpu_label, described
 from playground.studies.draft_stop_report import DraftStopReport
 from playground.studies.rejection_report import RejectionReport
 from playground.model.variants import EAGLE3, EAGLE31, LABELS
@@ -152,7 +152,7 @@ def claim(results: BenchReport) -> str:
             f"the drafter's fed-back state at one scale (RMS {f.rms31[0]:.1f}-{f.rms31[1]:.1f}; EAGLE 3's grows "
             f"{f.rms3[0]:.1f} → {f.rms3[1]:.1f}) and give {f.per_pass[EAGLE31]:.2f} tokens per target pass to EAGLE 3's "
             f"{f.per_pass[EAGLE3]:.2f}: {lo:.2f}x to {hi:.2f}x the speed of no speculation at k={results.config['k']}"
-            f"{at_fastest} ({results.machine['cpu']}, {results.machine['threads']} threads, "
+            f"{at_fastest} ({cpu_label(results.machine)}, {results.machine['threads']} threads, "
             f"{WEIGHT_NAMES[results.weights or 'f32']}).{not_less}")
 
 
