@@ -4,10 +4,10 @@ Each streamed update of a page event carries the event's id and its number (a hi
 running figures, `render.frame_mark`); the page posts the number it has drawn to DRAWN_PATH once it is
 on screen. While the oldest update the page has not drawn was sent MAX_LAG_S ago or longer, the event
 sends no further ones: the runs' steps go on (no speed changes), and the next update, when the page has
-caught up, shows them all; the last update is always sent. Without this a browser that draws slower than the updates come (a
-slow phone, a host whose browser shares the CPU with the engine) queues them, draws seconds behind the
-server, and its Stop button waits behind the queue. A consumer that never tells what it drew (an API
-client) gets every update."""
+caught up, shows them all; the last update is always sent. Without this a browser that draws slower than
+the updates come (a slow phone, a host whose browser shares the CPU with the engine) queues them, draws
+seconds behind the server, and its Stop button waits behind the queue. A consumer that never tells what
+it drew (an API client) gets every update."""
 
 from __future__ import annotations
 
