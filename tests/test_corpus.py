@@ -124,3 +124,22 @@ def test_a_prompt_file_is_a_data_source_its_prompts_answered_in_order(target, tm
         target.tokenizer.decode(ex["ids"][:ex["prompt_len"]]).split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
         for ex in examples]
     assert all(0 < len(ex["ids"]) - ex["prompt_len"] <= 3 for ex in examples)
+
+
+def test_a_folder_made_from_a_first_conversation_goes_on_where_another_ended(target, tmp_path):
+    """`first`: the conversations from that index on, as the folder made from 0 has them (the greedy ones, in
+    the same batches, token for token); its shards number from 0."""
+    from pathlib import Path
+
+    from playground.training.data import DataConfig, generate, list_shards, load_examples
+
+    path = Path(__file__).resolve().parents[1] / "training-data" / "validation" / "prompts.jsonl"
+    made = lambda name, **kw: DataConfig(out=tmp_path / name, batch=2, max_new_tokens=4, source="file",
+                                         prompt_file=str(path), **kw)
+    whole, rest = made("whole", prompts=4), made("rest", prompts=2, first=2)
+    assert generate(whole, target=target) and generate(rest, target=target)
+    assert [p.name for p in list_shards(rest.out)] == ["shard-00000.pt"]
+    (_, _, greedy, sampled), (greedy_again, sampled_again) = load_examples([whole.out]), load_examples([rest.out])
+    assert greedy["ids"].tolist() == greedy_again["ids"].tolist()
+    assert sampled["ids"][:sampled["prompt_len"]].tolist() == sampled_again["ids"][:sampled_again["prompt_len"]].tolist()
+    assert greedy["ids"][:greedy["prompt_len"]].tolist() != sampled["ids"][:sampled["prompt_len"]].tolist()

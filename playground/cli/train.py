@@ -19,6 +19,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("data/train"))
     p.add_argument("--prompts", type=int, default=DataConfig.prompts)
     p.add_argument("--batch", type=int, default=DataConfig.batch)
+    p.add_argument("--first", type=int, default=DataConfig.first,
+                   help="the first conversation's index (default 0): --prompts more, going on where another "
+                        "folder ended; its shards number from 0")
     p.add_argument("--max-new-tokens", type=int, default=DataConfig.max_new_tokens)
     p.add_argument("--temperature", type=float, default=DataConfig.temperature)
     p.add_argument("--seed", type=int, default=DataConfig.seed)
@@ -108,7 +111,7 @@ def add_parsers(sub) -> None:
 def train_data(args: argparse.Namespace) -> int:
     from playground.training.data import DataConfig, generate as generate_data
 
-    generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch,
+    generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch, first=args.first,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                              source=args.source, device=args.device, slots=args.slots, corpus=args.corpus,
                              prompt_file=args.prompt_file))

@@ -40,6 +40,7 @@ class DataConfig:
     out: Path
     prompts: int = 6000
     batch: int = 32
+    first: int = 0               # the first conversation's index: a folder that goes on where another ended
     max_new_tokens: int = 256
     temperature: float = 0.8     # for the sampled half
     seed: int = 0
@@ -218,9 +219,9 @@ def generate(config: DataConfig, deadline: float | None = None, target: Target |
     for index in tqdm(todo, desc="self-distillation", unit="shard", initial=num_shards - len(todo), total=num_shards):
         if deadline is not None and time.monotonic() > deadline:
             return False
-        first = index * config.batch
-        count = min(config.batch, config.prompts - first)
-        generator = torch.Generator(target.device).manual_seed(config.seed * 100003 + index)
+        first = config.first + index * config.batch
+        count = min(config.batch, config.prompts - index * config.batch)
+        generator = torch.Generator(target.device).manual_seed(config.seed * 100003 + config.first + index)
         if config.source == "self":
             convs = self_written_conversations(target, first, count, config.seed, generator, decode)
         elif config.source == "people":
