@@ -247,8 +247,9 @@ def test_data_train_resume_and_ship_end_to_end(tmp_path, engine, capsys):
     subprocess.run(cli + ["data", "--out", str(data), "--prompts", "4", "--batch", "2", "--max-new-tokens", "6"],
                    check=True, capture_output=True)
     subprocess.run(cli + ["data", "--out", str(self_data), "--source", "self", "--prompts", "2", "--batch", "2",
-                          "--max-new-tokens", "6"], check=True, capture_output=True)
+                          "--max-new-tokens", "6", "--dtype", "bfloat16"], check=True, capture_output=True)
     assert len(list(data.glob("shard-*.pt"))) == 2
+    assert json.loads((self_data / "data_config.json").read_text())["dtype"] == "bfloat16"
     assert 1 <= sum(len(torch.load(s)) for s in self_data.glob("shard-*.pt")) <= 2
     runs = [tmp_path / "eagle3", tmp_path / "eagle3.1"]
     args = ["drafter", "--variant", "eagle3", "eagle3.1", "--out", *map(str, runs), "--batch", "2",

@@ -33,6 +33,8 @@ def add_parsers(sub) -> None:
                    help="the corpus file of python -m playground.training.corpus")
     p.add_argument("--prompt-file", default="", help="--source file: a prompt file (JSONL, JSON, CSV or text)")
     p.add_argument("--device", default=DataConfig.device, help="where the target runs: cpu or cuda")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=DataConfig.dtype,
+                   help="the target's weights and activations while it answers (bfloat16: the GPU plans' choice)")
     p.add_argument("--slots", type=int, default=DataConfig.slots,
                    help="> 0: decode in this many slots refilled as answers end, one captured step on a GPU "
                         "(--batch then sets the conversations per shard)")
@@ -113,7 +115,7 @@ def train_data(args: argparse.Namespace) -> int:
 
     generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch, first=args.first,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                             source=args.source, device=args.device, slots=args.slots, corpus=args.corpus,
+                             source=args.source, device=args.device, dtype=args.dtype, slots=args.slots, corpus=args.corpus,
                              prompt_file=args.prompt_file))
     return 0
 
