@@ -59,6 +59,13 @@ def test_held_out_sources_are_never_read_for_training(tmp_path):
     assert all(any(p["text"] in m[-1]["content"] for p in pastes) for m in pasted)
 
 
+def assert_same_shards(shards, folder) -> None:
+    """Each shard's conversations (token ids, prompt length) as the shard of that name in `folder` has them."""
+    pairs = lambda examples: [(e["ids"].tolist(), e["prompt_len"]) for e in examples]
+    for shard in shards:
+        assert pairs(torch.load(shard)) == pairs(torch.load(folder / shard.name))
+
+
 def test_long_and_people_data_from_the_target_sent_and_unpacked_whole(tmp_path):
     """The wide plan at toy size through the command line: long-context questions after short
     chunks and the people source, then both folders compact and back as the same shards."""
@@ -78,9 +85,7 @@ def test_long_and_people_data_from_the_target_sent_and_unpacked_whole(tmp_path):
     for folder in ("long", "people"):
         made = sorted((work / "data" / folder).glob("shard-*.pt"))
         assert made and [p.name for p in made] == [p.name for p in sorted((back / folder).glob("shard-*.pt"))]
-        for shard in made:
-            sent, returned = torch.load(shard), torch.load(back / folder / shard.name)
-            assert [(e["ids"].tolist(), e["prompt_len"]) for e in sent] == [(e["ids"].tolist(), e["prompt_len"]) for e in returned]
+        assert_same_shards(made, back / folder)
     # a data folder made here travels the same way (pack-data), and comes back as it was
     again, back_again = tmp_path / "again", tmp_path / "back-again"
     for step in (["pack-data", "--data", str(back / "long"), "--out", str(again)],
@@ -88,9 +93,7 @@ def test_long_and_people_data_from_the_target_sent_and_unpacked_whole(tmp_path):
         done = subprocess.run(lease + step, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
     assert [p.name for p in again.iterdir()] == ["data.tar.part-00"]
-    for shard in sorted((back / "long").glob("shard-*.pt")):
-        first, returned = torch.load(shard), torch.load(back_again / "long" / shard.name)
-        assert [(e["ids"].tolist(), e["prompt_len"]) for e in first] == [(e["ids"].tolist(), e["prompt_len"]) for e in returned]
+    assert_same_shards(sorted((back / "long").glob("shard-*.pt")), back_again / "long")
     long = [tokenizer.decode(e["ids"][:e["prompt_len"]]) for s in sorted((back / "long").glob("shard-*.pt")) for e in torch.load(s)]
     assert len(long) == 3
     assert all(any(c["text"] in p for c in corpus.read(path)[0]) for p in long)
@@ -152,8 +155,8 @@ def test_a_folder_made_from_a_first_conversation_goes_on_where_another_ended(tar
     assert [p.name for p in list_shards(rest.out)] == ["shard-00000.pt"]
     (_, _, greedy, sampled), (greedy_again, sampled_again) = load_examples([whole.out]), load_examples([rest.out])
     assert greedy["ids"].tolist() == greedy_again["ids"].tolist()
-    assert sampled["ids"][:sampled["prompt_len"]].tolist() == sampled_again["ids"][:sampled_again["prompt_len"]].tolist()
-    assert greedy["ids"][:greedy["prompt_len"]].tolist() != sampled["ids"][:sampled["prompt_len"]].tolist()
+    prompt = lambda example: example["ids"][:example["prompt_len"]].tolist()
+    assert prompt(sampled) == prompt(sampled_again) and prompt(greedy) != prompt(sampled)
 
 
 @pytest.mark.parametrize("folder", ["long", "long-cpu", "people"])

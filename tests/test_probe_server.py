@@ -47,7 +47,7 @@ HTTP = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_conn
 
 def final_fetch(url: str, key: str, stream_id: str) -> httpx.Response:
     return HTTP.post(f"{url}{PREFIX}/records", json={"key": key, "request": stream_id, "final": True},
-                      headers=KEYED, timeout=60)
+                     headers=KEYED, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_every_probe_route_needs_the_api_key(server):
     for method, path in (("GET", "/status"), ("POST", "/records")):
         assert HTTP.request(method, f"{url}{PREFIX}{path}", json=asked).status_code == 401
         assert HTTP.request(method, f"{url}{PREFIX}{path}", json=asked,
-                             headers={"Authorization": "Bearer wrong"}).status_code == 401
+                            headers={"Authorization": "Bearer wrong"}).status_code == 401
     status = HTTP.get(f"{url}{PREFIX}/status", headers=KEYED).json()
     assert status["version"] == "0.4.1" and status["measures"] == {"drafts": "yes", "hidden_rms": "yes",
                                                                    "attention": "yes"}

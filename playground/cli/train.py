@@ -115,8 +115,8 @@ def train_data(args: argparse.Namespace) -> int:
 
     generate_data(DataConfig(out=args.out, prompts=args.prompts, batch=args.batch, first=args.first,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                             source=args.source, device=args.device, dtype=args.dtype, slots=args.slots, corpus=args.corpus,
-                             prompt_file=args.prompt_file))
+                             source=args.source, device=args.device, dtype=args.dtype, slots=args.slots,
+                             corpus=args.corpus, prompt_file=args.prompt_file))
     return 0
 
 

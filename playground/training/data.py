@@ -219,8 +219,8 @@ def generate(config: DataConfig, deadline: float | None = None, target: Target |
     for index in tqdm(todo, desc="self-distillation", unit="shard", initial=num_shards - len(todo), total=num_shards):
         if deadline is not None and time.monotonic() > deadline:
             return False
-        first = config.first + index * config.batch
-        count = min(config.batch, config.prompts - index * config.batch)
+        offset = index * config.batch   # within this folder
+        first, count = config.first + offset, min(config.batch, config.prompts - offset)
         generator = torch.Generator(target.device).manual_seed(config.seed * 100003 + config.first + index)
         if config.source == "self":
             convs = self_written_conversations(target, first, count, config.seed, generator, decode)
